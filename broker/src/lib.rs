@@ -1,0 +1,9 @@
+//! Iteron's privileged side: everything with effects lives here (files, and in later layers the
+//! network, processes and the IPC server). Decisions come from `iteron-policy`; this crate only
+//! carries them out.
+//!
+//! Unsafe code is denied crate-wide; the single `sys` module that will need FFI opts in
+//! explicitly, with a `// SAFETY:` comment on every block.
+#![deny(unsafe_code)]
+
+pub mod store;

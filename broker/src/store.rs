@@ -1,0 +1,594 @@
+//! The operator's configuration on disk: `$ITERON_HOME/config.json` (default `~/.iteron`).
+//!
+//! Guarantees:
+//! - the directory is created 0700 and the file 0600 *at creation* (never chmod afterwards);
+//! - a directory or file that is a symlink, not owned by the effective uid, or has any group or
+//!   other permission bit is refused (never repaired): someone else changed it, and the operator
+//!   must look before Iteron trusts it again; the error names the exact `chmod` to run;
+//! - every read-modify-write holds an exclusive lock on `config.lock`, writes a new temp file
+//!   (`O_EXCL`, `O_NOFOLLOW`), fsyncs it, renames it over the config and fsyncs the directory,
+//!   so a crash leaves either the old or the new file and concurrent writers lose no update;
+//! - a configuration that does not parse is never rewritten, and nothing is written that this
+//!   build could not read back;
+//! - reads are bounded to [`MAX_CONFIG_BYTES`] (+1 byte to detect oversize).
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use iteron_policy::config::{Config, ConfigError, MAX_CONFIG_BYTES};
+
+/// The configuration file's name inside the home directory.
+pub const CONFIG_FILE: &str = "config.json";
+/// The lock file's name inside the home directory.
+pub const LOCK_FILE: &str = "config.lock";
+/// Prefix of temp files; anything with it is a leftover of a crashed writer.
+const TEMP_PREFIX: &str = ".config.json.tmp-";
+/// How long a writer waits for the lock before giving up.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// Everything that can go wrong with the store. `Display` is one line with no file content.
+#[derive(Debug)]
+pub enum StoreError {
+    /// Neither `ITERON_HOME` nor `HOME` is set.
+    NoHome,
+    /// `ITERON_HOME`/`HOME` is not an absolute path.
+    NotAbsolute(PathBuf),
+    /// A system call failed.
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A path that must be a real directory or regular file is a symlink or something else.
+    NotPlain {
+        /// The path.
+        path: PathBuf,
+        /// What it was expected to be.
+        expected: &'static str,
+    },
+    /// Owned by another uid.
+    WrongOwner {
+        /// The path.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Our effective uid.
+        euid: u32,
+    },
+    /// Group or other permission bits are set.
+    OpenMode {
+        /// The path.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// The mode it must have.
+        want: u32,
+    },
+    /// The file exceeds [`MAX_CONFIG_BYTES`].
+    TooLarge(PathBuf),
+    /// The file does not parse; it is left untouched.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: ConfigError,
+    },
+    /// The new configuration would exceed [`MAX_CONFIG_BYTES`]; nothing was written.
+    WouldExceed,
+    /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
+    LockTimeout(PathBuf),
+    /// The serialized configuration did not read back identically; nothing was written.
+    RoundTrip,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::NoHome => f.write_str(
+                "cannot locate the Iteron home: set ITERON_HOME or HOME to an absolute path",
+            ),
+            StoreError::NotAbsolute(p) => {
+                write!(f, "{} is not an absolute path (ITERON_HOME/HOME)", p.display())
+            }
+            StoreError::Io { op, path, source } => {
+                write!(f, "cannot {op} {}: {source}", path.display())
+            }
+            StoreError::NotPlain { path, expected } => write!(
+                f,
+                "refusing {}: it must be a {expected}, not a symlink or special file",
+                path.display()
+            ),
+            StoreError::WrongOwner { path, owner, euid } => write!(
+                f,
+                "refusing {}: owned by uid {owner}, not by uid {euid} running iteron",
+                path.display()
+            ),
+            StoreError::OpenMode { path, mode, want } => write!(
+                f,
+                "refusing {}: mode {mode:04o} gives group/other access; inspect it, then run: chmod {want:o} {}",
+                path.display(),
+                path.display()
+            ),
+            StoreError::TooLarge(p) => write!(
+                f,
+                "{} is larger than {MAX_CONFIG_BYTES} bytes; refusing to read it",
+                p.display()
+            ),
+            StoreError::Invalid { path, error } => {
+                write!(f, "invalid configuration {}: {error}", path.display())
+            }
+            StoreError::WouldExceed => write!(
+                f,
+                "the configuration would exceed {MAX_CONFIG_BYTES} bytes; nothing was written"
+            ),
+            StoreError::LockTimeout(p) => write!(
+                f,
+                "another iteron process has held {} for over {} s; nothing was written",
+                p.display(),
+                LOCK_TIMEOUT.as_secs()
+            ),
+            StoreError::RoundTrip => f.write_str(
+                "internal error: the new configuration did not read back identically; nothing was written",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Invalid { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError + use<> {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+/// The Iteron home directory.
+#[derive(Debug, Clone)]
+pub struct Home {
+    dir: PathBuf,
+}
+
+impl Home {
+    /// Locate the home from an environment lookup (passed in so that callers and tests never
+    /// mutate the process environment): `ITERON_HOME`, else `$HOME/.iteron`.
+    pub fn from_env(var: impl Fn(&str) -> Option<OsString>) -> Result<Home, StoreError> {
+        let dir = match var("ITERON_HOME").filter(|v| !v.is_empty()) {
+            Some(v) => PathBuf::from(v),
+            None => {
+                let home = var("HOME")
+                    .filter(|v| !v.is_empty())
+                    .ok_or(StoreError::NoHome)?;
+                PathBuf::from(home).join(".iteron")
+            }
+        };
+        Home::at(dir)
+    }
+
+    /// A home at an explicit absolute path.
+    pub fn at(dir: PathBuf) -> Result<Home, StoreError> {
+        if !dir.is_absolute() {
+            return Err(StoreError::NotAbsolute(dir));
+        }
+        Ok(Home { dir })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The configuration file's path.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join(CONFIG_FILE)
+    }
+
+    /// Read the configuration. A missing directory or file is an empty configuration; nothing is
+    /// created.
+    pub fn load(&self) -> Result<Config, StoreError> {
+        match fs::symlink_metadata(&self.dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Config::default()),
+            Err(e) => return Err(io_err("inspect", &self.dir)(e)),
+            Ok(meta) => check_private(&self.dir, &meta, true)?,
+        }
+        self.read_config()
+    }
+
+    /// Read-modify-write under the exclusive lock. `change` sees the current configuration and
+    /// may refuse (its error is returned and nothing is written). If `change` succeeds the new
+    /// configuration is written atomically.
+    pub fn update<T, E>(&self, change: impl FnOnce(&mut Config) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.ensure_dir()?;
+        let lock_path = self.dir.join(LOCK_FILE);
+        let lock = acquire_lock(&lock_path)?;
+        remove_stale_temps(&self.dir);
+        let mut config = self.read_config()?;
+        let result = change(&mut config)?;
+        self.write_config(&config)?;
+        drop(lock);
+        Ok(result)
+    }
+
+    fn ensure_dir(&self) -> Result<(), StoreError> {
+        match fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("create directory", &self.dir)(e)),
+        }
+        let meta = fs::symlink_metadata(&self.dir).map_err(io_err("inspect", &self.dir))?;
+        check_private(&self.dir, &meta, true)
+    }
+
+    fn read_config(&self) -> Result<Config, StoreError> {
+        let path = self.config_path();
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Config::default()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                return Err(StoreError::NotPlain {
+                    path,
+                    expected: "regular file",
+                });
+            }
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let meta = file.metadata().map_err(io_err("inspect", &path))?;
+        check_private(&path, &meta, false)?;
+        let mut bytes = Vec::new();
+        // Read one byte past the bound so an oversized file is detected, never truncated.
+        let limit = u64::try_from(MAX_CONFIG_BYTES).map_or(u64::MAX, |m| m.saturating_add(1));
+        file.take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(io_err("read", &path))?;
+        if bytes.len() > MAX_CONFIG_BYTES {
+            return Err(StoreError::TooLarge(path));
+        }
+        Config::parse(&bytes).map_err(|error| StoreError::Invalid { path, error })
+    }
+
+    fn write_config(&self, config: &Config) -> Result<(), StoreError> {
+        let text = config.to_json_pretty();
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(StoreError::WouldExceed);
+        }
+        match Config::parse(text.as_bytes()) {
+            Ok(back) if back == *config => {}
+            _ => return Err(StoreError::RoundTrip),
+        }
+        let target = self.config_path();
+        let temp = self.dir.join(temp_name());
+        let written = write_new_file(&temp, text.as_bytes())
+            .and_then(|()| fs::rename(&temp, &target).map_err(io_err("replace", &target)));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&temp);
+            return Err(e);
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+/// Refuse anything that is not a plain directory/file owned by us with no group/other bits.
+fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), StoreError> {
+    let plain = if dir {
+        meta.file_type().is_dir()
+    } else {
+        meta.file_type().is_file()
+    };
+    if !plain {
+        return Err(StoreError::NotPlain {
+            path: path.to_path_buf(),
+            expected: if dir { "directory" } else { "regular file" },
+        });
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(StoreError::WrongOwner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(StoreError::OpenMode {
+            path: path.to_path_buf(),
+            mode,
+            want: if dir { 0o700 } else { 0o600 },
+        });
+    }
+    Ok(())
+}
+
+fn temp_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{TEMP_PREFIX}{}-{n}", std::process::id())
+}
+
+fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(io_err("create", path))?;
+    file.write_all(bytes).map_err(io_err("write", path))?;
+    file.sync_all().map_err(io_err("fsync", path))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Leftover temp files can only come from a writer that died, because we hold the lock.
+fn remove_stale_temps(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// An exclusive `flock` on the lock file, released on drop (closing the descriptor).
+struct Lock {
+    _file: File,
+}
+
+fn acquire_lock(path: &Path) -> Result<Lock, StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                StoreError::NotPlain {
+                    path: path.to_path_buf(),
+                    expected: "regular file",
+                }
+            } else {
+                io_err("open", path)(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io_err("inspect", path))?;
+    check_private(path, &meta, false)?;
+    let deadline = Instant::now() + LOCK_TIMEOUT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Lock { _file: file }),
+            Err(fs::TryLockError::WouldBlock) => {
+                if Instant::now() >= deadline {
+                    return Err(StoreError::LockTimeout(path.to_path_buf()));
+                }
+                std::thread::sleep(LOCK_POLL);
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iteron_policy::config::{Command, ServerConfig, StdioServer, Transport};
+    use iteron_policy::names::ServerName;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn temp_home() -> (PathBuf, Home) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir().join(format!(
+            "iteron-store-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let home = Home::at(base.join("home")).unwrap();
+        (base, home)
+    }
+
+    fn server(name: &str) -> ServerConfig {
+        ServerConfig {
+            name: ServerName::parse(name).unwrap(),
+            transport: Transport::Stdio(StdioServer {
+                command: Command::parse("/bin/true").unwrap(),
+                args: vec![],
+                env: vec![],
+            }),
+            tools: Default::default(),
+            policy: Default::default(),
+        }
+    }
+
+    fn add(home: &Home, name: &str) {
+        home.update(|c| {
+            c.add_server(server(name))
+                .map_err(|_| StoreError::RoundTrip)
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn missing_home_reads_as_empty_and_creates_nothing() {
+        let (base, home) = temp_home();
+        assert_eq!(home.load().unwrap(), Config::default());
+        assert!(!home.dir().exists());
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn first_write_creates_private_directory_and_file() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let dmode = fs::metadata(home.dir()).unwrap().permissions().mode() & 0o777;
+        let fmode = fs::metadata(home.config_path())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!((dmode, fmode), (0o700, 0o600));
+        assert_eq!(home.load().unwrap().mcp_servers.len(), 1);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_refused_change_writes_nothing() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let before = fs::read(home.config_path()).unwrap();
+        let r: Result<(), StoreError> = home.update(|c| {
+            c.mcp_servers.clear();
+            Err(StoreError::WouldExceed)
+        });
+        assert!(r.is_err());
+        assert_eq!(fs::read(home.config_path()).unwrap(), before);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn an_unparsable_config_is_never_rewritten() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let broken = b"{\"schema_version\": 2, \"mcp_servers\": [,]}";
+        fs::write(home.config_path(), broken).unwrap();
+        let r = home.update(|c| c.add_server(server("b")).map_err(|_| StoreError::RoundTrip));
+        assert!(matches!(r, Err(StoreError::Invalid { .. })));
+        assert_eq!(fs::read(home.config_path()).unwrap(), broken);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn open_modes_are_refused_not_repaired() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        fs::set_permissions(home.config_path(), fs::Permissions::from_mode(0o644)).unwrap();
+        let e = home.load().unwrap_err();
+        assert!(matches!(e, StoreError::OpenMode { mode: 0o644, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 600"));
+        assert_eq!(
+            fs::metadata(home.config_path())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o644
+        );
+        fs::set_permissions(home.config_path(), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(home.dir(), fs::Permissions::from_mode(0o750)).unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::OpenMode {
+                mode: 0o750,
+                want: 0o700,
+                ..
+            }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_symlinked_config_is_refused() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let elsewhere = base.join("elsewhere.json");
+        fs::rename(home.config_path(), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, home.config_path()).unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::NotPlain { .. }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn oversized_file_is_refused_one_byte_over() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let doc = "{\"schema_version\": 2}";
+        let exact = format!("{doc}{}", " ".repeat(MAX_CONFIG_BYTES - doc.len()));
+        fs::write(home.config_path(), &exact).unwrap();
+        home.load().unwrap();
+        fs::write(home.config_path(), format!("{exact} ")).unwrap();
+        assert!(matches!(home.load().unwrap_err(), StoreError::TooLarge(_)));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn stale_temp_files_from_a_crashed_writer_are_cleared() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let stale = home.dir().join(format!("{TEMP_PREFIX}999-0"));
+        fs::write(&stale, "partial").unwrap();
+        add(&home, "b");
+        assert!(!stale.exists());
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn concurrent_writers_in_threads_lose_no_update() {
+        let (base, home) = temp_home();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let h = home.clone();
+                std::thread::spawn(move || add(&h, &format!("t{i}")))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(home.load().unwrap().mcp_servers.len(), 8);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn home_comes_from_iteron_home_then_home() {
+        let env = |k: &str| match k {
+            "HOME" => Some(OsString::from("/h")),
+            _ => None,
+        };
+        assert_eq!(Home::from_env(env).unwrap().dir(), Path::new("/h/.iteron"));
+        let env = |k: &str| match k {
+            "ITERON_HOME" => Some(OsString::from("/x/y")),
+            "HOME" => Some(OsString::from("/h")),
+            _ => None,
+        };
+        assert_eq!(Home::from_env(env).unwrap().dir(), Path::new("/x/y"));
+        assert!(matches!(
+            Home::from_env(|_| Some(OsString::from("rel"))),
+            Err(StoreError::NotAbsolute(_))
+        ));
+        assert!(matches!(Home::from_env(|_| None), Err(StoreError::NoHome)));
+    }
+}

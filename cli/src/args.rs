@@ -1,0 +1,123 @@
+//! The command-line grammar. Values arrive here as plain strings and are validated by the
+//! `iteron-policy` newtypes in `mcp.rs`, so that a refused value is never echoed by the parser
+//! (a mistyped `--env NAME=value` may carry a secret).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Iteron: a capability broker that lets an agent act through MCP servers, skills and hooks
+/// without ever holding a credential.
+#[derive(Debug, Parser)]
+#[command(name = "iteron", version, disable_help_subcommand = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Top,
+}
+
+#[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; size is irrelevant"
+)]
+pub(crate) enum Top {
+    /// Manage MCP server configuration in $ITERON_HOME (default ~/.iteron).
+    #[command(subcommand)]
+    Mcp(Mcp),
+    /// Walk the configuration flow in a throwaway home; never touches ~/.iteron.
+    Demo,
+}
+
+#[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; size is irrelevant"
+)]
+pub(crate) enum Mcp {
+    /// Add a server: `--stdio <command> [--env NAME]... -- <args>` or `--url <url>`.
+    Add(AddArgs),
+    /// List configured servers.
+    List(FormatArg),
+    /// Show one server.
+    Get(NameFormat),
+    /// Remove one server.
+    Remove(NameArg),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub(crate) enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FormatArg {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NameArg {
+    /// Server name.
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NameFormat {
+    /// Server name.
+    pub(crate) name: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("transport").required(true).args(["url", "stdio"])))]
+pub(crate) struct AddArgs {
+    /// Server name: 1-64 ASCII letters, digits, '.', '_', '-'.
+    pub(crate) name: String,
+
+    /// Streamable HTTP endpoint: https, or http to a loopback host.
+    #[arg(long, value_name = "URL")]
+    pub(crate) url: Option<String>,
+
+    /// Program of a stdio server: an absolute path or a bare name found on the broker's PATH.
+    #[arg(long, value_name = "COMMAND")]
+    pub(crate) stdio: Option<String>,
+
+    /// Forward this environment variable (NAME only; its value is read when the server starts).
+    #[arg(long = "env", value_name = "NAME")]
+    pub(crate) env: Vec<String>,
+
+    /// HTTP header whose value comes from an environment variable: HEADER=ENV_NAME.
+    #[arg(long = "header-env", value_name = "HEADER=ENV_NAME")]
+    pub(crate) header_env: Vec<String>,
+
+    /// OAuth protected resource to bind.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_resource: Option<String>,
+
+    /// OAuth scopes to request, comma-separated.
+    #[arg(long, value_name = "SCOPE,SCOPE")]
+    pub(crate) oauth_scopes: Option<String>,
+
+    /// OAuth client registration: auto, cimd or dcr.
+    #[arg(long, value_name = "auto|cimd|dcr")]
+    pub(crate) oauth_client_registration: Option<String>,
+
+    /// Pre-registered OAuth client id, or a client ID metadata document URL.
+    #[arg(long, value_name = "ID-OR-CIMD-URL")]
+    pub(crate) oauth_client_id: Option<String>,
+
+    /// Environment variable holding the pre-registered client secret (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_client_secret_env: Option<String>,
+
+    /// Authorization server issuer to pin.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_issuer: Option<String>,
+
+    /// Arguments passed to the stdio server, after `--`.
+    #[arg(last = true, value_name = "ARGS")]
+    pub(crate) args: Vec<String>,
+}

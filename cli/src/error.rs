@@ -1,0 +1,99 @@
+//! The CLI's one error type and the one function that turns any error into what the operator
+//! sees: a single terminal-safe, credential-redacted line and a documented exit code
+//! (`docs/cli.md`).
+
+use std::fmt;
+use std::process::ExitCode;
+
+use iteron_broker::store::StoreError;
+use iteron_policy::text;
+
+/// Exit codes, as documented in docs/cli.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// Success.
+    Ok = 0,
+    /// An I/O or internal failure.
+    Failure = 1,
+    /// Bad command line (flags or argument values).
+    Usage = 2,
+    /// The configuration file is invalid (it was left untouched).
+    InvalidConfig = 3,
+    /// The named server does not exist.
+    NotFound = 4,
+    /// A file or directory has unsafe ownership or permissions (refused, not repaired).
+    UnsafePermissions = 5,
+    /// The change conflicts with the configuration (name taken, server limit reached).
+    Conflict = 6,
+    /// Another iteron process held the configuration lock too long.
+    Busy = 7,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// Everything a command can fail with.
+#[derive(Debug)]
+pub(crate) enum CliError {
+    /// A bad flag or value; the text never contains the refused value.
+    Usage(String),
+    /// The store refused or failed.
+    Store(StoreError),
+    /// No server with that name.
+    NotFound(String),
+    /// The change conflicts with the configuration.
+    Conflict(String),
+    /// Writing the command's output failed.
+    Output(std::io::Error),
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        CliError::Store(e)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Usage(m) | CliError::Conflict(m) => f.write_str(m),
+            CliError::Store(e) => e.fmt(f),
+            CliError::NotFound(name) => {
+                write!(f, "no MCP server named {name} (see: iteron mcp list)")
+            }
+            CliError::Output(e) => write!(f, "cannot write output: {e}"),
+        }
+    }
+}
+
+impl CliError {
+    /// The exit code for this error. Exhaustive on purpose: a new store error forces a decision.
+    pub(crate) fn exit(&self) -> Exit {
+        match self {
+            CliError::Usage(_) => Exit::Usage,
+            CliError::NotFound(_) => Exit::NotFound,
+            CliError::Conflict(_) => Exit::Conflict,
+            CliError::Output(_) => Exit::Failure,
+            CliError::Store(e) => match e {
+                StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
+                StoreError::NotPlain { .. }
+                | StoreError::WrongOwner { .. }
+                | StoreError::OpenMode { .. } => Exit::UnsafePermissions,
+                StoreError::WouldExceed => Exit::Conflict,
+                StoreError::LockTimeout(_) => Exit::Busy,
+                StoreError::NoHome
+                | StoreError::NotAbsolute(_)
+                | StoreError::Io { .. }
+                | StoreError::RoundTrip => Exit::Failure,
+            },
+        }
+    }
+
+    /// The one line shown on stderr: prefixed, redacted, terminal-safe, at most 512 bytes.
+    pub(crate) fn line(&self) -> String {
+        text::single_line(&format!("iteron: error: {self}"))
+    }
+}

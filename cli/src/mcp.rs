@@ -1,0 +1,388 @@
+//! `iteron mcp add|list|get|remove`: configuration management with the operator's authority.
+//!
+//! Nothing here reads the value of an environment variable: servers store variable *names*, and
+//! every output (text or JSON) shows names only. Values that came from the command line are
+//! validated by the policy newtypes, whose errors never repeat the refused input.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use iteron_broker::store::Home;
+use iteron_policy::capability::{CapabilitySet, ServerPolicy, ToolFilter};
+use iteron_policy::config::{
+    AddError, ClientId, Command, Config, HttpServer, OAuthConfig, Registration, Scope,
+    ServerConfig, StdioServer, Transport, ValueError, check_arg,
+};
+use iteron_policy::names::{EnvName, HeaderName, NameError, ServerName};
+use iteron_policy::text;
+use iteron_policy::url::EndpointUrl;
+
+use crate::args::{AddArgs, Format, Mcp};
+use crate::error::CliError;
+
+/// Run one `iteron mcp …` command against `home`, writing results to `out`.
+pub(crate) fn run(cmd: Mcp, home: &Home, out: &mut dyn Write) -> Result<(), CliError> {
+    match cmd {
+        Mcp::Add(a) => add(a, home, out),
+        Mcp::List(f) => list(home, f.format, out),
+        Mcp::Get(g) => get(home, &g.name, g.format, out),
+        Mcp::Remove(r) => remove(home, &r.name, out),
+    }
+}
+
+fn usage(flag: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::Usage(format!("{flag} {e}"))
+}
+
+fn server_name(s: &str) -> Result<ServerName, CliError> {
+    ServerName::parse(s).map_err(|e| usage("server name", e))
+}
+
+fn env_name(flag: &str, s: &str) -> Result<EnvName, CliError> {
+    EnvName::parse(s).map_err(|e| match e {
+        NameError::ValueGiven => {
+            // Only the part before '=' is shown; the rest may be a secret.
+            let name = s.split('=').next().unwrap_or_default();
+            let shown = if EnvName::parse(name).is_ok() {
+                name
+            } else {
+                "NAME"
+            };
+            CliError::Usage(format!(
+                "{flag} takes a variable name, not NAME=value: write {flag} {shown}; the value is \
+                 read from the environment when the server starts and is never stored"
+            ))
+        }
+        other => usage(flag, other),
+    })
+}
+
+fn url(flag: &str, s: &str) -> Result<EndpointUrl, CliError> {
+    EndpointUrl::parse(s).map_err(|e| usage(flag, e))
+}
+
+fn value<T>(flag: &str, r: Result<T, ValueError>) -> Result<T, CliError> {
+    r.map_err(|e| usage(flag, e))
+}
+
+/// Flags that belong to the other transport are refused rather than silently ignored.
+fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
+    let stdio_flags = [
+        ("--env", !a.env.is_empty()),
+        ("arguments after --", !a.args.is_empty()),
+    ];
+    let http_flags = [
+        ("--header-env", !a.header_env.is_empty()),
+        ("--oauth-resource", a.oauth_resource.is_some()),
+        ("--oauth-scopes", a.oauth_scopes.is_some()),
+        (
+            "--oauth-client-registration",
+            a.oauth_client_registration.is_some(),
+        ),
+        ("--oauth-client-id", a.oauth_client_id.is_some()),
+        (
+            "--oauth-client-secret-env",
+            a.oauth_client_secret_env.is_some(),
+        ),
+        ("--oauth-issuer", a.oauth_issuer.is_some()),
+    ];
+    let (foreign, kind): (&[(&str, bool)], &str) = if a.url.is_some() {
+        (&stdio_flags, "--url")
+    } else {
+        (&http_flags, "--stdio")
+    };
+    if let Some((flag, _)) = foreign.iter().find(|(_, set)| *set) {
+        return Err(CliError::Usage(format!(
+            "{flag} cannot be used with {kind}"
+        )));
+    }
+    Ok(())
+}
+
+fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
+    refuse_foreign(a)?;
+    let name = server_name(&a.name)?;
+    let transport = if let Some(u) = &a.url {
+        let mut header_env = BTreeMap::new();
+        for pair in &a.header_env {
+            let Some((h, e)) = pair.split_once('=') else {
+                return Err(CliError::Usage(
+                    "--header-env takes HEADER=ENV_NAME (the variable's name, not its value)"
+                        .into(),
+                ));
+            };
+            let header = HeaderName::parse(h).map_err(|e| usage("--header-env header", e))?;
+            let env = EnvName::parse(e).map_err(|_| {
+                CliError::Usage(
+                    "--header-env takes HEADER=ENV_NAME, and ENV_NAME must be an environment \
+                     variable name ([A-Za-z_][A-Za-z0-9_]*), never the header's value"
+                        .into(),
+                )
+            })?;
+            if header_env.insert(header, env).is_some() {
+                return Err(CliError::Usage("--header-env names a header twice".into()));
+            }
+        }
+        let mut oauth = OAuthConfig {
+            resource: a
+                .oauth_resource
+                .as_deref()
+                .map(|s| url("--oauth-resource", s))
+                .transpose()?,
+            issuer: a
+                .oauth_issuer
+                .as_deref()
+                .map(|s| url("--oauth-issuer", s))
+                .transpose()?,
+            client_id: a
+                .oauth_client_id
+                .as_deref()
+                .map(|s| value("--oauth-client-id", ClientId::parse(s)))
+                .transpose()?,
+            client_secret_env: a
+                .oauth_client_secret_env
+                .as_deref()
+                .map(|s| env_name("--oauth-client-secret-env", s))
+                .transpose()?,
+            ..OAuthConfig::default()
+        };
+        if let Some(reg) = &a.oauth_client_registration {
+            oauth.client_registration = Some(Registration::parse(reg).ok_or_else(|| {
+                CliError::Usage("--oauth-client-registration must be auto, cimd or dcr".into())
+            })?);
+        }
+        if let Some(scopes) = &a.oauth_scopes {
+            for s in scopes.split(',') {
+                let scope = value("--oauth-scopes entry", Scope::parse(s))?;
+                if oauth.scopes.contains(&scope) {
+                    return Err(CliError::Usage("--oauth-scopes lists a scope twice".into()));
+                }
+                oauth.scopes.push(scope);
+            }
+        }
+        Transport::Http(HttpServer {
+            url: url("--url", u)?,
+            header_env,
+            oauth: (oauth != OAuthConfig::default()).then_some(oauth),
+        })
+    } else {
+        let cmd = a.stdio.as_deref().unwrap_or_default();
+        let command = value("--stdio", Command::parse(cmd))?;
+        let mut env: Vec<EnvName> = Vec::new();
+        for raw in &a.env {
+            let n = env_name("--env", raw)?;
+            if env.contains(&n) {
+                return Err(CliError::Usage(format!("--env names {n} twice")));
+            }
+            env.push(n);
+        }
+        for (i, arg) in a.args.iter().enumerate() {
+            check_arg(arg).map_err(|e| usage(&format!("argument {} after --", i + 1), e))?;
+        }
+        Transport::Stdio(StdioServer {
+            command,
+            args: a.args.clone(),
+            env,
+        })
+    };
+    Ok(ServerConfig {
+        name,
+        transport,
+        tools: ToolFilter::default(),
+        policy: ServerPolicy::default(),
+    })
+}
+
+fn add(a: AddArgs, home: &Home, out: &mut dyn Write) -> Result<(), CliError> {
+    let server = build_server(&a)?;
+    let kind = server.transport.as_str();
+    let name = server.name.clone();
+    home.update(|config: &mut Config| {
+        config.add_server(server).map_err(|e| match e {
+            AddError::Exists(existing) => CliError::Conflict(format!(
+                "an MCP server named {existing} already exists (names are compared \
+                 case-insensitively); remove it first with: iteron mcp remove {existing}"
+            )),
+            AddError::Full => CliError::Conflict(e.to_string()),
+        })
+    })?;
+    writeln!(out, "added {kind} MCP server {name}").map_err(CliError::Output)
+}
+
+fn remove(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let name = server_name(raw)?;
+    home.update(|config: &mut Config| {
+        config
+            .remove_server(name.as_str())
+            .map(|_| ())
+            .ok_or_else(|| CliError::NotFound(name.to_string()))
+    })?;
+    writeln!(out, "removed MCP server {name}").map_err(CliError::Output)
+}
+
+/// The JSON view of a server: the configuration object, with stdio arguments passed through
+/// credential redaction (a secret pasted into an argument is not spread further by listings).
+fn server_json(s: &ServerConfig) -> serde_json::Value {
+    let mut v = serde_json::to_value(s).unwrap_or(serde_json::Value::Null);
+    if let Some(serde_json::Value::Array(args)) = v.get_mut("args") {
+        for a in args.iter_mut() {
+            if let serde_json::Value::String(s) = a {
+                *s = text::redact(s).into_owned();
+            }
+        }
+    }
+    v
+}
+
+fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
+    writeln!(out, "{text}").map_err(CliError::Output)
+}
+
+fn target(s: &ServerConfig) -> String {
+    match &s.transport {
+        Transport::Stdio(st) => {
+            let mut t = st.command.as_str().to_owned();
+            for a in &st.args {
+                t.push(' ');
+                t.push_str(a);
+            }
+            t
+        }
+        Transport::Http(h) => h.url.as_str().to_owned(),
+    }
+}
+
+fn list(home: &Home, format: Format, out: &mut dyn Write) -> Result<(), CliError> {
+    let config = home.load()?;
+    if format == Format::Json {
+        let servers: Vec<_> = config.mcp_servers.iter().map(server_json).collect();
+        let doc = serde_json::json!({
+            "schema_version": iteron_policy::config::SCHEMA_VERSION,
+            "servers": servers,
+        });
+        return print_json(out, &doc);
+    }
+    if config.mcp_servers.is_empty() {
+        return writeln!(
+            out,
+            "No MCP servers configured. Add one with: iteron mcp add <name> --stdio <command>"
+        )
+        .map_err(CliError::Output);
+    }
+    let width = config
+        .mcp_servers
+        .iter()
+        .map(|s| s.name.as_str().len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut buf = String::new();
+    buf.push_str(&format!("{:width$}  {:9}  TARGET\n", "NAME", "TRANSPORT"));
+    for s in &config.mcp_servers {
+        buf.push_str(&format!(
+            "{:width$}  {:9}  {}\n",
+            s.name.as_str(),
+            s.transport.as_str(),
+            text::single_line_capped(&target(s), 160)
+        ));
+    }
+    out.write_all(buf.as_bytes()).map_err(CliError::Output)
+}
+
+fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<(), CliError> {
+    let name = server_name(raw)?;
+    let config = home.load()?;
+    let server = config
+        .server(name.as_str())
+        .ok_or_else(|| CliError::NotFound(name.to_string()))?;
+    if format == Format::Json {
+        return print_json(out, &server_json(server));
+    }
+    let mut lines: Vec<(String, String)> = vec![
+        ("name".into(), server.name.to_string()),
+        ("transport".into(), server.transport.as_str().into()),
+    ];
+    let names = |v: &[EnvName]| v.iter().map(EnvName::as_str).collect::<Vec<_>>().join(", ");
+    match &server.transport {
+        Transport::Stdio(st) => {
+            lines.push(("command".into(), st.command.as_str().into()));
+            if !st.args.is_empty() {
+                let shown: Vec<String> = st
+                    .args
+                    .iter()
+                    .map(|a| text::single_line_capped(a, 200))
+                    .collect();
+                lines.push(("args".into(), shown.join(" ")));
+            }
+            if !st.env.is_empty() {
+                lines.push(("env (names only)".into(), names(&st.env)));
+            }
+        }
+        Transport::Http(h) => {
+            lines.push(("url".into(), h.url.as_str().into()));
+            for (header, env) in &h.header_env {
+                lines.push((format!("header {header}"), format!("from ${env}")));
+            }
+            if let Some(o) = &h.oauth {
+                let v = serde_json::to_value(o).unwrap_or(serde_json::Value::Null);
+                if let serde_json::Value::Object(map) = v {
+                    for (k, val) in map {
+                        let shown = match val {
+                            serde_json::Value::String(s) => s,
+                            serde_json::Value::Array(items) => items
+                                .iter()
+                                .filter_map(|i| i.as_str().map(str::to_owned))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            other => other.to_string(),
+                        };
+                        lines.push((format!("oauth.{k}"), shown));
+                    }
+                }
+            }
+        }
+    }
+    if !server.tools.allow.is_empty() {
+        lines.push(("tools.allow".into(), join_names(&server.tools.allow)));
+    }
+    if !server.tools.deny.is_empty() {
+        lines.push(("tools.deny".into(), join_names(&server.tools.deny)));
+    }
+    let ceiling = config.ceiling();
+    let bound = server
+        .policy
+        .capabilities
+        .map_or(ceiling, |c| c.intersect(ceiling));
+    lines.push(("host ceiling".into(), ceiling.to_string()));
+    if let Some(c) = server.policy.capabilities {
+        lines.push(("policy.capabilities".into(), c.to_string()));
+    }
+    for (tool, set) in &server.policy.tools {
+        lines.push((format!("policy.tools.{tool}"), set.to_string()));
+    }
+    lines.push(("admitted for its tools".into(), bound.to_string()));
+    let exposed = CapabilitySet::MCP_TOOL.is_subset(bound);
+    lines.push((
+        "tool exposure".into(),
+        if exposed {
+            "MCP tools carry irreversible_external: exposed, every call needs approval".into()
+        } else {
+            "MCP tools carry irreversible_external, which is not admitted: no tool is exposed"
+                .into()
+        },
+    ));
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut buf = String::new();
+    for (k, v) in lines {
+        buf.push_str(&format!(
+            "{k:width$}  {}\n",
+            text::single_line_capped(&v, 400)
+        ));
+    }
+    out.write_all(buf.as_bytes()).map_err(CliError::Output)
+}
+
+fn join_names(v: &[iteron_policy::names::ToolName]) -> String {
+    v.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
+}

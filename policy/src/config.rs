@@ -1,0 +1,1156 @@
+//! The operator configuration, `schema_version: 2`.
+//!
+//! The file is the operator's statement of authority, so it is read strictly: unknown keys,
+//! duplicate keys, values of the wrong type, names outside their grammar, unsafe URLs and
+//! deceptive Unicode are all errors, each naming the JSON path and the line and column. Any
+//! `schema_version` other than [`SCHEMA_VERSION`] is refused by name. Every list and string has an
+//! explicit bound. Secrets never live here: headers and OAuth material are *named* by environment
+//! variable, and error texts never quote a value from the file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+
+use crate::capability::{Capability, CapabilitySet, ServerPolicy, ToolFilter};
+use crate::json::{self, Member, Node, Path, Pos, SyntaxError, Value};
+use crate::names::{EnvName, HeaderName, NameError, ServerName, ToolName};
+use crate::text::{self, UnsafeChar};
+use crate::url::{EndpointUrl, UrlError};
+
+/// The only configuration schema this build reads and writes.
+pub const SCHEMA_VERSION: u32 = 2;
+/// Largest configuration file read or written, in bytes.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+/// Most servers in one configuration.
+pub const MAX_SERVERS: usize = 512;
+/// Most arguments of one stdio server.
+pub const MAX_ARGS: usize = 256;
+/// Most environment variable names forwarded to one stdio server.
+pub const MAX_ENV_NAMES: usize = 128;
+/// Most configured headers of one HTTP server.
+pub const MAX_HEADERS: usize = 64;
+/// Most tool names in one `tools.allow`, `tools.deny` or `policy.tools`.
+pub const MAX_TOOL_NAMES: usize = 1000;
+/// Most OAuth scopes.
+pub const MAX_SCOPES: usize = 64;
+/// Most hook commands for one event.
+pub const MAX_HOOKS_PER_EVENT: usize = 16;
+/// Longest string value (commands, arguments, client ids), in bytes.
+pub const MAX_STRING_BYTES: usize = 4096;
+/// Longest OAuth scope or client id, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Classes this host allows; `None` means [`CapabilitySet::DEFAULT_HOST_CEILING`].
+    pub host_ceiling: Option<CapabilitySet>,
+    /// Configured MCP servers, in file order, with unique (case-folded) names.
+    pub mcp_servers: Vec<ServerConfig>,
+    /// Lifecycle hooks by event.
+    pub hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
+}
+
+/// One MCP server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerConfig {
+    /// The server's name.
+    pub name: ServerName,
+    /// How to reach it.
+    #[serde(flatten)]
+    pub transport: Transport,
+    /// Exact-name tool filter.
+    #[serde(skip_serializing_if = "ToolFilter::is_empty")]
+    pub tools: ToolFilter,
+    /// Capability bounds.
+    #[serde(skip_serializing_if = "ServerPolicy::is_empty")]
+    pub policy: ServerPolicy,
+}
+
+/// The transport of a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "transport", rename_all = "lowercase")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "at most MAX_SERVERS entries exist; boxing would buy nothing measurable"
+)]
+pub enum Transport {
+    /// A supervised child process speaking JSON lines on stdin/stdout.
+    Stdio(StdioServer),
+    /// Streamable HTTP.
+    Http(HttpServer),
+}
+
+impl Transport {
+    /// `"stdio"` or `"http"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Transport::Stdio(_) => "stdio",
+            Transport::Http(_) => "http",
+        }
+    }
+}
+
+/// A stdio server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StdioServer {
+    /// The program.
+    pub command: Command,
+    /// Its arguments.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Names of the broker's environment variables forwarded to the child; only names are stored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvName>,
+}
+
+/// A Streamable HTTP server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpServer {
+    /// The MCP endpoint.
+    pub url: EndpointUrl,
+    /// Header name → name of the environment variable holding its value.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub header_env: BTreeMap<HeaderName, EnvName>,
+    /// OAuth settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthConfig>,
+}
+
+/// How the OAuth client is registered with the authorization server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Registration {
+    /// Pre-registered client if configured, else CIMD if offered, else DCR.
+    Auto,
+    /// Client ID metadata document only.
+    Cimd,
+    /// Dynamic client registration only.
+    Dcr,
+}
+
+impl Registration {
+    /// Parse `auto`, `cimd` or `dcr`.
+    pub fn parse(s: &str) -> Option<Registration> {
+        match s {
+            "auto" => Some(Registration::Auto),
+            "cimd" => Some(Registration::Cimd),
+            "dcr" => Some(Registration::Dcr),
+            _ => None,
+        }
+    }
+}
+
+/// OAuth settings of an HTTP server. Values that are secrets are named by environment variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OAuthConfig {
+    /// The protected resource to bind, when it differs from what discovery would choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource: Option<EndpointUrl>,
+    /// Scopes requested at login (the operator's choice is never edited).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<Scope>,
+    /// Registration mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_registration: Option<Registration>,
+    /// A pre-registered client id, or a CIMD URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<ClientId>,
+    /// Variable holding the pre-registered client secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_secret_env: Option<EnvName>,
+    /// The authorization server issuer to pin.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<EndpointUrl>,
+    /// Variable holding an externally managed access token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_token_env: Option<EnvName>,
+    /// Variable holding that token's expiry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_env: Option<EnvName>,
+    /// Token endpoint used to refresh an external token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh_url: Option<EndpointUrl>,
+    /// Variable holding the refresh token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh_token_env: Option<EnvName>,
+    /// Revocation endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoke_url: Option<EndpointUrl>,
+}
+
+/// Keys of the `oauth` block, in serialization order.
+const OAUTH_KEYS: &[&str] = &[
+    "resource",
+    "scopes",
+    "client_registration",
+    "client_id",
+    "client_secret_env",
+    "issuer",
+    "access_token_env",
+    "expires_at_env",
+    "refresh_url",
+    "refresh_token_env",
+    "revoke_url",
+];
+
+/// A lifecycle hook event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum HookEvent {
+    /// A session opened.
+    SessionStart,
+    /// The user submitted a prompt.
+    UserPromptSubmit,
+    /// Before an effect; exit code 2 blocks it.
+    PreToolUse,
+    /// After an effect.
+    PostToolUse,
+    /// The session ended.
+    Stop,
+}
+
+impl HookEvent {
+    /// Every event, in order.
+    pub const ALL: [HookEvent; 5] = [
+        HookEvent::SessionStart,
+        HookEvent::UserPromptSubmit,
+        HookEvent::PreToolUse,
+        HookEvent::PostToolUse,
+        HookEvent::Stop,
+    ];
+    const NAMES: &'static [&'static str] = &[
+        "SessionStart",
+        "UserPromptSubmit",
+        "PreToolUse",
+        "PostToolUse",
+        "Stop",
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// Parse the exact spelling.
+    pub fn parse(s: &str) -> Option<HookEvent> {
+        HookEvent::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+}
+
+/// An absolute path without NUL, `.`/`..` components or unsafe characters, at most
+/// [`MAX_STRING_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct AbsolutePath(String);
+
+impl AbsolutePath {
+    /// Validate.
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        check_text(s, MAX_STRING_BYTES)?;
+        if !s.starts_with('/') {
+            return Err(ValueError::NotAbsolute);
+        }
+        if s.split('/').any(|c| c == "." || c == "..") {
+            return Err(ValueError::DotComponent);
+        }
+        Ok(AbsolutePath(s.to_owned()))
+    }
+
+    /// The path.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A stdio server's program: an absolute path, or a bare program name looked up on the broker's
+/// fixed safe `PATH` at spawn time. Relative paths with a `/` are refused: they would depend on
+/// the working directory of whoever starts the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Command(String);
+
+impl Command {
+    /// Validate.
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        if s.starts_with('/') {
+            return AbsolutePath::parse(s).map(|p| Command(p.0));
+        }
+        check_text(s, MAX_STRING_BYTES)?;
+        let bare = s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+        if !bare || s.starts_with('.') || s.starts_with('-') {
+            return Err(ValueError::NotAbsolute);
+        }
+        Ok(Command(s.to_owned()))
+    }
+
+    /// The command text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An OAuth scope token (RFC 6749 §3.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Scope(String);
+
+impl Scope {
+    /// Validate.
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        if s.is_empty() {
+            return Err(ValueError::Empty);
+        }
+        if s.len() > MAX_TOKEN_BYTES {
+            return Err(ValueError::TooLong {
+                max: MAX_TOKEN_BYTES,
+            });
+        }
+        let ok = s
+            .bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b));
+        if !ok {
+            return Err(ValueError::BadScope);
+        }
+        Ok(Scope(s.to_owned()))
+    }
+
+    /// The scope.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An OAuth client id: a plain identifier, or a client ID metadata document URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientId {
+    /// A pre-registered identifier (printable ASCII, no spaces).
+    Plain(String),
+    /// A CIMD URL.
+    Document(EndpointUrl),
+}
+
+impl ClientId {
+    /// Validate: anything containing `://` must be an endpoint URL.
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        if s.contains("://") {
+            return EndpointUrl::parse(s)
+                .map(ClientId::Document)
+                .map_err(ValueError::Url);
+        }
+        if s.is_empty() {
+            return Err(ValueError::Empty);
+        }
+        if s.len() > MAX_TOKEN_BYTES {
+            return Err(ValueError::TooLong {
+                max: MAX_TOKEN_BYTES,
+            });
+        }
+        if !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ValueError::BadClientId);
+        }
+        Ok(ClientId::Plain(s.to_owned()))
+    }
+
+    /// The id as configured.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ClientId::Plain(s) => s,
+            ClientId::Document(u) => u.as_str(),
+        }
+    }
+}
+
+impl Serialize for ClientId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Why a single value was refused (shared by the file reader and the command line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueError {
+    /// Empty where a value is required.
+    Empty,
+    /// Over the byte bound.
+    TooLong {
+        /// The bound.
+        max: usize,
+    },
+    /// Contains a NUL byte.
+    Nul,
+    /// Contains a character unsafe to display (bidi control, invisible, control, …).
+    Unsafe(UnsafeChar),
+    /// A path that must be absolute is not (or a command that is neither absolute nor bare).
+    NotAbsolute,
+    /// A path with a `.` or `..` component.
+    DotComponent,
+    /// Not an OAuth scope token.
+    BadScope,
+    /// A client id with spaces or non-printable characters.
+    BadClientId,
+    /// A name outside its grammar.
+    Name(NameError),
+    /// A URL that breaks the endpoint rules.
+    Url(UrlError),
+}
+
+impl fmt::Display for ValueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValueError::Empty => f.write_str("is empty"),
+            ValueError::TooLong { max } => write!(f, "is longer than {max} bytes"),
+            ValueError::Nul => f.write_str("contains a NUL character"),
+            ValueError::Unsafe(u) => write!(f, "contains {u}"),
+            ValueError::NotAbsolute => {
+                f.write_str("must be an absolute path (or, for a command, a bare program name)")
+            }
+            ValueError::DotComponent => f.write_str("must not contain '.' or '..' components"),
+            ValueError::BadScope => f.write_str("is not an OAuth scope token"),
+            ValueError::BadClientId => {
+                f.write_str("must be printable ASCII without spaces, or an https URL")
+            }
+            ValueError::Name(e) => e.fmt(f),
+            ValueError::Url(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ValueError {}
+
+fn check_text(s: &str, max: usize) -> Result<(), ValueError> {
+    if s.is_empty() {
+        return Err(ValueError::Empty);
+    }
+    if s.len() > max {
+        return Err(ValueError::TooLong { max });
+    }
+    if s.contains('\0') {
+        return Err(ValueError::Nul);
+    }
+    text::check_untrusted(s, false).map_err(ValueError::Unsafe)
+}
+
+/// Validate one stdio argument: at most [`MAX_STRING_BYTES`], no NUL, nothing unsafe to display.
+/// Empty arguments are legal.
+pub fn check_arg(s: &str) -> Result<(), ValueError> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    check_text(s, MAX_STRING_BYTES)
+}
+
+/// What was wrong with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigErrorKind {
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    TooLarge,
+    /// Not well-formed JSON (or a duplicate key).
+    Syntax(SyntaxError),
+    /// `schema_version` is missing, not an integer, or not [`SCHEMA_VERSION`].
+    SchemaVersion {
+        /// The integer found, when it was one.
+        found: Option<u64>,
+    },
+    /// A key this schema does not define.
+    UnknownKey {
+        /// The key, escaped for display.
+        key: String,
+        /// The keys allowed here.
+        allowed: &'static [&'static str],
+    },
+    /// A key that must be present.
+    MissingKey(&'static str),
+    /// A value of the wrong JSON type.
+    WrongType {
+        /// What the schema wants.
+        expected: &'static str,
+        /// What the file has.
+        found: &'static str,
+    },
+    /// A list longer than its bound.
+    TooMany {
+        /// The bound.
+        max: usize,
+    },
+    /// The same item twice in a list, or two servers whose names fold alike.
+    Duplicate {
+        /// Where the first one is.
+        first: Pos,
+    },
+    /// A value outside the allowed set of words.
+    UnknownWord {
+        /// The allowed words.
+        allowed: &'static [&'static str],
+    },
+    /// A key that does not belong to this server's transport.
+    NotForTransport {
+        /// The key.
+        key: &'static str,
+        /// The server's transport.
+        transport: &'static str,
+    },
+    /// A tool named in both `tools.allow` and `tools.deny`.
+    AllowedAndDenied,
+    /// A single value was refused.
+    Value(ValueError),
+}
+
+/// A configuration error: where, and what. Its `Display` is one line and never quotes a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The JSON path.
+    pub path: Path,
+    /// The line and column.
+    pub pos: Pos,
+    /// What was wrong.
+    pub kind: ConfigErrorKind,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): ", self.path, self.pos)?;
+        match &self.kind {
+            ConfigErrorKind::TooLarge => {
+                write!(f, "configuration is larger than {MAX_CONFIG_BYTES} bytes")
+            }
+            ConfigErrorKind::Syntax(e) => e.fmt(f),
+            ConfigErrorKind::SchemaVersion { found: Some(v) } => write!(
+                f,
+                "unsupported schema_version {v}; this iteron reads schema_version {SCHEMA_VERSION}"
+            ),
+            ConfigErrorKind::SchemaVersion { found: None } => write!(
+                f,
+                "schema_version must be the integer {SCHEMA_VERSION} (the only supported version)"
+            ),
+            ConfigErrorKind::UnknownKey { key, allowed } => {
+                write!(f, "unknown key \"{key}\" (allowed: {})", allowed.join(", "))
+            }
+            ConfigErrorKind::MissingKey(k) => write!(f, "missing required key \"{k}\""),
+            ConfigErrorKind::WrongType { expected, found } => {
+                write!(f, "expected {expected}, found {found}")
+            }
+            ConfigErrorKind::TooMany { max } => write!(f, "more than {max} entries"),
+            ConfigErrorKind::Duplicate { first } => {
+                write!(f, "duplicate entry (first at {first})")
+            }
+            ConfigErrorKind::UnknownWord { allowed } => {
+                write!(f, "must be one of: {}", allowed.join(", "))
+            }
+            ConfigErrorKind::NotForTransport { key, transport } => {
+                write!(f, "\"{key}\" is not valid for a {transport} server")?;
+                if *key == "url" {
+                    f.write_str(" (set \"transport\": \"http\")")?;
+                }
+                Ok(())
+            }
+            ConfigErrorKind::AllowedAndDenied => {
+                f.write_str("tool is listed in both tools.allow and tools.deny")
+            }
+            ConfigErrorKind::Value(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a server could not be added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddError {
+    /// A server with this name (compared case-insensitively) exists.
+    Exists(ServerName),
+    /// The configuration already holds [`MAX_SERVERS`].
+    Full,
+}
+
+impl fmt::Display for AddError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AddError::Exists(n) => write!(f, "a server named {n} already exists"),
+            AddError::Full => write!(f, "the configuration already holds {MAX_SERVERS} servers"),
+        }
+    }
+}
+
+impl std::error::Error for AddError {}
+
+impl Config {
+    /// Parse a configuration file's bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        if bytes.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError {
+                path: Path::root(),
+                pos: Pos { line: 1, column: 1 },
+                kind: ConfigErrorKind::TooLarge,
+            });
+        }
+        let root = json::parse(bytes).map_err(|e| ConfigError {
+            path: e.path,
+            pos: e.pos,
+            kind: ConfigErrorKind::Syntax(e.kind),
+        })?;
+        decode_config(&root)
+    }
+
+    /// The host ceiling in force.
+    pub fn ceiling(&self) -> CapabilitySet {
+        self.host_ceiling
+            .unwrap_or(CapabilitySet::DEFAULT_HOST_CEILING)
+    }
+
+    /// The server with exactly this name.
+    pub fn server(&self, name: &str) -> Option<&ServerConfig> {
+        self.mcp_servers.iter().find(|s| s.name.as_str() == name)
+    }
+
+    /// Add a server; refuses a name that folds like an existing one.
+    pub fn add_server(&mut self, server: ServerConfig) -> Result<(), AddError> {
+        let folded = server.name.folded();
+        if let Some(existing) = self.mcp_servers.iter().find(|s| s.name.folded() == folded) {
+            return Err(AddError::Exists(existing.name.clone()));
+        }
+        if self.mcp_servers.len() >= MAX_SERVERS {
+            return Err(AddError::Full);
+        }
+        self.mcp_servers.push(server);
+        Ok(())
+    }
+
+    /// Remove the server with exactly this name.
+    pub fn remove_server(&mut self, name: &str) -> Option<ServerConfig> {
+        let at = self
+            .mcp_servers
+            .iter()
+            .position(|s| s.name.as_str() == name)?;
+        Some(self.mcp_servers.remove(at))
+    }
+
+    /// The canonical file form: pretty JSON with a final newline.
+    pub fn to_json_pretty(&self) -> String {
+        // Serializing these types cannot fail: every map key is a string and no value is a
+        // non-finite float; an empty document would only be written if that changed, and the
+        // store re-parses what it writes before committing it.
+        let mut out = serde_json::to_string_pretty(self).unwrap_or_default();
+        out.push('\n');
+        out
+    }
+}
+
+impl Serialize for Config {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Config", 4)?;
+        st.serialize_field("schema_version", &SCHEMA_VERSION)?;
+        if let Some(c) = &self.host_ceiling {
+            st.serialize_field("host_ceiling", c)?;
+        }
+        st.serialize_field("mcp_servers", &self.mcp_servers)?;
+        if !self.hooks.is_empty() {
+            st.serialize_field("hooks", &self.hooks)?;
+        }
+        st.end()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding from the positioned JSON tree.
+
+type Result2<T> = Result<T, ConfigError>;
+
+fn err(path: &Path, pos: Pos, kind: ConfigErrorKind) -> ConfigError {
+    ConfigError {
+        path: path.clone(),
+        pos,
+        kind,
+    }
+}
+
+fn value_err(path: &Path, node: &Node, e: ValueError) -> ConfigError {
+    err(path, node.pos, ConfigErrorKind::Value(e))
+}
+
+fn wrong_type(path: &Path, node: &Node, expected: &'static str) -> ConfigError {
+    err(
+        path,
+        node.pos,
+        ConfigErrorKind::WrongType {
+            expected,
+            found: node.value.type_name(),
+        },
+    )
+}
+
+/// An object whose keys were checked against the schema.
+struct Fields<'a> {
+    members: &'a [Member],
+    path: Path,
+    pos: Pos,
+}
+
+impl<'a> Fields<'a> {
+    fn new(node: &'a Node, path: &Path, allowed: &'static [&'static str]) -> Result2<Self> {
+        let Value::Object(members) = &node.value else {
+            return Err(wrong_type(path, node, "an object"));
+        };
+        for m in members {
+            if !allowed.contains(&m.key.as_str()) {
+                let mut shown = Path::root().key(&m.key).to_string();
+                // Path display is `$.key` or `$["…"]`; keep only the escaped key text.
+                shown = shown
+                    .trim_start_matches("$.")
+                    .trim_start_matches("$[\"")
+                    .trim_end_matches("\"]")
+                    .to_owned();
+                return Err(err(
+                    &path.key(&m.key),
+                    m.key_pos,
+                    ConfigErrorKind::UnknownKey {
+                        key: shown,
+                        allowed,
+                    },
+                ));
+            }
+        }
+        Ok(Fields {
+            members,
+            path: path.clone(),
+            pos: node.pos,
+        })
+    }
+
+    fn get(&self, key: &str) -> Option<(&'a Node, Path)> {
+        self.members
+            .iter()
+            .find(|m| m.key == key)
+            .map(|m| (&m.node, self.path.key(key)))
+    }
+
+    fn require(&self, key: &'static str) -> Result2<(&'a Node, Path)> {
+        self.get(key)
+            .ok_or_else(|| err(&self.path, self.pos, ConfigErrorKind::MissingKey(key)))
+    }
+}
+
+fn string<'a>(node: &'a Node, path: &Path) -> Result2<&'a str> {
+    match &node.value {
+        Value::String(s) => Ok(s),
+        _ => Err(wrong_type(path, node, "a string")),
+    }
+}
+
+fn array<'a>(node: &'a Node, path: &Path, max: usize) -> Result2<&'a [Node]> {
+    let Value::Array(items) = &node.value else {
+        return Err(wrong_type(path, node, "an array"));
+    };
+    if items.len() > max {
+        return Err(err(path, node.pos, ConfigErrorKind::TooMany { max }));
+    }
+    Ok(items)
+}
+
+/// Decode a list of strings with a parser, refusing duplicates.
+fn string_list<T: PartialEq>(
+    node: &Node,
+    path: &Path,
+    max: usize,
+    parse: impl Fn(&str) -> Result<T, ValueError>,
+) -> Result2<Vec<T>> {
+    let items = array(node, path, max)?;
+    let mut out: Vec<T> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let p = path.index(i);
+        let v = parse(string(item, &p)?).map_err(|e| value_err(&p, item, e))?;
+        if let Some(j) = out.iter().position(|x| *x == v) {
+            return Err(err(
+                &p,
+                item.pos,
+                ConfigErrorKind::Duplicate {
+                    first: items[j].pos,
+                },
+            ));
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn capability_set(node: &Node, path: &Path) -> Result2<CapabilitySet> {
+    const ALLOWED: &[&str] = &[
+        "read_only",
+        "workspace_write",
+        "process",
+        "web_egress",
+        "delegation",
+        "irreversible_external",
+    ];
+    let items = array(node, path, Capability::ALL.len())?;
+    let mut set = CapabilitySet::EMPTY;
+    for (i, item) in items.iter().enumerate() {
+        let p = path.index(i);
+        let word = string(item, &p)?;
+        let c = Capability::parse(word).ok_or_else(|| {
+            err(
+                &p,
+                item.pos,
+                ConfigErrorKind::UnknownWord { allowed: ALLOWED },
+            )
+        })?;
+        if set.contains(c) {
+            let first = items
+                .iter()
+                .find(|n| matches!(&n.value, Value::String(s) if s == word))
+                .map_or(item.pos, |n| n.pos);
+            return Err(err(&p, item.pos, ConfigErrorKind::Duplicate { first }));
+        }
+        set.insert(c);
+    }
+    Ok(set)
+}
+
+fn name_value<T>(r: Result<T, NameError>) -> Result<T, ValueError> {
+    r.map_err(ValueError::Name)
+}
+
+fn optional<T>(
+    f: &Fields<'_>,
+    key: &str,
+    decode: impl Fn(&Node, &Path) -> Result2<T>,
+) -> Result2<Option<T>> {
+    match f.get(key) {
+        Some((node, path)) => decode(node, &path).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn parsed<T>(parse: impl Fn(&str) -> Result<T, ValueError>) -> impl Fn(&Node, &Path) -> Result2<T> {
+    move |node, path| parse(string(node, path)?).map_err(|e| value_err(path, node, e))
+}
+
+fn url_value(s: &str) -> Result<EndpointUrl, ValueError> {
+    EndpointUrl::parse(s).map_err(ValueError::Url)
+}
+
+fn env_value(s: &str) -> Result<EnvName, ValueError> {
+    name_value(EnvName::parse(s))
+}
+
+const ROOT_KEYS: &[&str] = &["schema_version", "host_ceiling", "mcp_servers", "hooks"];
+const SERVER_KEYS: &[&str] = &[
+    "name",
+    "transport",
+    "command",
+    "args",
+    "env",
+    "url",
+    "header_env",
+    "oauth",
+    "tools",
+    "policy",
+];
+const STDIO_ONLY: &[&str] = &["command", "args", "env"];
+const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];
+
+fn decode_config(root: &Node) -> Result2<Config> {
+    let top = Path::root();
+    let Value::Object(members) = &root.value else {
+        return Err(wrong_type(&top, root, "an object"));
+    };
+    // The version decides how everything else is read, so it is checked before any other key.
+    match members.iter().find(|m| m.key == "schema_version") {
+        None => {
+            return Err(err(
+                &top,
+                root.pos,
+                ConfigErrorKind::SchemaVersion { found: None },
+            ));
+        }
+        Some(m) => {
+            let found = match &m.node.value {
+                Value::Number(raw) => raw.parse::<u64>().ok(),
+                _ => None,
+            };
+            if found != Some(u64::from(SCHEMA_VERSION)) {
+                return Err(err(
+                    &top.key("schema_version"),
+                    m.node.pos,
+                    ConfigErrorKind::SchemaVersion { found },
+                ));
+            }
+        }
+    }
+    let f = Fields::new(root, &top, ROOT_KEYS)?;
+    let host_ceiling = optional(&f, "host_ceiling", capability_set)?;
+    let mut config = Config {
+        host_ceiling,
+        mcp_servers: Vec::new(),
+        hooks: BTreeMap::new(),
+    };
+    if let Some((node, path)) = f.get("mcp_servers") {
+        let items = array(node, &path, MAX_SERVERS)?;
+        let mut seen: BTreeMap<String, Pos> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let p = path.index(i);
+            let server = decode_server(item, &p)?;
+            // decode_server succeeded, so the item is an object with a "name" member.
+            let name_pos = match &item.value {
+                Value::Object(ms) => ms
+                    .iter()
+                    .find(|m| m.key == "name")
+                    .map_or(item.pos, |m| m.node.pos),
+                _ => item.pos,
+            };
+            if let Some(first) = seen.get(&server.name.folded()) {
+                return Err(err(
+                    &p.key("name"),
+                    name_pos,
+                    ConfigErrorKind::Duplicate { first: *first },
+                ));
+            }
+            seen.insert(server.name.folded(), name_pos);
+            config.mcp_servers.push(server);
+        }
+    }
+    if let Some((node, path)) = f.get("hooks") {
+        config.hooks = decode_hooks(node, &path)?;
+    }
+    Ok(config)
+}
+
+fn decode_hooks(node: &Node, path: &Path) -> Result2<BTreeMap<HookEvent, Vec<AbsolutePath>>> {
+    let f = Fields::new(node, path, HookEvent::NAMES)?;
+    let mut hooks = BTreeMap::new();
+    for m in f.members {
+        // Fields::new admitted only the event names, so parse always succeeds here; an unknown
+        // word would already have been reported as an unknown key.
+        let Some(event) = HookEvent::parse(&m.key) else {
+            continue;
+        };
+        let p = path.key(&m.key);
+        let commands = string_list(&m.node, &p, MAX_HOOKS_PER_EVENT, AbsolutePath::parse)?;
+        hooks.insert(event, commands);
+    }
+    Ok(hooks)
+}
+
+fn decode_server(node: &Node, path: &Path) -> Result2<ServerConfig> {
+    let f = Fields::new(node, path, SERVER_KEYS)?;
+    let (name_node, name_path) = f.require("name")?;
+    let name = parsed(|s| name_value(ServerName::parse(s)))(name_node, &name_path)?;
+    let transport_word = match f.get("transport") {
+        None => "stdio",
+        Some((n, p)) => {
+            let w = string(n, &p)?;
+            if w != "stdio" && w != "http" {
+                return Err(err(
+                    &p,
+                    n.pos,
+                    ConfigErrorKind::UnknownWord {
+                        allowed: &["stdio", "http"],
+                    },
+                ));
+            }
+            w
+        }
+    };
+    let (foreign, transport_name): (&[&str], &'static str) = if transport_word == "http" {
+        (STDIO_ONLY, "http")
+    } else {
+        (HTTP_ONLY, "stdio")
+    };
+    for m in f.members {
+        if let Some(key) = foreign.iter().find(|k| **k == m.key) {
+            return Err(err(
+                &path.key(key),
+                m.key_pos,
+                ConfigErrorKind::NotForTransport {
+                    key,
+                    transport: transport_name,
+                },
+            ));
+        }
+    }
+    let transport = if transport_word == "http" {
+        let (url_node, url_path) = f.require("url")?;
+        let url = parsed(url_value)(url_node, &url_path)?;
+        let mut header_env = BTreeMap::new();
+        if let Some((hn, hp)) = f.get("header_env") {
+            let hf = Fields::new_any(hn, &hp)?;
+            if hf.members.len() > MAX_HEADERS {
+                return Err(err(
+                    &hp,
+                    hn.pos,
+                    ConfigErrorKind::TooMany { max: MAX_HEADERS },
+                ));
+            }
+            let mut first_pos: BTreeMap<HeaderName, Pos> = BTreeMap::new();
+            for m in hf.members {
+                let kp = hp.key(&m.key);
+                let header = HeaderName::parse(&m.key).map_err(|e| {
+                    err(&kp, m.key_pos, ConfigErrorKind::Value(ValueError::Name(e)))
+                })?;
+                if let Some(first) = first_pos.get(&header) {
+                    return Err(err(
+                        &kp,
+                        m.key_pos,
+                        ConfigErrorKind::Duplicate { first: *first },
+                    ));
+                }
+                first_pos.insert(header.clone(), m.key_pos);
+                let env = parsed(env_value)(&m.node, &kp)?;
+                header_env.insert(header, env);
+            }
+        }
+        let oauth = optional(&f, "oauth", decode_oauth)?;
+        Transport::Http(HttpServer {
+            url,
+            header_env,
+            oauth,
+        })
+    } else {
+        let (cmd_node, cmd_path) = f.require("command")?;
+        let command = parsed(Command::parse)(cmd_node, &cmd_path)?;
+        let args = match f.get("args") {
+            None => Vec::new(),
+            Some((n, p)) => {
+                let items = array(n, &p, MAX_ARGS)?;
+                let mut args = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let ip = p.index(i);
+                    let a = string(item, &ip)?;
+                    check_arg(a).map_err(|e| value_err(&ip, item, e))?;
+                    args.push(a.to_owned());
+                }
+                args
+            }
+        };
+        let env = match f.get("env") {
+            None => Vec::new(),
+            Some((n, p)) => string_list(n, &p, MAX_ENV_NAMES, env_value)?,
+        };
+        Transport::Stdio(StdioServer { command, args, env })
+    };
+    let tools = match f.get("tools") {
+        None => ToolFilter::default(),
+        Some((n, p)) => decode_filter(n, &p)?,
+    };
+    let policy = match f.get("policy") {
+        None => ServerPolicy::default(),
+        Some((n, p)) => decode_policy(n, &p)?,
+    };
+    Ok(ServerConfig {
+        name,
+        transport,
+        tools,
+        policy,
+    })
+}
+
+impl<'a> Fields<'a> {
+    /// An object whose keys are data (header names, tool names), not schema keys.
+    fn new_any(node: &'a Node, path: &Path) -> Result2<Self> {
+        let Value::Object(members) = &node.value else {
+            return Err(wrong_type(path, node, "an object"));
+        };
+        Ok(Fields {
+            members,
+            path: path.clone(),
+            pos: node.pos,
+        })
+    }
+}
+
+fn tool_value(s: &str) -> Result<ToolName, ValueError> {
+    name_value(ToolName::parse(s))
+}
+
+fn decode_filter(node: &Node, path: &Path) -> Result2<ToolFilter> {
+    let f = Fields::new(node, path, &["allow", "deny"])?;
+    let allow = match f.get("allow") {
+        None => Vec::new(),
+        Some((n, p)) => string_list(n, &p, MAX_TOOL_NAMES, tool_value)?,
+    };
+    let deny = match f.get("deny") {
+        None => Vec::new(),
+        Some((n, p)) => string_list(n, &p, MAX_TOOL_NAMES, tool_value)?,
+    };
+    if let Some((n, p)) = f.get("deny")
+        && let Value::Array(items) = &n.value
+    {
+        for (i, t) in deny.iter().enumerate() {
+            if allow.contains(t) {
+                return Err(err(
+                    &p.index(i),
+                    items[i].pos,
+                    ConfigErrorKind::AllowedAndDenied,
+                ));
+            }
+        }
+    }
+    Ok(ToolFilter { allow, deny })
+}
+
+fn decode_policy(node: &Node, path: &Path) -> Result2<ServerPolicy> {
+    let f = Fields::new(node, path, &["capabilities", "tools"])?;
+    let capabilities = optional(&f, "capabilities", capability_set)?;
+    let mut tools = BTreeMap::new();
+    if let Some((tn, tp)) = f.get("tools") {
+        let tf = Fields::new_any(tn, &tp)?;
+        if tf.members.len() > MAX_TOOL_NAMES {
+            return Err(err(
+                &tp,
+                tn.pos,
+                ConfigErrorKind::TooMany {
+                    max: MAX_TOOL_NAMES,
+                },
+            ));
+        }
+        for m in tf.members {
+            let kp = tp.key(&m.key);
+            let tool = ToolName::parse(&m.key)
+                .map_err(|e| err(&kp, m.key_pos, ConfigErrorKind::Value(ValueError::Name(e))))?;
+            tools.insert(tool, capability_set(&m.node, &kp)?);
+        }
+    }
+    Ok(ServerPolicy {
+        capabilities,
+        tools,
+    })
+}
+
+fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
+    let f = Fields::new(node, path, OAUTH_KEYS)?;
+    let env = |key| optional(&f, key, parsed(env_value));
+    let url = |key| optional(&f, key, parsed(url_value));
+    let client_registration = optional(&f, "client_registration", |n, p| {
+        Registration::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: &["auto", "cimd", "dcr"],
+                },
+            )
+        })
+    })?;
+    Ok(OAuthConfig {
+        resource: url("resource")?,
+        scopes: match f.get("scopes") {
+            None => Vec::new(),
+            Some((n, p)) => string_list(n, &p, MAX_SCOPES, Scope::parse)?,
+        },
+        client_registration,
+        client_id: optional(&f, "client_id", parsed(ClientId::parse))?,
+        client_secret_env: env("client_secret_env")?,
+        issuer: url("issuer")?,
+        access_token_env: env("access_token_env")?,
+        expires_at_env: env("expires_at_env")?,
+        refresh_url: url("refresh_url")?,
+        refresh_token_env: env("refresh_token_env")?,
+        revoke_url: url("revoke_url")?,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,620 @@
+use super::*;
+use proptest::prelude::*;
+
+fn parse(s: &str) -> Result<Config, ConfigError> {
+    Config::parse(s.as_bytes())
+}
+
+fn error(s: &str) -> ConfigError {
+    parse(s).unwrap_err()
+}
+
+const STDIO_EXAMPLE: &str = r#"{
+  "schema_version": 2,
+  "mcp_servers": [
+    {
+      "name": "example",
+      "command": "/absolute/path/to/operator-owned-server",
+      "args": [],
+      "tools": { "deny": ["delete_all"] },
+      "policy": {
+        "capabilities": ["irreversible_external"],
+        "tools": { "risky_tool": [] }
+      }
+    }
+  ]
+}"#;
+
+const HTTP_EXAMPLE: &str = r#"{
+  "schema_version": 2,
+  "mcp_servers": [
+    {
+      "name": "remote-example",
+      "transport": "http",
+      "url": "https://mcp.example.com/mcp",
+      "header_env": { "x-tenant": "ITERON_MCP_TENANT" },
+      "oauth": {
+        "access_token_env": "ITERON_MCP_ACCESS_TOKEN",
+        "expires_at_env": "ITERON_MCP_ACCESS_EXPIRES_AT",
+        "refresh_url": "https://mcp.example.com/oauth/token",
+        "refresh_token_env": "ITERON_MCP_REFRESH_TOKEN",
+        "revoke_url": "https://mcp.example.com/oauth/revoke",
+        "client_id": "iteron",
+        "client_secret_env": "ITERON_MCP_CLIENT_SECRET"
+      }
+    }
+  ]
+}"#;
+
+const HOOKS_EXAMPLE: &str = r#"{
+  "schema_version": 2,
+  "hooks": {
+    "PreToolUse": ["/path/to/operator-owned-policy-check"]
+  }
+}"#;
+
+#[test]
+fn the_product_page_examples_parse() {
+    let c = parse(STDIO_EXAMPLE).unwrap();
+    let s = &c.mcp_servers[0];
+    assert_eq!(s.name.as_str(), "example");
+    assert!(matches!(s.transport, Transport::Stdio(_)));
+    assert_eq!(s.tools.deny[0].as_str(), "delete_all");
+    assert_eq!(
+        s.policy.capabilities,
+        Some(CapabilitySet::of(&[Capability::IrreversibleExternal]))
+    );
+    let c = parse(HTTP_EXAMPLE).unwrap();
+    let Transport::Http(h) = &c.mcp_servers[0].transport else {
+        panic!("http expected")
+    };
+    assert_eq!(h.url.as_str(), "https://mcp.example.com/mcp");
+    let oauth = h.oauth.as_ref().unwrap();
+    assert_eq!(oauth.client_id.as_ref().unwrap().as_str(), "iteron");
+    let c = parse(HOOKS_EXAMPLE).unwrap();
+    assert_eq!(c.hooks[&HookEvent::PreToolUse].len(), 1);
+}
+
+#[test]
+fn examples_round_trip_through_the_canonical_form() {
+    for doc in [STDIO_EXAMPLE, HTTP_EXAMPLE, HOOKS_EXAMPLE] {
+        let c = parse(doc).unwrap();
+        let again = parse(&c.to_json_pretty()).unwrap();
+        assert_eq!(c, again);
+    }
+}
+
+#[test]
+fn canonical_form_writes_transport_and_schema_version_first() {
+    let c = parse(STDIO_EXAMPLE).unwrap();
+    let out = c.to_json_pretty();
+    assert!(out.starts_with("{\n  \"schema_version\": 2,"), "{out}");
+    assert!(out.contains("\"transport\": \"stdio\""));
+    assert!(out.ends_with("}\n"));
+}
+
+#[test]
+fn unsupported_schema_versions_are_named() {
+    let e = error(r#"{"schema_version": 1, "servers": {}}"#);
+    assert_eq!(e.kind, ConfigErrorKind::SchemaVersion { found: Some(1) });
+    assert_eq!(
+        e.to_string(),
+        "$.schema_version (line 1, column 20): unsupported schema_version 1; \
+         this iteron reads schema_version 2"
+    );
+    for doc in [
+        r#"{"schema_version": "2"}"#,
+        r#"{"schema_version": 2.0}"#,
+        r#"{"schema_version": -2}"#,
+        r#"{"mcp_servers": []}"#,
+    ] {
+        assert_eq!(
+            error(doc).kind,
+            ConfigErrorKind::SchemaVersion { found: None },
+            "{doc}"
+        );
+    }
+    assert_eq!(
+        error(r#"{"schema_version": 3}"#).kind,
+        ConfigErrorKind::SchemaVersion { found: Some(3) }
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors_with_path_and_position() {
+    let doc = "{\"schema_version\": 2, \"mcp_servers\": [\n {\"name\": \"a\", \"command\": \"/x\",\n  \"tols\": {}}]}";
+    let e = error(doc);
+    assert_eq!(e.path.to_string(), "$.mcp_servers[0].tols");
+    assert_eq!(e.pos, Pos { line: 3, column: 3 });
+    assert!(
+        e.to_string()
+            .contains("unknown key \"tols\" (allowed: name, transport")
+    );
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "command": "/x", "policy": {"capabilites": []}}]}"#,
+    );
+    assert_eq!(e.path.to_string(), "$.mcp_servers[0].policy.capabilites");
+}
+
+#[test]
+fn duplicate_json_keys_are_errors() {
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "name": "b", "command": "/x"}]}"#,
+    );
+    assert!(matches!(
+        e.kind,
+        ConfigErrorKind::Syntax(SyntaxError::DuplicateKey { .. })
+    ));
+    assert_eq!(e.path.to_string(), "$.mcp_servers[0].name");
+    let e = error(r#"{"schema_version": 2, "schema_version": 2}"#);
+    assert!(matches!(
+        e.kind,
+        ConfigErrorKind::Syntax(SyntaxError::DuplicateKey { .. })
+    ));
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "transport": "http", "url": "https://a.example/", "header_env": {"X-A": "A", "x-a": "B"}}]}"#,
+    );
+    assert!(matches!(e.kind, ConfigErrorKind::Duplicate { .. }), "{e}");
+}
+
+#[test]
+fn server_names_that_fold_alike_are_duplicates() {
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [
+        {"name": "GitHub", "command": "/x"},
+        {"name": "github", "command": "/y"}]}"#,
+    );
+    assert_eq!(e.path.to_string(), "$.mcp_servers[1].name");
+    assert_eq!(
+        e.kind,
+        ConfigErrorKind::Duplicate {
+            first: Pos {
+                line: 2,
+                column: 18
+            }
+        }
+    );
+}
+
+#[test]
+fn keys_of_the_other_transport_are_refused() {
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "url": "https://a.example/"}]}"#,
+    );
+    assert_eq!(
+        e.kind,
+        ConfigErrorKind::NotForTransport {
+            key: "url",
+            transport: "stdio"
+        }
+    );
+    assert!(e.to_string().contains("set \"transport\": \"http\""));
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "transport": "http", "url": "https://a.example/", "env": ["X"]}]}"#,
+    );
+    assert_eq!(
+        e.kind,
+        ConfigErrorKind::NotForTransport {
+            key: "env",
+            transport: "http"
+        }
+    );
+}
+
+#[test]
+fn value_rules_are_enforced() {
+    let cases: &[(&str, &str)] = &[
+        (
+            r#"{"name": "a b", "command": "/x"}"#,
+            "$.mcp_servers[0].name",
+        ),
+        (
+            r#"{"name": "a", "command": "./x"}"#,
+            "$.mcp_servers[0].command",
+        ),
+        (
+            r#"{"name": "a", "command": "/x/../y"}"#,
+            "$.mcp_servers[0].command",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "env": ["A=b"]}"#,
+            "$.mcp_servers[0].env[0]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "env": ["A", "A"]}"#,
+            "$.mcp_servers[0].env[1]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "args": ["ok", "a\u0000b"]}"#,
+            "$.mcp_servers[0].args[1]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "args": ["\u202e"]}"#,
+            "$.mcp_servers[0].args[0]",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "http://example.com/mcp"}"#,
+            "$.mcp_servers[0].url",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://u:p@example.com/"}"#,
+            "$.mcp_servers[0].url",
+        ),
+        (
+            r#"{"name": "a", "transport": "grpc"}"#,
+            "$.mcp_servers[0].transport",
+        ),
+        (r#"{"name": "a", "transport": "http"}"#, "$.mcp_servers[0]"),
+        (r#"{"command": "/x"}"#, "$.mcp_servers[0]"),
+        (
+            r#"{"name": "a", "command": "/x", "tools": {"allow": ["t"], "deny": ["t"]}}"#,
+            "$.mcp_servers[0].tools.deny[0]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "policy": {"capabilities": ["root"]}}"#,
+            "$.mcp_servers[0].policy.capabilities[0]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "policy": {"capabilities": ["process", "process"]}}"#,
+            "$.mcp_servers[0].policy.capabilities[1]",
+        ),
+        (
+            r#"{"name": "a", "command": "/x", "policy": {"tools": {"bad name": []}}}"#,
+            "$.mcp_servers[0].policy.tools[\"bad name\"]",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "header_env": {"Host": "H"}}"#,
+            "$.mcp_servers[0].header_env.Host",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"scopes": ["a b"]}}"#,
+            "$.mcp_servers[0].oauth.scopes[0]",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"client_registration": "magic"}}"#,
+            "$.mcp_servers[0].oauth.client_registration",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"client_id": "http://evil.example/cimd"}}"#,
+            "$.mcp_servers[0].oauth.client_id",
+        ),
+        (r#"{"name": "a", "command": 7}"#, "$.mcp_servers[0].command"),
+    ];
+    for (server, path) in cases {
+        let doc = format!(r#"{{"schema_version": 2, "mcp_servers": [{server}]}}"#);
+        let e = error(&doc);
+        assert_eq!(e.path.to_string(), *path, "{server}: {e}");
+        assert!(!e.to_string().contains('\n'));
+    }
+}
+
+#[test]
+fn hooks_accept_only_known_events_and_absolute_commands() {
+    let e = error(r#"{"schema_version": 2, "hooks": {"PreToolUse": ["relative/check"]}}"#);
+    assert_eq!(e.path.to_string(), "$.hooks.PreToolUse[0]");
+    let e = error(r#"{"schema_version": 2, "hooks": {"preToolUse": ["/x"]}}"#);
+    assert!(matches!(e.kind, ConfigErrorKind::UnknownKey { .. }));
+}
+
+#[test]
+fn bounds_are_enforced_one_over() {
+    let args = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("\"a{i}\"")).collect();
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "command": "/x", "args": [{}]}}]}}"#,
+            list.join(",")
+        )
+    };
+    parse(&args(MAX_ARGS)).unwrap();
+    assert_eq!(
+        error(&args(MAX_ARGS + 1)).kind,
+        ConfigErrorKind::TooMany { max: MAX_ARGS }
+    );
+    let arg = |n: usize| {
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "command": "/x", "args": ["{}"]}}]}}"#,
+            "x".repeat(n)
+        )
+    };
+    parse(&arg(MAX_STRING_BYTES)).unwrap();
+    assert_eq!(
+        error(&arg(MAX_STRING_BYTES + 1)).kind,
+        ConfigErrorKind::Value(ValueError::TooLong {
+            max: MAX_STRING_BYTES
+        })
+    );
+    let servers = |n: usize| {
+        let list: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"name": "s{i}", "command": "/x"}}"#))
+            .collect();
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{}]}}"#,
+            list.join(",")
+        )
+    };
+    assert_eq!(
+        parse(&servers(MAX_SERVERS)).unwrap().mcp_servers.len(),
+        MAX_SERVERS
+    );
+    assert_eq!(
+        error(&servers(MAX_SERVERS + 1)).kind,
+        ConfigErrorKind::TooMany { max: MAX_SERVERS }
+    );
+    let padded = |n: usize| {
+        let doc = r#"{"schema_version": 2}"#;
+        format!("{doc}{}", " ".repeat(n - doc.len()))
+    };
+    parse(&padded(MAX_CONFIG_BYTES)).unwrap();
+    assert_eq!(
+        error(&padded(MAX_CONFIG_BYTES + 1)).kind,
+        ConfigErrorKind::TooLarge
+    );
+}
+
+#[test]
+fn errors_never_quote_values() {
+    let canary = "sk-live-CANARY0123456789abcdef";
+    let docs = [
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "command": "/x", "args": "{canary}"}}]}}"#
+        ),
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "command": "/x", "env": ["TOKEN={canary}"]}}]}}"#
+        ),
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "transport": "http", "url": "https://x:{canary}@a.example/"}}]}}"#
+        ),
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "{canary}!", "command": "/x"}}]}}"#
+        ),
+        format!(r#"{{"schema_version": "{canary}"}}"#),
+        format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/", "header_env": {{"x-a": "{canary}"}}}}]}}"#
+        ),
+    ];
+    for doc in docs {
+        let e = error(&doc).to_string();
+        assert!(!e.contains("CANARY"), "{e}");
+    }
+}
+
+#[test]
+fn add_and_remove_respect_folded_names() {
+    let mut c = parse(STDIO_EXAMPLE).unwrap();
+    let mut dup = c.mcp_servers[0].clone();
+    dup.name = ServerName::parse("EXAMPLE").unwrap();
+    assert!(matches!(c.add_server(dup), Err(AddError::Exists(_))));
+    assert!(c.remove_server("EXAMPLE").is_none());
+    assert!(c.remove_server("example").is_some());
+    assert!(c.mcp_servers.is_empty());
+}
+
+// ---- property tests -------------------------------------------------------------------------
+
+fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
+    let name = "[a-z][a-z0-9._-]{0,12}"
+        .prop_map(move |s| ServerName::parse(&format!("{s}{index}")).unwrap());
+    let env = prop::collection::btree_set("[A-Z_][A-Z0-9_]{0,10}", 0..4).prop_map(|s| {
+        s.into_iter()
+            .map(|n| EnvName::parse(&n).unwrap())
+            .collect::<Vec<_>>()
+    });
+    let arg = prop_oneof!["[ -~]{0,24}", "[a-zé日本 ]{0,8}"];
+    let stdio = (
+        prop_oneof!["/[a-z]{1,8}(/[a-z0-9_]{1,8}){0,3}", "[a-z][a-z0-9_-]{0,8}"],
+        prop::collection::vec(arg, 0..5),
+        env,
+    )
+        .prop_map(|(cmd, args, env)| {
+            Transport::Stdio(StdioServer {
+                command: Command::parse(&cmd).unwrap(),
+                args,
+                env,
+            })
+        });
+    let url = prop_oneof![
+        "https://[a-z]{1,10}\\.example(:[1-9][0-9]{1,3})?/[a-z]{0,8}",
+        "http://127\\.0\\.0\\.1:[1-9][0-9]{1,3}/mcp",
+    ]
+    .prop_map(|u| EndpointUrl::parse(&u).unwrap());
+    let headers = prop::collection::btree_map("x-[a-z]{1,8}", "[A-Z][A-Z0-9_]{0,8}", 0..3)
+        .prop_map(|m| {
+            m.into_iter()
+                .map(|(h, e)| (HeaderName::parse(&h).unwrap(), EnvName::parse(&e).unwrap()))
+                .collect::<BTreeMap<_, _>>()
+        });
+    let env_opt =
+        || prop::option::of("[A-Z][A-Z0-9_]{0,8}".prop_map(|e| EnvName::parse(&e).unwrap()));
+    let oauth = prop::option::of(
+        (
+            prop::option::of(url.clone()),
+            prop::collection::btree_set("[a-z:.]{1,10}", 0..3),
+            prop::option::of(prop::sample::select(vec![
+                Registration::Auto,
+                Registration::Cimd,
+                Registration::Dcr,
+            ])),
+            prop::option::of("[a-zA-Z0-9_-]{1,16}"),
+            env_opt(),
+            prop::option::of(url.clone()),
+            env_opt(),
+        )
+            .prop_map(
+                |(resource, scopes, reg, client_id, secret, issuer, token)| OAuthConfig {
+                    resource,
+                    scopes: scopes
+                        .into_iter()
+                        .map(|s| Scope::parse(&s).unwrap())
+                        .collect(),
+                    client_registration: reg,
+                    client_id: client_id.map(|c| ClientId::parse(&c).unwrap()),
+                    client_secret_env: secret,
+                    issuer,
+                    access_token_env: token,
+                    ..OAuthConfig::default()
+                },
+            ),
+    );
+    let http = (url, headers, oauth).prop_map(|(url, header_env, oauth)| {
+        Transport::Http(HttpServer {
+            url,
+            header_env,
+            oauth,
+        })
+    });
+    let tools = prop::collection::btree_set("[a-z_]{1,8}", 0..6).prop_map(|set| {
+        let names: Vec<ToolName> = set
+            .into_iter()
+            .map(|t| ToolName::parse(&t).unwrap())
+            .collect();
+        let half = names.len() / 2;
+        ToolFilter {
+            allow: names[..half].to_vec(),
+            deny: names[half..].to_vec(),
+        }
+    });
+    let caps = (0u8..64).prop_map(|bits| {
+        let mut s = CapabilitySet::EMPTY;
+        for (i, c) in Capability::ALL.into_iter().enumerate() {
+            if bits & (1 << i) != 0 {
+                s.insert(c);
+            }
+        }
+        s
+    });
+    let policy = (
+        prop::option::of(caps.clone()),
+        prop::collection::btree_map("[a-z_]{1,8}", caps, 0..3),
+    )
+        .prop_map(|(capabilities, tools)| ServerPolicy {
+            capabilities,
+            tools: tools
+                .into_iter()
+                .map(|(t, c)| (ToolName::parse(&t).unwrap(), c))
+                .collect(),
+        });
+    (name, prop_oneof![stdio, http], tools, policy).prop_map(|(name, transport, tools, policy)| {
+        ServerConfig {
+            name,
+            transport,
+            tools,
+            policy,
+        }
+    })
+}
+
+fn arb_config() -> impl Strategy<Value = Config> {
+    let servers = (0usize..5).prop_flat_map(|n| (0..n).map(arb_server).collect::<Vec<_>>());
+    let hooks = prop::collection::btree_map(
+        prop::sample::select(HookEvent::ALL.to_vec()),
+        prop::collection::btree_set("/[a-z]{1,6}/[a-z]{1,6}", 0..3).prop_map(|s| {
+            s.into_iter()
+                .map(|p| AbsolutePath::parse(&p).unwrap())
+                .collect::<Vec<_>>()
+        }),
+        0..3,
+    );
+    let ceiling = prop::option::of((0u8..64).prop_map(|bits| {
+        let mut s = CapabilitySet::EMPTY;
+        for (i, c) in Capability::ALL.into_iter().enumerate() {
+            if bits & (1 << i) != 0 {
+                s.insert(c);
+            }
+        }
+        s
+    }));
+    (ceiling, servers, hooks).prop_map(|(host_ceiling, mcp_servers, hooks)| Config {
+        host_ceiling,
+        mcp_servers,
+        hooks,
+    })
+}
+
+/// Paths (as key lists) of every object in a serialized config whose keys are schema keys.
+fn schema_objects(v: &serde_json::Value, at: Vec<String>, out: &mut Vec<Vec<String>>) {
+    if let serde_json::Value::Object(map) = v {
+        let data_map = matches!(at.last().map(String::as_str), Some("header_env" | "hooks"))
+            || (at.len() >= 2 && at[at.len() - 1] == "tools" && at[at.len() - 2] == "policy");
+        if !data_map {
+            out.push(at.clone());
+        }
+        for (k, child) in map {
+            let mut next = at.clone();
+            next.push(k.clone());
+            schema_objects(child, next, out);
+        }
+    } else if let serde_json::Value::Array(items) = v {
+        for (i, child) in items.iter().enumerate() {
+            let mut next = at.clone();
+            next.push(i.to_string());
+            schema_objects(child, next, out);
+        }
+    }
+}
+
+fn object_at<'a>(
+    v: &'a mut serde_json::Value,
+    at: &[String],
+) -> &'a mut serde_json::Map<String, serde_json::Value> {
+    let mut cur = v;
+    for seg in at {
+        cur = match cur {
+            serde_json::Value::Object(m) => m.get_mut(seg).unwrap(),
+            serde_json::Value::Array(a) => &mut a[seg.parse::<usize>().unwrap()],
+            _ => unreachable!(),
+        };
+    }
+    cur.as_object_mut().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn parse_serialize_parse_round_trips(c in arb_config()) {
+        let text = c.to_json_pretty();
+        let again = Config::parse(text.as_bytes()).unwrap();
+        prop_assert_eq!(&again, &c);
+        prop_assert_eq!(again.to_json_pretty(), text);
+    }
+
+    #[test]
+    fn a_document_with_an_unknown_key_is_rejected(c in arb_config(), pick in any::<prop::sample::Index>(),
+                                                  key in "[a-z_]{1,12}") {
+        let mut v = serde_json::to_value(&c).unwrap();
+        let mut objects = Vec::new();
+        schema_objects(&v, Vec::new(), &mut objects);
+        let at = pick.get(&objects).clone();
+        let obj = object_at(&mut v, &at);
+        let known: &[&str] = &[ROOT_KEYS, SERVER_KEYS, OAUTH_KEYS, &["allow", "deny", "capabilities", "tools"]].concat();
+        prop_assume!(!known.contains(&key.as_str()));
+        obj.insert(key, serde_json::Value::Null);
+        let text = serde_json::to_string(&v).unwrap();
+        let e = Config::parse(text.as_bytes()).unwrap_err();
+        let is_unknown_key = matches!(e.kind, ConfigErrorKind::UnknownKey { .. });
+        prop_assert!(is_unknown_key, "{}", e);
+    }
+
+    #[test]
+    fn a_document_with_a_duplicate_key_is_rejected(c in arb_config(), pick in any::<prop::sample::Index>()) {
+        let v = serde_json::to_value(&c).unwrap();
+        let text = serde_json::to_string(&v).unwrap();
+        // Every `"key":` occurrence in compact output starts an object member; repeat one of them
+        // (with its value) inside the same object by duplicating the first member textually.
+        let starts: Vec<usize> = text.match_indices('{').map(|(i, _)| i)
+            .filter(|i| text[i + 1..].starts_with('"')).collect();
+        prop_assume!(!starts.is_empty());
+        let open = *pick.get(&starts);
+        // Find the end of the first member: parse from `open` with serde_json's streaming reader.
+        let rest = &text[open + 1..];
+        let colon = rest.find("\":").unwrap() + 2;
+        let mut de = serde_json::Deserializer::from_str(&rest[colon..]).into_iter::<serde_json::Value>();
+        de.next().unwrap().unwrap();
+        let member_end = colon + de.byte_offset();
+        let member = &rest[..member_end];
+        let doubled = format!("{}{{{member},{}", &text[..open], &text[open + 1..]);
+        let e = Config::parse(doubled.as_bytes()).unwrap_err();
+        let is_dup = matches!(e.kind, ConfigErrorKind::Syntax(SyntaxError::DuplicateKey { .. }));
+        prop_assert!(is_dup, "{}", e);
+    }
+}

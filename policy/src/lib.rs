@@ -1,0 +1,10 @@
+//! Iteron's pure decisions. Nothing in this crate performs I/O, spawns, or touches the network:
+//! every function maps inputs to a decision, so each can be tested and fuzzed in isolation.
+#![forbid(unsafe_code)]
+
+pub mod capability;
+pub mod config;
+pub mod json;
+pub mod names;
+pub mod text;
+pub mod url;

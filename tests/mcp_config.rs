@@ -1,0 +1,583 @@
+//! End-to-end tests of `iteron mcp add|list|get|remove` and `iteron demo`: each runs the built
+//! binary in a private temporary ITERON_HOME with a scrubbed environment.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const CANARY: &str = "sk-live-CANARY-7f3a9c0d1e2b4a6f8091";
+
+struct Sandbox {
+    root: PathBuf,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "iteron-e2e-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("user")).unwrap();
+        Sandbox { root }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.root.join("iteron-home")
+    }
+
+    fn config(&self) -> PathBuf {
+        self.home().join("config.json")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_iteron"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", self.root.join("user"))
+            .env("ITERON_HOME", self.home())
+            .env("ITERON_TEST_SECRET", CANARY);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let out = self.command(args).output().unwrap();
+        for stream in [&out.stdout, &out.stderr] {
+            let text = String::from_utf8_lossy(stream);
+            assert!(
+                !text.contains("CANARY"),
+                "canary leaked by {args:?}: {text}"
+            );
+        }
+        out
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn fails(&self, args: &[&str], code: i32) -> String {
+        let out = self.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: stdout {} stderr {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "one line expected: {err:?}");
+        assert!(err.len() <= 513, "error longer than 512 bytes: {err:?}");
+        assert!(err.starts_with("iteron: error: "), "{err:?}");
+        err
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap()
+}
+
+#[test]
+fn add_list_get_remove_round_trip_in_text_and_json() {
+    let sb = Sandbox::new();
+    assert!(
+        sb.ok(&["mcp", "list"])
+            .contains("No MCP servers configured")
+    );
+    assert_eq!(
+        json(&sb.ok(&["mcp", "list", "--format", "json"])),
+        serde_json::json!({"schema_version": 2, "servers": []})
+    );
+    let added = sb.ok(&[
+        "mcp",
+        "add",
+        "files",
+        "--stdio",
+        "/usr/bin/python3",
+        "--env",
+        "ITERON_TEST_SECRET",
+        "--",
+        "/srv/server.py",
+        "--root",
+        "/data",
+    ]);
+    assert_eq!(added, "added stdio MCP server files\n");
+    sb.ok(&[
+        "mcp",
+        "add",
+        "remote",
+        "--url",
+        "https://mcp.example.com/mcp",
+        "--header-env",
+        "X-Tenant=ITERON_TENANT",
+        "--oauth-scopes",
+        "read,write",
+        "--oauth-client-registration",
+        "dcr",
+        "--oauth-issuer",
+        "https://auth.example.com",
+        "--oauth-client-secret-env",
+        "ITERON_CLIENT_SECRET",
+    ]);
+
+    let list = sb.ok(&["mcp", "list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 3, "{list}");
+    assert!(lines[0].starts_with("NAME"));
+    assert!(lines[1].starts_with("files ") && lines[1].contains("stdio"));
+    assert!(lines[1].contains("/usr/bin/python3 /srv/server.py --root /data"));
+    assert!(lines[2].starts_with("remote ") && lines[2].contains("https://mcp.example.com/mcp"));
+
+    let listed = json(&sb.ok(&["mcp", "list", "--format", "json"]));
+    assert_eq!(listed["schema_version"], 2);
+    let servers = listed["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 2);
+    assert_eq!(
+        servers[0],
+        serde_json::json!({
+            "name": "files",
+            "transport": "stdio",
+            "command": "/usr/bin/python3",
+            "args": ["/srv/server.py", "--root", "/data"],
+            "env": ["ITERON_TEST_SECRET"],
+        })
+    );
+    assert_eq!(
+        servers[1],
+        serde_json::json!({
+            "name": "remote",
+            "transport": "http",
+            "url": "https://mcp.example.com/mcp",
+            "header_env": {"x-tenant": "ITERON_TENANT"},
+            "oauth": {
+                "scopes": ["read", "write"],
+                "client_registration": "dcr",
+                "client_secret_env": "ITERON_CLIENT_SECRET",
+                "issuer": "https://auth.example.com/",
+            },
+        })
+    );
+    // The JSON listing is exactly what the configuration file holds.
+    let file = json(&fs::read_to_string(sb.config()).unwrap());
+    assert_eq!(file["mcp_servers"], listed["servers"]);
+
+    let got = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    assert_eq!(got, servers[1]);
+    let text = sb.ok(&["mcp", "get", "files"]);
+    assert!(
+        text.contains("env (names only)") && text.contains("ITERON_TEST_SECRET"),
+        "{text}"
+    );
+    assert!(text.contains("every call needs approval"), "{text}");
+
+    assert_eq!(
+        sb.ok(&["mcp", "remove", "files"]),
+        "removed MCP server files\n"
+    );
+    let listed = json(&sb.ok(&["mcp", "list", "--format", "json"]));
+    assert_eq!(listed["servers"].as_array().unwrap().len(), 1);
+    sb.fails(&["mcp", "get", "files"], 4);
+    sb.fails(&["mcp", "remove", "files"], 4);
+}
+
+#[test]
+fn store_files_are_private() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "a", "--stdio", "/bin/true"]);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&sb.home()), 0o700);
+    assert_eq!(mode(&sb.config()), 0o600);
+}
+
+#[test]
+fn a_malformed_config_exits_3_and_stays_byte_for_byte() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "a", "--stdio", "/bin/true"]);
+    let cases: &[&[u8]] = &[
+        b"{\"schema_version\": 2, \"mcp_servers\": [}\n",
+        b"{\"schema_version\": 2, \"schema_version\": 2}",
+        b"{\"schema_version\": 1, \"mcp_servers\": []}",
+        b"{\"schema_version\": 2, \"mcp_servers\": [{\"name\": \"a\", \"command\": \"/x\", \"extra\": 1}]}",
+        b"\xff\xfe",
+    ];
+    for broken in cases {
+        fs::write(sb.config(), broken).unwrap();
+        for args in [
+            &["mcp", "list"][..],
+            &["mcp", "list", "--format", "json"],
+            &["mcp", "get", "a"],
+            &["mcp", "remove", "a"],
+            &["mcp", "add", "b", "--stdio", "/bin/true"],
+        ] {
+            let err = sb.fails(args, 3);
+            assert!(err.contains("line "), "error names a position: {err}");
+            assert_eq!(&fs::read(sb.config()).unwrap(), broken);
+        }
+    }
+    fs::write(sb.config(), cases[2]).unwrap();
+    let err = sb.fails(&["mcp", "list"], 3);
+    assert!(
+        err.contains("unsupported schema_version 1; this iteron reads schema_version 2"),
+        "{err}"
+    );
+    fs::write(sb.config(), cases[3]).unwrap();
+    let err = sb.fails(&["mcp", "list"], 3);
+    assert!(
+        err.contains("$.mcp_servers[0].extra (line 1, column "),
+        "{err}"
+    );
+}
+
+#[test]
+fn twenty_concurrent_adds_lose_no_update() {
+    let sb = Sandbox::new();
+    let children: Vec<_> = (0..20)
+        .map(|i| {
+            sb.command(&["mcp", "add", &format!("s{i:02}"), "--stdio", "/bin/true"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let listed = json(&sb.ok(&["mcp", "list", "--format", "json"]));
+    let mut names: Vec<String> = listed["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    let want: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+    assert_eq!(names, want);
+    let leftovers: Vec<_> = fs::read_dir(sb.home())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "config.json" && n != "config.lock")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn env_takes_names_and_values_are_refused_without_echo() {
+    let sb = Sandbox::new();
+    let err = sb.fails(
+        &[
+            "mcp",
+            "add",
+            "a",
+            "--stdio",
+            "/bin/true",
+            "--env",
+            &format!("FOO={CANARY}"),
+        ],
+        2,
+    );
+    assert!(
+        err.contains("--env takes a variable name, not NAME=value: write --env FOO"),
+        "{err}"
+    );
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "a",
+            "--stdio",
+            "/bin/true",
+            "--env",
+            "FOO=bar",
+        ],
+        2,
+    );
+    assert!(!sb.config().exists(), "a refused add writes nothing");
+    sb.fails(
+        &["mcp", "add", "a", "--stdio", "/bin/true", "--env", "1BAD"],
+        2,
+    );
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "a",
+            "--url",
+            "https://a.example/",
+            "--header-env",
+            &format!("x-api-key={CANARY}"),
+        ],
+        2,
+    );
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "a",
+            "--url",
+            "https://a.example/",
+            "--oauth-client-secret-env",
+            &format!("S={CANARY}"),
+        ],
+        2,
+    );
+}
+
+#[test]
+fn a_canary_secret_never_appears_in_any_output_or_file() {
+    let sb = Sandbox::new();
+    // The canary is in the environment of every run (ITERON_TEST_SECRET) and the server names
+    // that variable; it must reach no output and no file.
+    sb.ok(&[
+        "mcp",
+        "add",
+        "s",
+        "--stdio",
+        "/bin/true",
+        "--env",
+        "ITERON_TEST_SECRET",
+    ]);
+    sb.ok(&[
+        "mcp",
+        "add",
+        "h",
+        "--url",
+        "https://a.example/mcp",
+        "--header-env",
+        "authorization=ITERON_TEST_SECRET",
+        "--oauth-client-secret-env",
+        "ITERON_TEST_SECRET",
+    ]);
+    for args in [
+        &["mcp", "list"][..],
+        &["mcp", "list", "--format", "json"],
+        &["mcp", "get", "s"],
+        &["mcp", "get", "s", "--format", "json"],
+        &["mcp", "get", "h"],
+        &["mcp", "get", "h", "--format", "json"],
+        &["mcp", "remove", "s"],
+        &["demo"],
+    ] {
+        sb.ok(args);
+    }
+    // Values pasted where they do not belong are refused without echo (checked in run()).
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "u",
+            "--url",
+            &format!("https://user:{CANARY}@a.example/"),
+        ],
+        2,
+    );
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "q",
+            "--url",
+            &format!("https://a.example/mcp#{CANARY}"),
+        ],
+        2,
+    );
+    sb.fails(&["mcp", "get", CANARY], 4);
+    sb.fails(&["mcp", "add", "z", "--bogus", CANARY], 2);
+    // A secret pasted into a stdio argument is stored (the operator typed it) but redacted
+    // from listings.
+    sb.ok(&[
+        "mcp",
+        "add",
+        "pasted",
+        "--stdio",
+        "/bin/true",
+        "--",
+        &format!("--token={CANARY}"),
+    ]);
+    sb.ok(&["mcp", "list"]);
+    sb.ok(&["mcp", "list", "--format", "json"]);
+    sb.ok(&["mcp", "get", "pasted"]);
+    let config = fs::read_to_string(sb.config()).unwrap();
+    assert_eq!(
+        config.matches("CANARY").count(),
+        1,
+        "only the operator's own argument"
+    );
+    sb.ok(&["mcp", "remove", "pasted"]);
+    assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
+}
+
+#[test]
+fn an_open_config_is_refused_not_repaired() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "a", "--stdio", "/bin/true"]);
+    let before = fs::read(sb.config()).unwrap();
+    for mode in [0o640, 0o604, 0o660] {
+        fs::set_permissions(sb.config(), fs::Permissions::from_mode(mode)).unwrap();
+        let err = sb.fails(&["mcp", "list"], 5);
+        assert!(
+            err.contains(&format!("mode 0{mode:o}")) && err.contains("chmod 600"),
+            "{err}"
+        );
+        sb.fails(&["mcp", "add", "b", "--stdio", "/bin/true"], 5);
+        let meta = fs::metadata(sb.config()).unwrap();
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            mode,
+            "mode left as found"
+        );
+        assert_eq!(fs::read(sb.config()).unwrap(), before);
+    }
+    fs::set_permissions(sb.config(), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(sb.home(), fs::Permissions::from_mode(0o755)).unwrap();
+    let err = sb.fails(&["mcp", "list"], 5);
+    assert!(err.contains("chmod 700"), "{err}");
+    fs::set_permissions(sb.home(), fs::Permissions::from_mode(0o700)).unwrap();
+    sb.ok(&["mcp", "list"]);
+}
+
+#[test]
+fn conflicts_and_bad_values_have_their_exit_codes() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "GitHub", "--stdio", "gh-mcp"]);
+    let err = sb.fails(&["mcp", "add", "github", "--stdio", "/bin/true"], 6);
+    assert!(err.contains("GitHub already exists"), "{err}");
+    for (args, needle) in [
+        (
+            &["mcp", "add", "a b", "--stdio", "/bin/true"][..],
+            "server name",
+        ),
+        (&["mcp", "add", "a", "--stdio", "./relative"], "--stdio"),
+        (
+            &["mcp", "add", "a", "--url", "http://example.com/"],
+            "loopback",
+        ),
+        (&["mcp", "add", "a", "--url", "ftp://example.com/"], "--url"),
+        (
+            &[
+                "mcp",
+                "add",
+                "a",
+                "--stdio",
+                "/bin/true",
+                "--oauth-issuer",
+                "https://a.example",
+            ],
+            "cannot be used with --stdio",
+        ),
+        (
+            &[
+                "mcp",
+                "add",
+                "a",
+                "--url",
+                "https://a.example/",
+                "--env",
+                "X",
+            ],
+            "cannot be used with --url",
+        ),
+        (
+            &[
+                "mcp",
+                "add",
+                "a",
+                "--url",
+                "https://a.example/",
+                "--",
+                "arg",
+            ],
+            "cannot be used with --url",
+        ),
+        (&["mcp", "add", "a"], "required"),
+        (
+            &[
+                "mcp",
+                "add",
+                "a",
+                "--url",
+                "https://a.example/",
+                "--stdio",
+                "/bin/true",
+            ],
+            "cannot be used",
+        ),
+        (&["mcp", "list", "--format", "yaml"], "yaml"),
+        (
+            &[
+                "mcp",
+                "add",
+                "a",
+                "--stdio",
+                "/bin/true",
+                "--",
+                "\u{202e}evil",
+            ],
+            "bidirectional",
+        ),
+    ] {
+        let err = sb.fails(args, 2);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // http to loopback is accepted.
+    sb.ok(&["mcp", "add", "local", "--url", "http://127.0.0.1:8080/mcp"]);
+}
+
+#[test]
+fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
+    let sb = Sandbox::new();
+    let mut c = sb.command(&["demo"]);
+    c.env_remove("ITERON_HOME");
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "$ iteron mcp add demo-echo",
+        "added stdio MCP server demo-echo",
+        "demo-echo    stdio",
+        "--env takes a variable name, not NAME=value",
+        "removed MCP server demo-echo",
+        "~/.iteron was not touched",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(
+        !text.contains("sk-demo-not-a-real-token"),
+        "the refused value is not echoed"
+    );
+    assert!(!sb.root.join("user").join(".iteron").exists());
+    assert!(!sb.home().exists());
+    let demo_home = text
+        .lines()
+        .next()
+        .and_then(|l| l.split("ITERON_HOME=").nth(1))
+        .unwrap();
+    assert!(!Path::new(demo_home).exists(), "demo home removed");
+}
