@@ -97,3 +97,61 @@ impl CliError {
         text::single_line(&format!("iteron: error: {self}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every exit code, in order. The match makes a new variant a compile error here until it is
+    /// listed (and so documented).
+    fn all_exits() -> Vec<Exit> {
+        let all = [
+            Exit::Ok,
+            Exit::Failure,
+            Exit::Usage,
+            Exit::InvalidConfig,
+            Exit::NotFound,
+            Exit::UnsafePermissions,
+            Exit::Conflict,
+            Exit::Busy,
+        ];
+        for e in all {
+            match e {
+                Exit::Ok
+                | Exit::Failure
+                | Exit::Usage
+                | Exit::InvalidConfig
+                | Exit::NotFound
+                | Exit::UnsafePermissions
+                | Exit::Conflict
+                | Exit::Busy => {}
+            }
+        }
+        all.to_vec()
+    }
+
+    #[test]
+    fn docs_cli_lists_exactly_the_exit_codes() {
+        let doc = include_str!("../../docs/cli.md");
+        let table = doc
+            .split("<!-- exit-codes:")
+            .nth(1)
+            .expect("exit-code table marker");
+        let documented: Vec<u8> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| "))
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect();
+        let coded: Vec<u8> = all_exits().into_iter().map(|e| e as u8).collect();
+        assert_eq!(documented, coded);
+    }
+
+    #[test]
+    fn error_lines_are_single_redacted_lines() {
+        let e = CliError::Usage("bad\nvalue Bearer abcdefghijklmnopqrstuvwxyz0123456789".into());
+        let line = e.line();
+        assert!(!line.contains('\n'));
+        assert!(!line.contains("abcdefghijklmnop"), "{line}");
+        assert_eq!(e.exit(), Exit::Usage);
+    }
+}

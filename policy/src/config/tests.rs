@@ -618,3 +618,13 @@ proptest! {
         prop_assert!(is_dup, "{}", e);
     }
 }
+
+#[test]
+fn the_documented_example_parses_and_round_trips() {
+    let doc = include_str!("../../../docs/configuration.md");
+    let start = doc.find("```json\n").expect("json example") + "```json\n".len();
+    let end = start + doc[start..].find("\n```").expect("end of example");
+    let c = parse(&doc[start..end]).unwrap();
+    assert_eq!(c.mcp_servers.len(), 2);
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+}
