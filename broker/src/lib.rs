@@ -6,4 +6,5 @@
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 
+pub mod net;
 pub mod store;

@@ -51,6 +51,58 @@ pub struct Config {
     pub mcp_servers: Vec<ServerConfig>,
     /// Lifecycle hooks by event.
     pub hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
+    /// DNS and TLS settings of the broker's HTTP client.
+    pub network: NetworkConfig,
+}
+
+/// Most operator-named DNS servers.
+pub const MAX_NAMESERVERS: usize = 8;
+
+/// The `network` block: where DNS questions go and which extra CA the HTTP client trusts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NetworkConfig {
+    /// DNS servers to ask instead of the system's `resolv.conf` (and then the hosts file is not
+    /// consulted either). Empty = the system configuration.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<Nameserver>,
+    /// A PEM bundle of extra root certificates, added to the built-in web PKI roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<AbsolutePath>,
+}
+
+impl NetworkConfig {
+    /// Whether the block says nothing.
+    pub fn is_empty(&self) -> bool {
+        self.nameservers.is_empty() && self.ca_bundle.is_none()
+    }
+}
+
+/// A DNS server address: `IP` (port 53) or `IP:port` / `[IPv6]:port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nameserver(pub std::net::SocketAddr);
+
+impl Nameserver {
+    /// Validate: an IP address with an optional non-zero port; not unspecified or multicast.
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        use std::net::{IpAddr, SocketAddr};
+        let addr = match s.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => match s.parse::<IpAddr>() {
+                Ok(ip) => SocketAddr::new(ip, 53),
+                Err(_) => return Err(ValueError::BadNameserver),
+            },
+        };
+        if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_multicast() {
+            return Err(ValueError::BadNameserver);
+        }
+        Ok(Nameserver(addr))
+    }
+}
+
+impl Serialize for Nameserver {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
 }
 
 /// One MCP server.
@@ -396,6 +448,8 @@ pub enum ValueError {
     Name(NameError),
     /// A URL that breaks the endpoint rules.
     Url(UrlError),
+    /// Not `IP`, `IP:port` or `[IPv6]:port`, or an unspecified/multicast address or port 0.
+    BadNameserver,
 }
 
 impl fmt::Display for ValueError {
@@ -415,6 +469,9 @@ impl fmt::Display for ValueError {
             }
             ValueError::Name(e) => e.fmt(f),
             ValueError::Url(e) => e.fmt(f),
+            ValueError::BadNameserver => f.write_str(
+                "must be IP, IP:port or [IPv6]:port (not unspecified, multicast or port 0)",
+            ),
         }
     }
 }
@@ -641,7 +698,7 @@ impl Config {
 
 impl Serialize for Config {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Config", 4)?;
+        let mut st = s.serialize_struct("Config", 5)?;
         st.serialize_field("schema_version", &SCHEMA_VERSION)?;
         if let Some(c) = &self.host_ceiling {
             st.serialize_field("host_ceiling", c)?;
@@ -649,6 +706,9 @@ impl Serialize for Config {
         st.serialize_field("mcp_servers", &self.mcp_servers)?;
         if !self.hooks.is_empty() {
             st.serialize_field("hooks", &self.hooks)?;
+        }
+        if !self.network.is_empty() {
+            st.serialize_field("network", &self.network)?;
         }
         st.end()
     }
@@ -836,7 +896,13 @@ fn env_value(s: &str) -> Result<EnvName, ValueError> {
     name_value(EnvName::parse(s))
 }
 
-const ROOT_KEYS: &[&str] = &["schema_version", "host_ceiling", "mcp_servers", "hooks"];
+const ROOT_KEYS: &[&str] = &[
+    "schema_version",
+    "host_ceiling",
+    "mcp_servers",
+    "hooks",
+    "network",
+];
 const SERVER_KEYS: &[&str] = &[
     "name",
     "transport",
@@ -886,6 +952,7 @@ fn decode_config(root: &Node) -> Result2<Config> {
         host_ceiling,
         mcp_servers: Vec::new(),
         hooks: BTreeMap::new(),
+        network: NetworkConfig::default(),
     };
     if let Some((node, path)) = f.get("mcp_servers") {
         let items = array(node, &path, MAX_SERVERS)?;
@@ -914,6 +981,13 @@ fn decode_config(root: &Node) -> Result2<Config> {
     }
     if let Some((node, path)) = f.get("hooks") {
         config.hooks = decode_hooks(node, &path)?;
+    }
+    if let Some((node, path)) = f.get("network") {
+        let nf = Fields::new(node, &path, &["nameservers", "ca_bundle"])?;
+        if let Some((n, p)) = nf.get("nameservers") {
+            config.network.nameservers = string_list(n, &p, MAX_NAMESERVERS, Nameserver::parse)?;
+        }
+        config.network.ca_bundle = optional(&nf, "ca_bundle", parsed(AbsolutePath::parse))?;
     }
     Ok(config)
 }

@@ -8,3 +8,4 @@ pub mod json;
 pub mod names;
 pub mod text;
 pub mod url;
+pub mod zone;

@@ -523,10 +523,28 @@ fn arb_config() -> impl Strategy<Value = Config> {
         }
         s
     }));
-    (ceiling, servers, hooks).prop_map(|(host_ceiling, mcp_servers, hooks)| Config {
-        host_ceiling,
-        mcp_servers,
-        hooks,
+    let network = (
+        prop::collection::btree_set(
+            prop_oneof![
+                (1u8..=254, 1u16..).prop_map(|(o, p)| format!("10.0.0.{o}:{p}")),
+                (1u8..=254).prop_map(|o| format!("192.168.1.{o}")),
+                (1u16..).prop_map(|p| format!("[::1]:{p}")),
+            ],
+            0..3,
+        ),
+        prop::option::of("/etc/[a-z]{1,8}\\.pem"),
+    )
+        .prop_map(|(ns, ca)| NetworkConfig {
+            nameservers: ns.iter().map(|n| Nameserver::parse(n).unwrap()).collect(),
+            ca_bundle: ca.map(|c| AbsolutePath::parse(&c).unwrap()),
+        });
+    (ceiling, servers, hooks, network).prop_map(|(host_ceiling, mcp_servers, hooks, network)| {
+        Config {
+            host_ceiling,
+            mcp_servers,
+            hooks,
+            network,
+        }
     })
 }
 
@@ -586,7 +604,7 @@ proptest! {
         schema_objects(&v, Vec::new(), &mut objects);
         let at = pick.get(&objects).clone();
         let obj = object_at(&mut v, &at);
-        let known: &[&str] = &[ROOT_KEYS, SERVER_KEYS, OAUTH_KEYS, &["allow", "deny", "capabilities", "tools"]].concat();
+        let known: &[&str] = &[ROOT_KEYS, SERVER_KEYS, OAUTH_KEYS, &["allow", "deny", "capabilities", "tools", "nameservers", "ca_bundle"]].concat();
         prop_assume!(!known.contains(&key.as_str()));
         obj.insert(key, serde_json::Value::Null);
         let text = serde_json::to_string(&v).unwrap();
@@ -627,4 +645,35 @@ fn the_documented_example_parses_and_round_trips() {
     let c = parse(&doc[start..end]).unwrap();
     assert_eq!(c.mcp_servers.len(), 2);
     assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+}
+
+#[test]
+fn network_block_names_nameservers_and_a_ca_bundle() {
+    let c = parse(
+        r#"{"schema_version": 2, "network": {"nameservers": ["127.0.0.1:5353", "::1", "[::1]:53"], "ca_bundle": "/etc/iteron/ca.pem"}}"#,
+    );
+    let e = c.unwrap_err();
+    assert_eq!(
+        e.path.to_string(),
+        "$.network.nameservers[2]",
+        "::1 and [::1]:53 are the same server: {e}"
+    );
+    let c = parse(r#"{"schema_version": 2, "network": {"nameservers": ["127.0.0.1:5353", "10.0.0.2"], "ca_bundle": "/etc/iteron/ca.pem"}}"#).unwrap();
+    assert_eq!(c.network.nameservers[1].0, "10.0.0.2:53".parse().unwrap());
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    for bad in [
+        "\"0.0.0.0\"",
+        "\"127.0.0.1:0\"",
+        "\"dns.example\"",
+        "\"224.0.0.1\"",
+    ] {
+        let doc = format!(r#"{{"schema_version": 2, "network": {{"nameservers": [{bad}]}}}}"#);
+        assert_eq!(
+            error(&doc).path.to_string(),
+            "$.network.nameservers[0]",
+            "{bad}"
+        );
+    }
+    let e = error(r#"{"schema_version": 2, "network": {"ca_bundle": "relative.pem"}}"#);
+    assert_eq!(e.path.to_string(), "$.network.ca_bundle");
 }

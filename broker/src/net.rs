@@ -1,0 +1,981 @@
+//! The one place that builds HTTP clients. Every byte the broker sends over a network goes
+//! through a [`ZoneClient`] made here.
+//!
+//! What it guarantees, and why:
+//! - **Zones.** A client is bound to a zone ([`iteron_policy::zone`]); it reaches that zone or
+//!   lower, never upward. Host names are resolved by [`PinnedResolver`], which classifies
+//!   *every* address of an answer and refuses the whole answer when any address is rejected,
+//!   above the binding zone, or when the answer spans zones (hickory's own answer filter drops
+//!   addresses silently instead). IP-literal hosts never reach a resolver in reqwest, so
+//!   [`ZoneClient::check_target`] classifies them here, before any connection.
+//! - **No rebinding window.** The addresses the resolver validated are exactly the ones reqwest
+//!   connects to: there is no second lookup between check and connect.
+//! - **One client per zone.** The connection pool is keyed by host, so a pooled connection made
+//!   under one zone policy is never reused under another: [`Net::client`] keeps one reqwest client
+//!   per binding zone and never shares it.
+//! - **No environment.** No proxy (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` are ignored), and a
+//!   pinned root store: the web PKI roots compiled in plus an optional operator CA bundle — never
+//!   `SSL_CERT_FILE`/`SSL_CERT_DIR` or the platform store.
+//! - **No redirects.** A 3xx is returned to no one: it becomes [`NetError::Redirect`], which
+//!   names the `Location` (redacted and made terminal-safe) and is never followed.
+//! - **Bounds.** Connect, request and idle deadlines, and body readers with byte caps that fail
+//!   one byte over.
+//!
+//! Error texts are single lines that say what was decided and contain no secret: URLs are shown
+//! as `host:port`, never with a path or query.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{
+    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use iteron_policy::config::NetworkConfig;
+use iteron_policy::text;
+use iteron_policy::url::EndpointUrl;
+use iteron_policy::zone::{self, Rejected, Zone};
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode};
+
+/// Connect deadline.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Whole-request deadline (headers and body).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest silence while reading a body.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default cap on a response body.
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Most addresses accepted in one DNS answer.
+pub const MAX_ANSWER_ADDRESSES: usize = 32;
+/// Longest `Location` shown in a redirect error, in bytes.
+const MAX_LOCATION_SHOWN: usize = 200;
+
+/// Where DNS questions go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dns {
+    /// The system `resolv.conf`, and the hosts file first.
+    System,
+    /// Exactly these servers (UDP and TCP); the hosts file is not consulted.
+    Nameservers(Vec<SocketAddr>),
+}
+
+/// Settings of the network layer. Build it from the operator configuration; tests build it
+/// directly (the same public constructor, no test-only switch).
+#[derive(Clone)]
+pub struct NetConfig {
+    /// DNS servers.
+    pub dns: Dns,
+    /// Extra trusted roots (PEM bundle contents), added to the built-in web PKI roots.
+    pub extra_roots_pem: Option<Vec<u8>>,
+    /// Connect deadline.
+    pub connect_timeout: Duration,
+    /// Whole-request deadline.
+    pub request_timeout: Duration,
+    /// Longest silence while reading a body.
+    pub idle_timeout: Duration,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            dns: Dns::System,
+            extra_roots_pem: None,
+            connect_timeout: CONNECT_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// Largest operator CA bundle read, in bytes.
+pub const MAX_CA_BUNDLE_BYTES: u64 = 1024 * 1024;
+
+impl NetConfig {
+    /// The settings the operator configured: nameservers (else the system configuration) and the
+    /// CA bundle, read here once (a regular file, not a symlink, at most
+    /// [`MAX_CA_BUNDLE_BYTES`]).
+    pub fn from_operator(network: &NetworkConfig) -> Result<NetConfig, NetError> {
+        let dns = if network.nameservers.is_empty() {
+            Dns::System
+        } else {
+            Dns::Nameservers(network.nameservers.iter().map(|n| n.0).collect())
+        };
+        let extra_roots_pem = match &network.ca_bundle {
+            None => None,
+            Some(path) => Some(read_ca_bundle(std::path::Path::new(path.as_str()))?),
+        };
+        Ok(NetConfig {
+            dns,
+            extra_roots_pem,
+            ..NetConfig::default()
+        })
+    }
+}
+
+fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<u8>, NetError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = text::single_line_capped(&path.display().to_string(), 200);
+    let fail = |why: String| NetError::Roots(format!("{shown}: {why}"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(|e| fail(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    let mut pem = Vec::new();
+    file.take(MAX_CA_BUNDLE_BYTES + 1)
+        .read_to_end(&mut pem)
+        .map_err(|e| fail(e.to_string()))?;
+    if pem.len() as u64 > MAX_CA_BUNDLE_BYTES {
+        return Err(fail(format!("larger than {MAX_CA_BUNDLE_BYTES} bytes")));
+    }
+    Ok(pem)
+}
+
+/// Everything the network layer can refuse or fail with. `Display` is one line, no secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetError {
+    /// An address is above the binding zone.
+    AboveZone {
+        /// The host name or literal.
+        host: String,
+        /// The address.
+        addr: IpAddr,
+        /// Its zone.
+        zone: Zone,
+        /// The client's binding zone.
+        binding: Zone,
+    },
+    /// An address in a range that is never a destination.
+    RejectedAddress {
+        /// The host name or literal.
+        host: String,
+        /// The address.
+        addr: IpAddr,
+        /// Why.
+        kind: Rejected,
+    },
+    /// One answer held addresses of different zones.
+    MixedZones {
+        /// The host name.
+        host: String,
+        /// The first address and its zone.
+        first: (IpAddr, Zone),
+        /// An address of another zone.
+        other: (IpAddr, Zone),
+    },
+    /// More addresses than [`MAX_ANSWER_ADDRESSES`].
+    TooManyAddresses {
+        /// The host name.
+        host: String,
+    },
+    /// The name did not resolve.
+    Resolve {
+        /// The host name.
+        host: String,
+        /// The resolver's reason, sanitized.
+        reason: String,
+    },
+    /// The DNS configuration could not be loaded.
+    DnsConfig(String),
+    /// The URL is not acceptable for this client.
+    Url(String),
+    /// A 3xx answer; never followed.
+    Redirect {
+        /// The status code.
+        status: u16,
+        /// The `Location` header, redacted and made terminal-safe (or `(none)`).
+        location: String,
+    },
+    /// The body exceeded its cap.
+    BodyTooLarge {
+        /// The cap in bytes.
+        limit: usize,
+    },
+    /// A deadline passed.
+    Timeout {
+        /// Which one.
+        phase: &'static str,
+    },
+    /// Connecting (TCP or TLS) failed.
+    Connect {
+        /// `host:port`.
+        target: String,
+        /// The reason, sanitized.
+        reason: String,
+    },
+    /// The HTTP exchange failed after connecting.
+    Http {
+        /// The reason, sanitized.
+        reason: String,
+    },
+    /// The TLS roots could not be loaded.
+    Roots(String),
+}
+
+impl fmt::Display for NetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetError::AboveZone {
+                host,
+                addr,
+                zone,
+                binding,
+            } => {
+                if host == &addr.to_string() {
+                    write!(f, "refused: {addr} is {zone}, above binding zone {binding}")
+                } else {
+                    write!(
+                        f,
+                        "refused: {host} resolved to {addr} ({zone}), above binding zone {binding}"
+                    )
+                }
+            }
+            NetError::RejectedAddress { host, addr, kind } => {
+                if host == &addr.to_string() {
+                    write!(f, "refused: {addr} is a {kind} address")
+                } else {
+                    write!(f, "refused: {host} resolved to {addr}, a {kind} address")
+                }
+            }
+            NetError::MixedZones { host, first, other } => write!(
+                f,
+                "refused: {host} resolved to addresses in different zones ({} is {}, {} is {})",
+                first.0, first.1, other.0, other.1
+            ),
+            NetError::TooManyAddresses { host } => write!(
+                f,
+                "refused: {host} resolved to more than {MAX_ANSWER_ADDRESSES} addresses"
+            ),
+            NetError::Resolve { host, reason } => {
+                write!(f, "cannot resolve {host}: {reason}")
+            }
+            NetError::DnsConfig(r) => write!(f, "cannot load the DNS configuration: {r}"),
+            NetError::Url(r) => write!(f, "refused URL: {r}"),
+            NetError::Redirect { status, location } => write!(
+                f,
+                "refused redirect: the server answered {status} with Location {location}; \
+                 redirects are never followed"
+            ),
+            NetError::BodyTooLarge { limit } => {
+                write!(f, "response body exceeds the {limit}-byte limit")
+            }
+            NetError::Timeout { phase } => write!(f, "deadline exceeded while {phase}"),
+            NetError::Connect { target, reason } => {
+                write!(f, "cannot connect to {target}: {reason}")
+            }
+            NetError::Http { reason } => write!(f, "HTTP exchange failed: {reason}"),
+            NetError::Roots(r) => write!(f, "cannot load TLS roots: {r}"),
+        }
+    }
+}
+
+impl std::error::Error for NetError {}
+
+/// Judge every address of one answer for `host` under `binding`: refuse the whole answer if any
+/// address is rejected or above the binding zone, or if the addresses span zones.
+pub fn judge_answer(host: &str, binding: Zone, addrs: &[IpAddr]) -> Result<Zone, NetError> {
+    if addrs.len() > MAX_ANSWER_ADDRESSES {
+        return Err(NetError::TooManyAddresses { host: host.into() });
+    }
+    let mut first: Option<(IpAddr, Zone)> = None;
+    for &addr in addrs {
+        let z = zone::classify(addr).map_err(|kind| NetError::RejectedAddress {
+            host: host.into(),
+            addr,
+            kind,
+        })?;
+        if !zone::may_reach(binding, z) {
+            return Err(NetError::AboveZone {
+                host: host.into(),
+                addr,
+                zone: z,
+                binding,
+            });
+        }
+        match first {
+            None => first = Some((addr, z)),
+            Some(f) if f.1 != z => {
+                return Err(NetError::MixedZones {
+                    host: host.into(),
+                    first: f,
+                    other: (addr, z),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    first.map(|f| f.1).ok_or_else(|| NetError::Resolve {
+        host: host.into(),
+        reason: "no addresses".into(),
+    })
+}
+
+/// A DNS resolver whose every answer is judged against one binding zone before anyone may use
+/// it. It implements reqwest's resolver interface, so the validated addresses are exactly the
+/// ones reqwest connects to.
+#[derive(Clone)]
+pub struct PinnedResolver {
+    inner: TokioResolver,
+    binding: Zone,
+}
+
+impl PinnedResolver {
+    /// A resolver over `dns` for clients bound to `binding`.
+    pub fn new(dns: &Dns, binding: Zone) -> Result<PinnedResolver, NetError> {
+        Ok(PinnedResolver {
+            inner: build_hickory(dns)?,
+            binding,
+        })
+    }
+
+    fn with_inner(inner: TokioResolver, binding: Zone) -> PinnedResolver {
+        PinnedResolver { inner, binding }
+    }
+
+    /// The binding zone.
+    pub fn binding(&self) -> Zone {
+        self.binding
+    }
+
+    /// Resolve `host` and judge the whole answer. Returns the validated addresses in answer
+    /// order.
+    pub async fn resolve_checked(&self, host: &str) -> Result<Vec<IpAddr>, NetError> {
+        let shown = text::single_line_capped(host, 253);
+        // An absolute name: search domains from resolv.conf must not turn one name into another.
+        let query = if host.ends_with('.') {
+            host.to_owned()
+        } else {
+            format!("{host}.")
+        };
+        let lookup = self
+            .inner
+            .lookup_ip(query.as_str())
+            .await
+            .map_err(|e| NetError::Resolve {
+                host: shown.clone(),
+                reason: if e.is_nx_domain() || e.is_no_records_found() {
+                    "no such name".into()
+                } else {
+                    text::single_line_capped(&e.to_string(), 160)
+                },
+            })?;
+        let addrs: Vec<IpAddr> = lookup.iter().take(MAX_ANSWER_ADDRESSES + 1).collect();
+        judge_answer(&shown, self.binding, &addrs)?;
+        Ok(addrs)
+    }
+}
+
+impl reqwest::dns::Resolve for PinnedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let me = self.clone();
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs = me.resolve_checked(&host).await?;
+            // Port 0 means "the URL's port" to reqwest.
+            let out: reqwest::dns::Addrs =
+                Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+            Ok(out)
+        })
+    }
+}
+
+fn build_hickory(dns: &Dns) -> Result<TokioResolver, NetError> {
+    let mut opts = ResolverOpts::default();
+    let config = match dns {
+        Dns::System => {
+            let (config, system_opts) = hickory_resolver::system_conf::read_system_conf()
+                .map_err(|e| NetError::DnsConfig(text::single_line_capped(&e.to_string(), 200)))?;
+            opts = system_opts;
+            opts.use_hosts_file = ResolveHosts::Always;
+            config
+        }
+        Dns::Nameservers(servers) => {
+            opts.use_hosts_file = ResolveHosts::Never;
+            let list = servers
+                .iter()
+                .map(|s| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = s.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = s.port();
+                    NameServerConfig::new(s.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            ResolverConfig::from_name_servers(list)
+        }
+    };
+    // Answers are never cached past their TTL, and a TTL of 0 is not raised: what is judged is
+    // what the server said now.
+    opts.positive_min_ttl = None;
+    opts.attempts = opts.attempts.min(2);
+    opts.timeout = opts.timeout.min(Duration::from_secs(5));
+    let mut builder = TokioResolver::builder_with_config(config, TokioRuntimeProvider::default());
+    *builder.options_mut() = opts;
+    builder
+        .build()
+        .map_err(|e| NetError::DnsConfig(text::single_line_capped(&e.to_string(), 200)))
+}
+
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Another component may have installed the same provider already; either way a process
+        // default exists afterwards, which is all reqwest needs.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+fn load_roots(extra_pem: Option<&[u8]>) -> Result<Vec<reqwest::Certificate>, NetError> {
+    let mut roots = Vec::with_capacity(webpki_root_certs::TLS_SERVER_ROOT_CERTS.len() + 4);
+    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        roots.push(
+            reqwest::Certificate::from_der(der.as_ref())
+                .map_err(|e| NetError::Roots(e.to_string()))?,
+        );
+    }
+    if let Some(pem) = extra_pem {
+        let extra = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|_| NetError::Roots("the operator CA bundle is not valid PEM".into()))?;
+        if extra.is_empty() {
+            return Err(NetError::Roots(
+                "the operator CA bundle holds no certificate".into(),
+            ));
+        }
+        roots.extend(extra);
+    }
+    Ok(roots)
+}
+
+/// The network layer: one shared DNS transport, the pinned roots, and one HTTP client per
+/// binding zone.
+pub struct Net {
+    config: NetConfig,
+    dns: TokioResolver,
+    roots: Vec<reqwest::Certificate>,
+    clients: Mutex<HashMap<Zone, ZoneClient>>,
+}
+
+impl Net {
+    /// Build the network layer. Must be called inside a tokio runtime when `dns` is used.
+    pub fn new(config: NetConfig) -> Result<Net, NetError> {
+        install_crypto_provider();
+        let roots = load_roots(config.extra_roots_pem.as_deref())?;
+        let dns = build_hickory(&config.dns)?;
+        Ok(Net {
+            config,
+            dns,
+            roots,
+            clients: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The client for requests bound to `binding`. The same zone always gets the same client;
+    /// different zones never share one.
+    pub fn client(&self, binding: Zone) -> Result<ZoneClient, NetError> {
+        let mut clients = self.clients.lock().map_err(|_| NetError::Http {
+            reason: "client table poisoned".into(),
+        })?;
+        if let Some(c) = clients.get(&binding) {
+            return Ok(c.clone());
+        }
+        let resolver = PinnedResolver::with_inner(self.dns.clone(), binding);
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_certs_only(self.roots.iter().cloned())
+            .dns_resolver(resolver.clone())
+            .connect_timeout(self.config.connect_timeout)
+            .timeout(self.config.request_timeout)
+            .read_timeout(self.config.idle_timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .user_agent(concat!("iteron/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| NetError::Http {
+                reason: sanitize_reqwest(&e),
+            })?;
+        let client = ZoneClient {
+            inner: Arc::new(ClientInner {
+                binding,
+                http,
+                idle_timeout: self.config.idle_timeout,
+            }),
+        };
+        clients.insert(binding, client.clone());
+        Ok(client)
+    }
+}
+
+struct ClientInner {
+    binding: Zone,
+    http: reqwest::Client,
+    idle_timeout: Duration,
+}
+
+/// An HTTP client bound to one zone. Cheap to clone (clones share the connection pool, which is
+/// only ever used under this one zone).
+#[derive(Clone)]
+pub struct ZoneClient {
+    inner: Arc<ClientInner>,
+}
+
+/// A request: method, URL, headers and an optional body.
+pub struct Request {
+    /// The method.
+    pub method: Method,
+    /// The URL; it already passed the endpoint rules.
+    pub url: EndpointUrl,
+    /// Headers to send.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Option<Vec<u8>>,
+    /// A whole-request deadline other than the client's (long-lived streams).
+    pub timeout: Option<Duration>,
+}
+
+impl Request {
+    /// A request with no headers and no body.
+    pub fn new(method: Method, url: EndpointUrl) -> Request {
+        Request {
+            method,
+            url,
+            headers: HeaderMap::new(),
+            body: None,
+            timeout: None,
+        }
+    }
+}
+
+/// A response whose status is not a redirect. Read the body with [`Response::body`] or
+/// [`Response::next_chunk`], both bounded.
+pub struct Response {
+    inner: reqwest::Response,
+    idle_timeout: Duration,
+    target: String,
+}
+
+impl ZoneClient {
+    /// The binding zone.
+    pub fn binding(&self) -> Zone {
+        self.inner.binding
+    }
+
+    /// Check a URL before any connection: the endpoint rules already hold (it is an
+    /// [`EndpointUrl`]); an IP-literal host is classified here, because reqwest never asks the
+    /// resolver about literals.
+    pub fn check_target(&self, url: &EndpointUrl) -> Result<(), NetError> {
+        match target_host(url) {
+            TargetHost::Literal(ip) => {
+                judge_answer(&ip.to_string(), self.inner.binding, &[ip]).map(|_| ())
+            }
+            TargetHost::Name(_) => Ok(()),
+            TargetHost::Missing => Err(NetError::Url("the URL has no host".into())),
+        }
+    }
+
+    /// Send one request. Never follows a redirect: any 3xx is [`NetError::Redirect`].
+    pub async fn send(&self, req: Request) -> Result<Response, NetError> {
+        self.check_target(&req.url)?;
+        let target = target_of(&req.url);
+        let mut builder = self
+            .inner
+            .http
+            .request(req.method, req.url.as_url().clone())
+            .headers(req.headers);
+        if let Some(body) = req.body {
+            builder = builder.body(body);
+        }
+        if let Some(t) = req.timeout {
+            builder = builder.timeout(t);
+        }
+        let resp = builder
+            .send()
+            .await
+            .map_err(|e| map_reqwest(&e, &target, "waiting for the response"))?;
+        if resp.status().is_redirection() {
+            let location = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .map_or_else(
+                    || "(none)".to_owned(),
+                    |l| text::single_line_capped(&l, MAX_LOCATION_SHOWN),
+                );
+            return Err(NetError::Redirect {
+                status: resp.status().as_u16(),
+                location,
+            });
+        }
+        Ok(Response {
+            inner: resp,
+            idle_timeout: self.inner.idle_timeout,
+            target,
+        })
+    }
+}
+
+impl Response {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.inner.status()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        self.inner.headers()
+    }
+
+    /// The next piece of the body, waiting at most the idle deadline; `None` at the end.
+    pub async fn next_chunk(&mut self) -> Result<Option<bytes::Bytes>, NetError> {
+        match tokio::time::timeout(self.idle_timeout, self.inner.chunk()).await {
+            Err(_) => Err(NetError::Timeout {
+                phase: "reading the response body (idle)",
+            }),
+            Ok(r) => r.map_err(|e| map_reqwest(&e, &self.target, "reading the response body")),
+        }
+    }
+
+    /// The whole body, at most `limit` bytes: one byte more fails with
+    /// [`NetError::BodyTooLarge`] (a declared `Content-Length` over the limit fails before any
+    /// byte is read).
+    pub async fn body(mut self, limit: usize) -> Result<Vec<u8>, NetError> {
+        if let Some(len) = self.inner.content_length()
+            && len > u64::try_from(limit).unwrap_or(u64::MAX)
+        {
+            return Err(NetError::BodyTooLarge { limit });
+        }
+        let mut out = Vec::new();
+        while let Some(chunk) = self.next_chunk().await? {
+            if out.len() + chunk.len() > limit {
+                return Err(NetError::BodyTooLarge { limit });
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+}
+
+/// The host of a URL as the connector will see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetHost {
+    /// An IP literal: reqwest connects to it without asking any resolver.
+    Literal(IpAddr),
+    /// A name: it goes through the pinned resolver.
+    Name(String),
+    /// No host (cannot happen for an [`EndpointUrl`]; kept so the match is total).
+    Missing,
+}
+
+/// The parsed host of `url` (never a reading of the string).
+pub fn target_host(url: &EndpointUrl) -> TargetHost {
+    match url.as_url().host() {
+        Some(url::Host::Ipv4(v4)) => TargetHost::Literal(IpAddr::V4(v4)),
+        Some(url::Host::Ipv6(v6)) => TargetHost::Literal(IpAddr::V6(v6)),
+        Some(url::Host::Domain(d)) => TargetHost::Name(d.to_owned()),
+        None => TargetHost::Missing,
+    }
+}
+
+/// `host:port` of a URL: what errors may show (never the path or query).
+fn target_of(url: &EndpointUrl) -> String {
+    let u = url.as_url();
+    let host = u.host_str().unwrap_or("?");
+    match u.port_or_known_default() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_owned(),
+    }
+}
+
+/// The innermost meaningful cause of a reqwest error, without the URL reqwest puts in its own
+/// `Display` (a URL may carry a token in its query).
+fn sanitize_reqwest(e: &reqwest::Error) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut last = None;
+    while let Some(s) = source {
+        last = Some(s.to_string());
+        source = s.source();
+    }
+    let reason = last.unwrap_or_else(|| {
+        if e.is_body() {
+            "malformed body".into()
+        } else if e.is_decode() {
+            "malformed response".into()
+        } else {
+            "request failed".into()
+        }
+    });
+    text::single_line_capped(&reason, 200)
+}
+
+/// Map a reqwest error: our own resolver refusal comes back out typed; deadlines and connect
+/// failures get their own variants.
+fn map_reqwest(e: &reqwest::Error, target: &str, phase: &'static str) -> NetError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(refusal) = s.downcast_ref::<NetError>() {
+            return refusal.clone();
+        }
+        source = s.source();
+    }
+    if e.is_timeout() {
+        return NetError::Timeout {
+            phase: if e.is_connect() { "connecting" } else { phase },
+        };
+    }
+    if e.is_connect() {
+        return NetError::Connect {
+            target: target.to_owned(),
+            reason: sanitize_reqwest(e),
+        };
+    }
+    NetError::Http {
+        reason: sanitize_reqwest(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_answer_is_judged_whole() {
+        assert_eq!(
+            judge_answer(
+                "a.test",
+                Zone::Public,
+                &[ip("93.184.216.34"), ip("8.8.8.8")]
+            ),
+            Ok(Zone::Public)
+        );
+        let mixed = judge_answer(
+            "a.test",
+            Zone::Public,
+            &[ip("93.184.216.34"), ip("10.0.0.1")],
+        );
+        assert_eq!(
+            mixed.unwrap_err().to_string(),
+            "refused: a.test resolved to 10.0.0.1 (private), above binding zone public"
+        );
+        let spans = judge_answer(
+            "a.test",
+            Zone::Private,
+            &[ip("93.184.216.34"), ip("10.0.0.1")],
+        );
+        assert!(
+            matches!(spans, Err(NetError::MixedZones { .. })),
+            "{spans:?}"
+        );
+        let e = judge_answer("auth.example.com", Zone::Public, &[ip("10.0.0.5")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "refused: auth.example.com resolved to 10.0.0.5 (private), above binding zone public"
+        );
+        let e = judge_answer("m.test", Zone::Loopback, &[ip("224.0.0.1")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "refused: m.test resolved to 224.0.0.1, a multicast address"
+        );
+        assert!(matches!(
+            judge_answer("e.test", Zone::Public, &[]),
+            Err(NetError::Resolve { .. })
+        ));
+    }
+
+    /// What the SSRF corpus expects of one input.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        /// Refused by the endpoint rules (no connection is ever attempted).
+        BadUrl,
+        /// A literal host of this zone (or rejected range).
+        Literal(Result<Zone, Rejected>),
+        /// A name, left to the pinned resolver.
+        Name(&'static str),
+    }
+
+    fn outcome(input: &str) -> Want {
+        let Ok(url) = EndpointUrl::parse(input) else {
+            return Want::BadUrl;
+        };
+        match target_host(&url) {
+            TargetHost::Literal(ip) => Want::Literal(zone::classify(ip)),
+            TargetHost::Name(n) => Want::Name(Box::leak(n.into_boxed_str())),
+            TargetHost::Missing => Want::BadUrl,
+        }
+    }
+
+    #[test]
+    fn the_ssrf_corpus_is_classified_on_the_parsed_host() {
+        use Rejected::*;
+        use Want::*;
+        use Zone::*;
+        let corpus: &[(&str, Want)] = &[
+            // Numeric IPv4 spellings all parse to 127.0.0.1: plain http is allowed (loopback)
+            // and the literal is judged loopback, never "a domain".
+            ("http://2130706433/", Literal(Ok(Loopback))),
+            ("http://0x7f000001/", Literal(Ok(Loopback))),
+            ("http://0177.0.0.1/", Literal(Ok(Loopback))),
+            ("http://127.1/", Literal(Ok(Loopback))),
+            ("https://2130706433/", Literal(Ok(Loopback))),
+            ("https://0x7f.0.0.1/", Literal(Ok(Loopback))),
+            ("https://017700000001/", Literal(Ok(Loopback))),
+            ("https://167772161/", Literal(Ok(Private))),
+            ("https://0xa9fea9fe/", Literal(Ok(LinkLocal))),
+            ("https://2852039166/", Literal(Ok(LinkLocal))),
+            // Fullwidth digits, ideographic full stops, percent-encoding: IDNA runs first.
+            (
+                "http://\u{ff11}\u{ff12}\u{ff17}.0.0.1/",
+                Literal(Ok(Loopback)),
+            ),
+            (
+                "http://127\u{3002}0\u{3002}0\u{3002}1/",
+                Literal(Ok(Loopback)),
+            ),
+            ("http://%31%32%37.0.0.1/", Literal(Ok(Loopback))),
+            ("https://%31%36%39.254.169.254/", Literal(Ok(LinkLocal))),
+            ("https://\u{ff11}\u{ff10}.0.0.1/", Literal(Ok(Private))),
+            // Unspecified addresses.
+            ("http://0/", BadUrl),
+            ("https://0/", BadUrl),
+            ("https://0.0.0.0/", BadUrl),
+            ("https://[::]/", BadUrl),
+            // IPv4-mapped and -compatible IPv6, NAT64, 6to4, Teredo.
+            ("http://[::ffff:127.0.0.1]/", Literal(Ok(Loopback))),
+            ("https://[::ffff:7f00:1]/", Literal(Ok(Loopback))),
+            (
+                "https://[0:0:0:0:0:ffff:169.254.169.254]/",
+                Literal(Ok(LinkLocal)),
+            ),
+            ("https://[::ffff:10.0.0.1]/", Literal(Ok(Private))),
+            ("http://[::127.0.0.1]/", BadUrl),
+            ("https://[::127.0.0.1]/", Literal(Ok(Loopback))),
+            ("https://[64:ff9b::7f00:1]/", Literal(Ok(Loopback))),
+            ("https://[64:ff9b::a9fe:a9fe]/", Literal(Ok(LinkLocal))),
+            ("https://[2002:7f00:1::1]/", Literal(Ok(Loopback))),
+            ("https://[2002:a9fe:a9fe::1]/", Literal(Ok(LinkLocal))),
+            (
+                "https://[2001:0:808:808::80ff:fffe]/",
+                Literal(Ok(Loopback)),
+            ),
+            ("https://[fd00:ec2::254]/", Literal(Ok(Private))),
+            ("https://[fe80::1]/", Literal(Ok(LinkLocal))),
+            ("https://[ff02::1]/", Literal(Err(Multicast))),
+            ("https://[2001:db8::1]/", Literal(Err(Documentation))),
+            ("https://[2606:4700:4700::1111]/", Literal(Ok(Public))),
+            // IPv6 zone ids are parse errors.
+            ("http://[fe80::1%25eth0]/", BadUrl),
+            ("https://[fe80::1%eth0]/", BadUrl),
+            // localhost spellings: only the exact name is a loopback name, and names go to the
+            // pinned resolver (which judges the answer) — never trusted by spelling.
+            ("http://localhost./", Name("localhost.")),
+            ("http://LOCALHOST/", Name("localhost")),
+            ("http://foo.localhost/", BadUrl),
+            ("https://foo.localhost/", Name("foo.localhost")),
+            ("http://localhost../", BadUrl),
+            // Userinfo and fragment confusion: the parsed host decides, and both are refused.
+            ("http://example.com@127.0.0.1/", BadUrl),
+            ("https://127.0.0.1#@example.com/", BadUrl),
+            ("https://example.com#@127.0.0.1/", BadUrl),
+            ("https://user:pass@example.com/", BadUrl),
+            ("https://example.com\\@127.0.0.1/", BadUrl),
+            // Other ranges and ordinary names.
+            ("https://100.64.0.1/", Literal(Ok(Private))),
+            ("https://192.0.2.1/", Literal(Err(Documentation))),
+            ("https://198.18.0.1/", Literal(Err(Benchmarking))),
+            ("https://224.0.0.1/", Literal(Err(Multicast))),
+            ("https://255.255.255.255/", Literal(Err(Broadcast))),
+            ("https://240.0.0.1/", Literal(Err(Reserved))),
+            ("https://93.184.216.34/", Literal(Ok(Public))),
+            ("https://MCP.Example.COM/mcp", Name("mcp.example.com")),
+            ("http://mcp.example.com/", BadUrl),
+            ("ftp://127.0.0.1/", BadUrl),
+        ];
+        assert!(corpus.len() >= 40);
+        for (input, want) in corpus {
+            assert_eq!(&outcome(input), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn operator_ca_bundle_is_read_bounded_and_must_hold_a_certificate() {
+        use iteron_policy::config::{AbsolutePath, Nameserver};
+        let dir = std::env::temp_dir().join(format!("iteron-net-ca-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let network = |file: &str| NetworkConfig {
+            nameservers: vec![Nameserver::parse("127.0.0.1:5353").unwrap()],
+            ca_bundle: Some(AbsolutePath::parse(dir.join(file).to_str().unwrap()).unwrap()),
+        };
+        let exact = dir.join("exact.pem");
+        std::fs::write(&exact, vec![b'#'; MAX_CA_BUNDLE_BYTES as usize]).unwrap();
+        let cfg = NetConfig::from_operator(&network("exact.pem")).unwrap();
+        assert_eq!(
+            cfg.dns,
+            Dns::Nameservers(vec!["127.0.0.1:5353".parse().unwrap()])
+        );
+        // Read, but not a certificate: building the network layer refuses it.
+        assert!(matches!(Net::new(cfg), Err(NetError::Roots(_))));
+        std::fs::write(
+            dir.join("over.pem"),
+            vec![b'#'; MAX_CA_BUNDLE_BYTES as usize + 1],
+        )
+        .unwrap();
+        let e = NetConfig::from_operator(&network("over.pem"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        std::os::unix::fs::symlink(&exact, dir.join("link.pem")).unwrap();
+        assert!(NetConfig::from_operator(&network("link.pem")).is_err());
+        assert!(NetConfig::from_operator(&network("missing.pem")).is_err());
+        let none = NetConfig::from_operator(&NetworkConfig::default()).unwrap();
+        assert_eq!(none.dns, Dns::System);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_system_configuration_consults_the_hosts_file_and_judges_its_answer() {
+        // /etc/hosts maps localhost on every machine of this kind; the answer is still judged.
+        let loopback = PinnedResolver::new(&Dns::System, Zone::Loopback).unwrap();
+        let addrs = loopback.resolve_checked("localhost").await.unwrap();
+        assert!(addrs.iter().all(|a| a.is_loopback()), "{addrs:?}");
+        let public = PinnedResolver::new(&Dns::System, Zone::Public).unwrap();
+        let e = public.resolve_checked("localhost").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NetError::AboveZone {
+                    zone: Zone::Loopback,
+                    binding: Zone::Public,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn answer_size_is_bounded_one_over() {
+        let many: Vec<IpAddr> = (1..=MAX_ANSWER_ADDRESSES as u8)
+            .map(|i| IpAddr::from([93, 184, 216, i]))
+            .collect();
+        judge_answer("a.test", Zone::Public, &many).unwrap();
+        let mut over = many.clone();
+        over.push(ip("93.184.217.1"));
+        assert!(matches!(
+            judge_answer("a.test", Zone::Public, &over),
+            Err(NetError::TooManyAddresses { .. })
+        ));
+    }
+}
