@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const CANARY: &str = "sk-live-CANARY-7f3a9c0d1e2b4a6f8091";
+/// A canary with no token shape, so redaction heuristics cannot hide a leak: a test passes only
+/// if the value is never written at all (or is hidden by a rule that applies to any value).
+const CANARY: &str = "CANARYplain7f3a9c0d";
 
 struct Sandbox {
     root: PathBuf,
@@ -328,7 +330,7 @@ fn env_takes_names_and_values_are_refused_without_echo() {
             "--url",
             "https://a.example/",
             "--header-env",
-            &format!("x-api-key={CANARY}"),
+            &format!("x-api-key={CANARY}-value"),
         ],
         2,
     );
@@ -341,6 +343,20 @@ fn env_takes_names_and_values_are_refused_without_echo() {
             "https://a.example/",
             "--oauth-client-secret-env",
             &format!("S={CANARY}"),
+        ],
+        2,
+    );
+    // A value that happens to fit the variable-name grammar cannot be told from a name: it is
+    // stored as the name the operator gave (docs/cli.md says so). Anything else is refused.
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "a",
+            "--url",
+            "https://a.example/",
+            "--oauth-client-secret-env",
+            &format!("{CANARY} x"),
         ],
         2,
     );
@@ -405,10 +421,30 @@ fn a_canary_secret_never_appears_in_any_output_or_file() {
         2,
     );
     sb.fails(&["mcp", "get", CANARY], 4);
+    sb.fails(&["mcp", "remove", CANARY], 4);
     sb.fails(&["mcp", "add", "z", "--bogus", CANARY], 2);
-    // A secret pasted into a stdio argument is stored (the operator typed it) but redacted
-    // from listings.
-    sb.ok(&[
+    sb.fails(&["mcp", "add", "z", &format!("--bogus={CANARY}")], 2);
+    sb.fails(&[CANARY], 2);
+    sb.fails(&["mcp", CANARY], 2);
+    sb.fails(&["mcp", "list", "--format", CANARY], 2);
+    // The classic mistake: the variable expanded instead of named.
+    let err = sb.fails(
+        &[
+            "mcp",
+            "add",
+            "x",
+            "--stdio",
+            "/bin/true",
+            "--env",
+            "API_KEY",
+            CANARY,
+        ],
+        2,
+    );
+    assert!(err.contains("unexpected extra argument"), "{err}");
+    // A secret pasted into a stdio argument or a URL is stored (the operator typed it) but
+    // hidden from every listing, and the operator is warned.
+    let out = sb.run(&[
         "mcp",
         "add",
         "pasted",
@@ -416,17 +452,38 @@ fn a_canary_secret_never_appears_in_any_output_or_file() {
         "/bin/true",
         "--",
         &format!("--token={CANARY}"),
+        "--api-key",
+        CANARY,
     ]);
-    sb.ok(&["mcp", "list"]);
-    sb.ok(&["mcp", "list", "--format", "json"]);
-    sb.ok(&["mcp", "get", "pasted"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("looks like a credential"));
+    let out = sb.run(&[
+        "mcp",
+        "add",
+        "pasted-url",
+        "--url",
+        &format!("https://a.example/mcp?api_key={CANARY}"),
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("looks like a credential"));
+    for args in [
+        &["mcp", "list"][..],
+        &["mcp", "list", "--format", "json"],
+        &["mcp", "get", "pasted"],
+        &["mcp", "get", "pasted", "--format", "json"],
+        &["mcp", "get", "pasted-url"],
+        &["mcp", "get", "pasted-url", "--format", "json"],
+    ] {
+        sb.ok(args);
+    }
     let config = fs::read_to_string(sb.config()).unwrap();
     assert_eq!(
         config.matches("CANARY").count(),
-        1,
-        "only the operator's own argument"
+        3,
+        "only what the operator typed"
     );
     sb.ok(&["mcp", "remove", "pasted"]);
+    sb.ok(&["mcp", "remove", "pasted-url"]);
     assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
 }
 
@@ -525,7 +582,10 @@ fn conflicts_and_bad_values_have_their_exit_codes() {
             ],
             "cannot be used",
         ),
-        (&["mcp", "list", "--format", "yaml"], "yaml"),
+        (
+            &["mcp", "list", "--format", "yaml"],
+            "invalid value for --format <FORMAT> (expected one of: text, json)",
+        ),
         (
             &[
                 "mcp",
@@ -544,6 +604,54 @@ fn conflicts_and_bad_values_have_their_exit_codes() {
     }
     // http to loopback is accepted.
     sb.ok(&["mcp", "add", "local", "--url", "http://127.0.0.1:8080/mcp"]);
+    let err = sb.fails(&[], 2);
+    assert!(err.contains("missing command"), "{err}");
+    let err = sb.fails(&["mcp", "add", "x"], 2);
+    assert!(
+        err.contains("missing required argument: --url <URL>|--stdio <COMMAND>")
+            || err.contains("missing required argument"),
+        "{err}"
+    );
+    let err = sb.fails(
+        &["mcp", "add", "x", "--stdio", "/usr/bin/env TOKEN=1 srv"],
+        2,
+    );
+    assert!(err.contains("without spaces"), "{err}");
+}
+
+#[test]
+fn command_line_bounds_are_checked_before_anything_is_written() {
+    let sb = Sandbox::new();
+    let many: Vec<String> = (0..257).map(|i| format!("a{i}")).collect();
+    let mut args = vec!["mcp", "add", "big", "--stdio", "/bin/true", "--"];
+    args.extend(many.iter().map(String::as_str));
+    let err = sb.fails(&args, 2);
+    assert!(err.contains("args more than 256 entries"), "{err}");
+    let envs: Vec<String> = (0..129).map(|i| format!("E{i}")).collect();
+    let mut args = vec!["mcp", "add", "big", "--stdio", "/bin/true"];
+    for e in &envs {
+        args.push("--env");
+        args.push(e);
+    }
+    let err = sb.fails(&args, 2);
+    assert!(err.contains("env more than 128 entries"), "{err}");
+    let scopes = (0..65)
+        .map(|i| format!("s{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    sb.fails(
+        &[
+            "mcp",
+            "add",
+            "big",
+            "--url",
+            "https://a.example/",
+            "--oauth-scopes",
+            &scopes,
+        ],
+        2,
+    );
+    assert!(!sb.home().exists(), "a refused add creates nothing");
 }
 
 #[test]

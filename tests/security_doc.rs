@@ -17,9 +17,22 @@ fn every_test_named_in_security_md_exists() {
         let (file, name) = piece.rsplit_once("::").unwrap();
         let source = std::fs::read_to_string(root.join(file))
             .unwrap_or_else(|e| panic!("SECURITY.md names {file}, which cannot be read: {e}"));
+        let at = source
+            .find(&format!("fn {name}("))
+            .unwrap_or_else(|| panic!("SECURITY.md names {file}::{name}, which does not exist"));
+        // It must be a test that runs: a #[test] (plain, tokio or inside proptest!) right above.
+        let mut start = at.saturating_sub(300);
+        while !source.is_char_boundary(start) {
+            start -= 1;
+        }
+        let before = &source[start..at];
+        let attr = before
+            .rfind("#[test]")
+            .or_else(|| before.rfind("#[tokio::test"));
+        let is_test = attr.is_some_and(|a| !before[a..].contains("\n}\n"));
         assert!(
-            source.contains(&format!("fn {name}(")),
-            "SECURITY.md names {file}::{name}, which does not exist"
+            is_test,
+            "SECURITY.md names {file}::{name}, which is not a #[test]"
         );
         checked += 1;
     }

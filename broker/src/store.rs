@@ -181,12 +181,15 @@ impl Home {
         Home::at(dir)
     }
 
-    /// A home at an explicit absolute path.
+    /// A home at an explicit absolute path. The path is rebuilt from its components, so a
+    /// trailing `/` (which would make the kernel follow a symlink in the last component) is gone.
     pub fn at(dir: PathBuf) -> Result<Home, StoreError> {
         if !dir.is_absolute() {
             return Err(StoreError::NotAbsolute(dir));
         }
-        Ok(Home { dir })
+        Ok(Home {
+            dir: dir.components().collect(),
+        })
     }
 
     /// The directory.
@@ -240,9 +243,12 @@ impl Home {
 
     fn read_config(&self) -> Result<Config, StoreError> {
         let path = self.config_path();
+        // O_NONBLOCK: a FIFO planted as config.json must not block the open; it is then refused
+        // by the type check below.
+        let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
         let file = match OpenOptions::new()
             .read(true)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .custom_flags(flags.bits())
             .open(&path)
         {
             Ok(f) => f,
@@ -286,7 +292,11 @@ impl Home {
             let _ = fs::remove_file(&temp);
             return Err(e);
         }
-        sync_dir(&self.dir)
+        // The rename has happened: the change is visible and cannot be taken back, so reporting
+        // failure now would make the operator retry an applied change. Syncing the directory
+        // makes it durable; if that fails there is nothing better to do than carry on.
+        let _ = sync_dir(&self.dir);
+        Ok(())
     }
 }
 
@@ -370,7 +380,7 @@ fn acquire_lock(path: &Path) -> Result<Lock, StoreError> {
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
         .open(path)
         .map_err(|e| {
             if e.raw_os_error() == Some(nix::libc::ELOOP) {
@@ -525,6 +535,63 @@ mod tests {
         let elsewhere = base.join("elsewhere.json");
         fs::rename(home.config_path(), &elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, home.config_path()).unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::NotPlain { .. }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_config_owned_by_another_uid_is_refused() {
+        // Needs root to hand the file to uid 65534 (CI runs as root).
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: not root, cannot chown");
+            return;
+        }
+        let (base, home) = temp_home();
+        add(&home, "a");
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        nix::unistd::chown(&home.config_path(), nobody, None).unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::WrongOwner { owner: 65534, .. }
+        ));
+        nix::unistd::chown(&home.config_path(), Some(nix::unistd::geteuid()), None).unwrap();
+        nix::unistd::chown(home.dir(), nobody, None).unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::WrongOwner { owner: 65534, .. }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_the_config_is_refused_without_blocking() {
+        let (base, home) = temp_home();
+        add(&home, "a");
+        fs::remove_file(home.config_path()).unwrap();
+        nix::unistd::mkfifo(
+            &home.config_path(),
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .unwrap();
+        assert!(matches!(
+            home.load().unwrap_err(),
+            StoreError::NotPlain { .. }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_trailing_slash_cannot_smuggle_a_symlinked_home() {
+        let (base, _) = temp_home();
+        let real = base.join("real");
+        fs::create_dir(&real).unwrap();
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let home = Home::at(PathBuf::from(format!("{}/", link.display()))).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
             StoreError::NotPlain { .. }

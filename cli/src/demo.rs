@@ -56,7 +56,10 @@ fn step(home: &Home, out: &mut dyn Write, argv: &[&str]) -> Result<(), CliError>
     let Top::Mcp(cmd) = cli.command else {
         return Err(CliError::Usage("demo steps are mcp commands".into()));
     };
-    match mcp::run(cmd, home, out) {
+    let mut warnings = Vec::new();
+    let result = mcp::run(cmd, home, out, &mut warnings);
+    out.write_all(&warnings).map_err(CliError::Output)?;
+    match result {
         Ok(()) => Ok(()),
         Err(e @ CliError::Usage(_)) => {
             writeln!(out, "{}   [exit {}]", e.line(), e.exit() as u8).map_err(CliError::Output)

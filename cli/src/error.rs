@@ -42,8 +42,8 @@ pub(crate) enum CliError {
     Usage(String),
     /// The store refused or failed.
     Store(StoreError),
-    /// No server with that name.
-    NotFound(String),
+    /// No server with that name (the name is not repeated: it is the operator's input).
+    NotFound,
     /// The change conflicts with the configuration.
     Conflict(String),
     /// Writing the command's output failed.
@@ -61,8 +61,8 @@ impl fmt::Display for CliError {
         match self {
             CliError::Usage(m) | CliError::Conflict(m) => f.write_str(m),
             CliError::Store(e) => e.fmt(f),
-            CliError::NotFound(name) => {
-                write!(f, "no MCP server named {name} (see: iteron mcp list)")
+            CliError::NotFound => {
+                f.write_str("no MCP server with that name (see: iteron mcp list)")
             }
             CliError::Output(e) => write!(f, "cannot write output: {e}"),
         }
@@ -74,7 +74,7 @@ impl CliError {
     pub(crate) fn exit(&self) -> Exit {
         match self {
             CliError::Usage(_) => Exit::Usage,
-            CliError::NotFound(_) => Exit::NotFound,
+            CliError::NotFound => Exit::NotFound,
             CliError::Conflict(_) => Exit::Conflict,
             CliError::Output(_) => Exit::Failure,
             CliError::Store(e) => match e {

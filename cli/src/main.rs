@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use clap::error::ErrorKind;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use iteron_broker::store::Home;
 use iteron_policy::text;
 
@@ -24,10 +24,11 @@ fn main() -> ExitCode {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    let mut warn = std::io::stderr();
     let result = match cli.command {
         Top::Mcp(cmd) => Home::from_env(|k| std::env::var_os(k))
             .map_err(CliError::from)
-            .and_then(|home| mcp::run(cmd, &home, &mut out)),
+            .and_then(|home| mcp::run(cmd, &home, &mut out, &mut warn)),
         Top::Demo => demo::run(&mut out),
     };
     let flushed = out.flush();
@@ -47,20 +48,83 @@ fn fail(e: &CliError) -> ExitCode {
     e.exit().into()
 }
 
-/// Help and version go to stdout with exit 0; any other parse error becomes one redacted line on
-/// stderr with exit 2 (clap's own rendering spans several lines and may quote the bad value).
+/// Help and version go to stdout with exit 0; any other parse error becomes one line on stderr
+/// with exit 2. The line is built from the error's kind and the *names* of our own arguments —
+/// never from the text the operator typed (clap's own rendering quotes refused values, and a
+/// refused value is often a pasted secret).
 fn clap_exit(e: &clap::Error) -> ExitCode {
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         let _ = e.print();
         return Exit::Ok.into();
     }
-    let rendered = e.render().to_string();
-    let first = rendered
-        .lines()
-        .next()
-        .unwrap_or("invalid command line")
-        .trim_start_matches("error: ");
-    let line = text::single_line(&format!("iteron: error: {first} (see: iteron --help)"));
+    let line = text::single_line(&format!(
+        "iteron: error: {} (see: iteron --help)",
+        describe_clap(e)
+    ));
     let _ = writeln!(std::io::stderr(), "{line}");
     Exit::Usage.into()
+}
+
+fn context(e: &clap::Error, kind: ContextKind) -> Vec<String> {
+    match e.get(kind) {
+        Some(ContextValue::String(s)) => vec![s.clone()],
+        Some(ContextValue::Strings(v)) => v.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Our argument's name (`--format <FORMAT>`, `<NAME>`): safe to show, it comes from our grammar.
+fn our_arg(e: &clap::Error) -> String {
+    context(e, ContextKind::InvalidArg).join(", ")
+}
+
+fn describe_clap(e: &clap::Error) -> String {
+    match e.kind() {
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            let valid = context(e, ContextKind::ValidValue);
+            if valid.is_empty() {
+                format!("invalid value for {}", our_arg(e))
+            } else {
+                format!(
+                    "invalid value for {} (expected one of: {})",
+                    our_arg(e),
+                    valid.join(", ")
+                )
+            }
+        }
+        ErrorKind::UnknownArgument => {
+            // The unknown word is the operator's text. A flag's name (before any '=') is shown;
+            // a bare word is not, since it may be a value pasted where a name belongs.
+            let typed = context(e, ContextKind::InvalidArg).concat();
+            if typed.starts_with('-') {
+                let name = typed.split('=').next().unwrap_or_default();
+                let safe = name.len() <= 40
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if safe {
+                    return format!("unknown flag {name}");
+                }
+                return "unknown flag".into();
+            }
+            "unexpected extra argument (not shown; stdio server arguments go after --)".into()
+        }
+        ErrorKind::InvalidSubcommand => "unknown command (not shown)".into(),
+        ErrorKind::MissingRequiredArgument => {
+            format!("missing required argument: {}", our_arg(e))
+        }
+        ErrorKind::ArgumentConflict => {
+            let prior = context(e, ContextKind::PriorArg).join(", ");
+            format!("{} cannot be used with {prior}", our_arg(e))
+        }
+        ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            "missing command".into()
+        }
+        ErrorKind::NoEquals => format!("{} needs a value", our_arg(e)),
+        ErrorKind::TooManyValues | ErrorKind::TooFewValues | ErrorKind::WrongNumberOfValues => {
+            format!("wrong number of values for {}", our_arg(e))
+        }
+        ErrorKind::InvalidUtf8 => "an argument is not valid UTF-8".into(),
+        _ => "invalid command line".into(),
+    }
 }

@@ -20,10 +20,16 @@ use iteron_policy::url::EndpointUrl;
 use crate::args::{AddArgs, Format, Mcp};
 use crate::error::CliError;
 
-/// Run one `iteron mcp …` command against `home`, writing results to `out`.
-pub(crate) fn run(cmd: Mcp, home: &Home, out: &mut dyn Write) -> Result<(), CliError> {
+/// Run one `iteron mcp …` command against `home`, writing results to `out` and warnings to
+/// `warn`.
+pub(crate) fn run(
+    cmd: Mcp,
+    home: &Home,
+    out: &mut dyn Write,
+    warn: &mut dyn Write,
+) -> Result<(), CliError> {
     match cmd {
-        Mcp::Add(a) => add(a, home, out),
+        Mcp::Add(a) => add(a, home, out, warn),
         Mcp::List(f) => list(home, f.format, out),
         Mcp::Get(g) => get(home, &g.name, g.format, out),
         Mcp::Remove(r) => remove(home, &r.name, out),
@@ -193,8 +199,44 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
     })
 }
 
-fn add(a: AddArgs, home: &Home, out: &mut dyn Write) -> Result<(), CliError> {
+/// Check the new entry against every configuration rule (bounds included) *before* taking the
+/// lock or creating anything, by reading it back through the same strict decoder the file uses.
+fn check_entry(server: &ServerConfig) -> Result<(), CliError> {
+    let probe = Config {
+        mcp_servers: vec![server.clone()],
+        ..Config::default()
+    };
+    Config::parse(probe.to_json_pretty().as_bytes())
+        .map(|_| ())
+        .map_err(|e| {
+            let path = e.path.to_string();
+            let field = path.strip_prefix("$.mcp_servers[0].").unwrap_or("server");
+            CliError::Usage(format!("{field} {}", e.kind))
+        })
+}
+
+/// Where a stored value looks like a credential, say so: it is stored as typed (the operator's
+/// own 0600 file) and redacted from every listing, but secrets belong in the environment.
+fn warn_credentials(server: &ServerConfig, warn: &mut dyn Write) -> Result<(), CliError> {
+    let view = server_json(server);
+    let raw = serde_json::to_value(server).unwrap_or(serde_json::Value::Null);
+    if view != raw {
+        writeln!(
+            warn,
+            "iteron: warning: a URL or argument of {} looks like a credential; it is stored as \
+             typed and redacted from listings. Pass secrets as environment variables instead \
+             (--env NAME, --header-env HEADER=NAME)",
+            server.name
+        )
+        .map_err(CliError::Output)?;
+    }
+    Ok(())
+}
+
+fn add(a: AddArgs, home: &Home, out: &mut dyn Write, warn: &mut dyn Write) -> Result<(), CliError> {
     let server = build_server(&a)?;
+    check_entry(&server)?;
+    warn_credentials(&server, warn)?;
     let kind = server.transport.as_str();
     let name = server.name.clone();
     home.update(|config: &mut Config| {
@@ -215,21 +257,56 @@ fn remove(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
         config
             .remove_server(name.as_str())
             .map(|_| ())
-            .ok_or_else(|| CliError::NotFound(name.to_string()))
+            .ok_or(CliError::NotFound)
     })?;
     writeln!(out, "removed MCP server {name}").map_err(CliError::Output)
 }
 
-/// The JSON view of a server: the configuration object, with stdio arguments passed through
-/// credential redaction (a secret pasted into an argument is not spread further by listings).
-fn server_json(s: &ServerConfig) -> serde_json::Value {
-    let mut v = serde_json::to_value(s).unwrap_or(serde_json::Value::Null);
-    if let Some(serde_json::Value::Array(args)) = v.get_mut("args") {
-        for a in args.iter_mut() {
-            if let serde_json::Value::String(s) = a {
-                *s = text::redact(s).into_owned();
+/// Stdio arguments as shown: each through credential redaction, and a value that follows a flag
+/// whose name marks a credential (`--api-key VALUE`) is hidden too.
+fn shown_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    for (i, arg) in args.iter().enumerate() {
+        let after_flag = i
+            .checked_sub(1)
+            .and_then(|p| args.get(p))
+            .filter(|prev| prev.starts_with('-') && !prev.contains('=') && !arg.starts_with('-'));
+        let hidden = after_flag.is_some_and(|flag| {
+            let pair = format!("{}={arg}", flag.trim_start_matches('-'));
+            text::redact(&pair) != pair
+        });
+        out.push(if hidden {
+            "[REDACTED]".to_owned()
+        } else {
+            text::redact(arg).into_owned()
+        });
+    }
+    out
+}
+
+fn redact_strings(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => {
+            if let std::borrow::Cow::Owned(r) = text::redact(s) {
+                *s = r;
             }
         }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_strings),
+        serde_json::Value::Object(map) => map.values_mut().for_each(redact_strings),
+        _ => {}
+    }
+}
+
+/// The JSON view of a server: the configuration object with every string passed through
+/// credential redaction (and stdio arguments through [`shown_args`]), so a secret pasted into a
+/// URL or an argument is not spread further by listings.
+fn server_json(s: &ServerConfig) -> serde_json::Value {
+    // Serializing a ServerConfig cannot fail (string keys, no floats); Null would only show up
+    // if that changed, and then nothing secret is printed either.
+    let mut v = serde_json::to_value(s).unwrap_or(serde_json::Value::Null);
+    redact_strings(&mut v);
+    if let (Some(args), Transport::Stdio(st)) = (v.get_mut("args"), &s.transport) {
+        *args = serde_json::Value::from(shown_args(&st.args));
     }
     v
 }
@@ -243,9 +320,9 @@ fn target(s: &ServerConfig) -> String {
     match &s.transport {
         Transport::Stdio(st) => {
             let mut t = st.command.as_str().to_owned();
-            for a in &st.args {
+            for a in shown_args(&st.args) {
                 t.push(' ');
-                t.push_str(a);
+                t.push_str(&a);
             }
             t
         }
@@ -293,9 +370,7 @@ fn list(home: &Home, format: Format, out: &mut dyn Write) -> Result<(), CliError
 fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<(), CliError> {
     let name = server_name(raw)?;
     let config = home.load()?;
-    let server = config
-        .server(name.as_str())
-        .ok_or_else(|| CliError::NotFound(name.to_string()))?;
+    let server = config.server(name.as_str()).ok_or(CliError::NotFound)?;
     if format == Format::Json {
         return print_json(out, &server_json(server));
     }
@@ -308,8 +383,7 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
         Transport::Stdio(st) => {
             lines.push(("command".into(), st.command.as_str().into()));
             if !st.args.is_empty() {
-                let shown: Vec<String> = st
-                    .args
+                let shown: Vec<String> = shown_args(&st.args)
                     .iter()
                     .map(|a| text::single_line_capped(a, 200))
                     .collect();
@@ -325,6 +399,7 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
                 lines.push((format!("header {header}"), format!("from ${env}")));
             }
             if let Some(o) = &h.oauth {
+                // Cannot fail (see server_json); Null would print nothing.
                 let v = serde_json::to_value(o).unwrap_or(serde_json::Value::Null);
                 if let serde_json::Value::Object(map) = v {
                     for (k, val) in map {

@@ -212,6 +212,8 @@ pub enum HideReason {
     NothingAdmitted,
     /// Its effect carries a class that is not admitted.
     ClassNotAdmitted(Capability),
+    /// The caller declared no class for the effect: nothing can be checked, so it is hidden.
+    NoClassDeclared,
 }
 
 impl fmt::Display for HideReason {
@@ -221,6 +223,7 @@ impl fmt::Display for HideReason {
             HideReason::NotAllowed => f.write_str("not listed in tools.allow"),
             HideReason::NothingAdmitted => f.write_str("policy admits no capability class"),
             HideReason::ClassNotAdmitted(c) => write!(f, "policy does not admit class {c}"),
+            HideReason::NoClassDeclared => f.write_str("the effect declares no capability class"),
         }
     }
 }
@@ -236,9 +239,9 @@ pub enum Exposure {
 
 /// Decide whether `tool`, whose effect carries the classes `carried`, is exposed. The filter is
 /// applied first (deny wins over allow), then the policy: the admitted set must be non-empty and
-/// must cover every carried class. A tool that carries no class at all is treated as carrying
-/// everything it could, i.e. it is hidden unless something is admitted — callers always pass the
-/// classes of the effect (for MCP tools, [`CapabilitySet::MCP_TOOL`]).
+/// must cover every carried class. An effect that declares no class at all cannot be checked and
+/// is hidden (fail closed); callers pass the classes of the effect (for MCP tools,
+/// [`CapabilitySet::MCP_TOOL`]).
 pub fn decide_exposure(
     ceiling: CapabilitySet,
     filter: &ToolFilter,
@@ -251,6 +254,9 @@ pub fn decide_exposure(
     }
     if !filter.allow.is_empty() && !filter.allow.contains(tool) {
         return Exposure::Hide(HideReason::NotAllowed);
+    }
+    if carried.is_empty() {
+        return Exposure::Hide(HideReason::NoClassDeclared);
     }
     let set = admitted(ceiling, policy, tool);
     if set.is_empty() {
@@ -400,7 +406,9 @@ mod tests {
                                                 name in prop::sample::select(vec!["a", "b", "risky_tool"])) {
             let t = tool(name);
             let decision = decide_exposure(ceiling, &ToolFilter::default(), &policy, &t, carried);
-            if admitted(ceiling, &policy, &t).is_empty() {
+            if carried.is_empty() {
+                prop_assert_eq!(decision, Exposure::Hide(HideReason::NoClassDeclared));
+            } else if admitted(ceiling, &policy, &t).is_empty() {
                 prop_assert_eq!(decision, Exposure::Hide(HideReason::NothingAdmitted));
             }
             if let Exposure::Expose(set) = decision {

@@ -326,6 +326,10 @@ pub struct Command(String);
 impl Command {
     /// Validate.
     pub fn parse(s: &str) -> Result<Self, ValueError> {
+        if s.chars().any(char::is_whitespace) {
+            // A command is one program; `/usr/bin/env TOKEN=… server` is not a command.
+            return Err(ValueError::Whitespace);
+        }
         if s.starts_with('/') {
             return AbsolutePath::parse(s).map(|p| Command(p.0));
         }
@@ -450,6 +454,8 @@ pub enum ValueError {
     Url(UrlError),
     /// Not `IP`, `IP:port` or `[IPv6]:port`, or an unspecified/multicast address or port 0.
     BadNameserver,
+    /// Whitespace where one program path is expected.
+    Whitespace,
 }
 
 impl fmt::Display for ValueError {
@@ -469,6 +475,9 @@ impl fmt::Display for ValueError {
             }
             ValueError::Name(e) => e.fmt(f),
             ValueError::Url(e) => e.fmt(f),
+            ValueError::Whitespace => f.write_str(
+                "must be a single program without spaces; put arguments after -- (or in \"args\")",
+            ),
             ValueError::BadNameserver => f.write_str(
                 "must be IP, IP:port or [IPv6]:port (not unspecified, multicast or port 0)",
             ),
@@ -569,8 +578,13 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): ", self.path, self.pos)?;
-        match &self.kind {
+        write!(f, "{} ({}): {}", self.path, self.pos, self.kind)
+    }
+}
+
+impl fmt::Display for ConfigErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             ConfigErrorKind::TooLarge => {
                 write!(f, "configuration is larger than {MAX_CONFIG_BYTES} bytes")
             }

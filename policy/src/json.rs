@@ -14,6 +14,7 @@
 //! escaped to printable ASCII) and the position, so a value that happens to be a secret cannot
 //! leak through an error message.
 
+use std::collections::HashMap;
 use std::fmt;
 
 /// Deepest nesting of arrays and objects accepted.
@@ -414,6 +415,9 @@ impl<'a> Reader<'a> {
         let depth = self.enter(depth)?;
         self.expect('{')?;
         let mut members: Vec<Member> = Vec::new();
+        // Key → position of its first occurrence, so duplicate detection stays linear even for
+        // an object with a hundred thousand keys.
+        let mut seen: HashMap<String, Pos> = HashMap::new();
         self.skip_ws();
         if self.peek() == Some('}') {
             self.bump();
@@ -427,10 +431,11 @@ impl<'a> Reader<'a> {
             }
             let key = self.string()?;
             self.path.push(Segment::Key(key.clone()));
-            if let Some(first) = members.iter().find(|m| m.key == key) {
-                let first = first.key_pos;
+            if let Some(first) = seen.get(&key) {
+                let first = *first;
                 return Err(self.error_at(key_pos, SyntaxError::DuplicateKey { first }));
             }
+            seen.insert(key.clone(), key_pos);
             self.skip_ws();
             self.expect(':')?;
             self.skip_ws();
@@ -679,6 +684,29 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(&err(input).kind, want, "input {input:?}");
         }
+    }
+
+    #[test]
+    fn a_megabyte_object_of_distinct_keys_is_parsed_and_a_late_duplicate_found() {
+        // ~95k keys: a per-key linear scan would take seconds; this must stay linear.
+        let mut doc = String::from("{");
+        let mut i = 0;
+        while doc.len() < 1_000_000 {
+            doc.push_str(&format!("\"k{i}\":1,"));
+            i += 1;
+        }
+        let ok = format!("{}}}", doc.trim_end_matches(','));
+        let Value::Object(m) = parse(ok.as_bytes()).unwrap().value else {
+            panic!()
+        };
+        assert_eq!(m.len(), i);
+        let dup = format!("{doc}\"k0\":2}}");
+        assert!(matches!(
+            err(&dup).kind,
+            SyntaxError::DuplicateKey {
+                first: Pos { line: 1, column: 2 }
+            }
+        ));
     }
 
     #[test]

@@ -585,6 +585,53 @@ fn object_at<'a>(
     cur.as_object_mut().unwrap()
 }
 
+/// Objects with at least one member, in document order.
+fn count_objects(v: &serde_json::Value, n: &mut usize) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if !m.is_empty() {
+                *n += 1;
+            }
+            m.values().for_each(|c| count_objects(c, n));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|c| count_objects(c, n)),
+        _ => {}
+    }
+}
+
+/// Compact JSON of `v`, with the first member of the `target`-th non-empty object written twice.
+fn emit_with_duplicate(v: &serde_json::Value, target: usize, seen: &mut usize) -> String {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            let here = *seen == target;
+            *seen += 1;
+            let mut parts: Vec<String> = m
+                .iter()
+                .map(|(k, c)| {
+                    format!(
+                        "{}:{}",
+                        serde_json::to_string(k).unwrap(),
+                        emit_with_duplicate(c, target, seen)
+                    )
+                })
+                .collect();
+            if here {
+                let first = parts[0].clone();
+                parts.push(first);
+            }
+            format!("{{{}}}", parts.join(","))
+        }
+        serde_json::Value::Array(a) => {
+            let parts: Vec<String> = a
+                .iter()
+                .map(|c| emit_with_duplicate(c, target, seen))
+                .collect();
+            format!("[{}]", parts.join(","))
+        }
+        other => serde_json::to_string(other).unwrap(),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -616,21 +663,11 @@ proptest! {
     #[test]
     fn a_document_with_a_duplicate_key_is_rejected(c in arb_config(), pick in any::<prop::sample::Index>()) {
         let v = serde_json::to_value(&c).unwrap();
-        let text = serde_json::to_string(&v).unwrap();
-        // Every `"key":` occurrence in compact output starts an object member; repeat one of them
-        // (with its value) inside the same object by duplicating the first member textually.
-        let starts: Vec<usize> = text.match_indices('{').map(|(i, _)| i)
-            .filter(|i| text[i + 1..].starts_with('"')).collect();
-        prop_assume!(!starts.is_empty());
-        let open = *pick.get(&starts);
-        // Find the end of the first member: parse from `open` with serde_json's streaming reader.
-        let rest = &text[open + 1..];
-        let colon = rest.find("\":").unwrap() + 2;
-        let mut de = serde_json::Deserializer::from_str(&rest[colon..]).into_iter::<serde_json::Value>();
-        de.next().unwrap().unwrap();
-        let member_end = colon + de.byte_offset();
-        let member = &rest[..member_end];
-        let doubled = format!("{}{{{member},{}", &text[..open], &text[open + 1..]);
+        let mut count = 0;
+        count_objects(&v, &mut count);
+        let target = pick.index(count);
+        let mut seen = 0;
+        let doubled = emit_with_duplicate(&v, target, &mut seen);
         let e = Config::parse(doubled.as_bytes()).unwrap_err();
         let is_dup = matches!(e.kind, ConfigErrorKind::Syntax(SyntaxError::DuplicateKey { .. }));
         prop_assert!(is_dup, "{}", e);
@@ -676,4 +713,195 @@ fn network_block_names_nameservers_and_a_ca_bundle() {
     }
     let e = error(r#"{"schema_version": 2, "network": {"ca_bundle": "relative.pem"}}"#);
     assert_eq!(e.path.to_string(), "$.network.ca_bundle");
+}
+
+/// Build a document around one server (or root) fragment produced for `n` items.
+fn doc_with(fragment: &str) -> String {
+    format!(r#"{{"schema_version": 2, {fragment}}}"#)
+}
+
+fn stdio_with(extra: &str) -> String {
+    doc_with(&format!(
+        r#""mcp_servers": [{{"name": "a", "command": "/x"{extra}}}]"#
+    ))
+}
+
+fn http_with(extra: &str) -> String {
+    doc_with(&format!(
+        r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/"{extra}}}]"#
+    ))
+}
+
+fn quoted_list(n: usize, item: impl Fn(usize) -> String) -> String {
+    (0..n)
+        .map(|i| format!("\"{}\"", item(i)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn every_list_bound_holds_at_the_limit_and_fails_one_over() {
+    type Build = Box<dyn Fn(usize) -> String>;
+    let cases: Vec<(&str, usize, Build)> = vec![
+        (
+            "env",
+            MAX_ENV_NAMES,
+            Box::new(|n| {
+                stdio_with(&format!(
+                    r#", "env": [{}]"#,
+                    quoted_list(n, |i| format!("E{i}"))
+                ))
+            }),
+        ),
+        (
+            "header_env",
+            MAX_HEADERS,
+            Box::new(|n| {
+                let m: Vec<String> = (0..n).map(|i| format!(r#""x-h{i}": "E""#)).collect();
+                http_with(&format!(r#", "header_env": {{{}}}"#, m.join(",")))
+            }),
+        ),
+        (
+            "tools.allow",
+            MAX_TOOL_NAMES,
+            Box::new(|n| {
+                stdio_with(&format!(
+                    r#", "tools": {{"allow": [{}]}}"#,
+                    quoted_list(n, |i| format!("t{i}"))
+                ))
+            }),
+        ),
+        (
+            "tools.deny",
+            MAX_TOOL_NAMES,
+            Box::new(|n| {
+                stdio_with(&format!(
+                    r#", "tools": {{"deny": [{}]}}"#,
+                    quoted_list(n, |i| format!("t{i}"))
+                ))
+            }),
+        ),
+        (
+            "policy.tools",
+            MAX_TOOL_NAMES,
+            Box::new(|n| {
+                let m: Vec<String> = (0..n).map(|i| format!(r#""t{i}": []"#)).collect();
+                stdio_with(&format!(r#", "policy": {{"tools": {{{}}}}}"#, m.join(",")))
+            }),
+        ),
+        (
+            "oauth.scopes",
+            MAX_SCOPES,
+            Box::new(|n| {
+                http_with(&format!(
+                    r#", "oauth": {{"scopes": [{}]}}"#,
+                    quoted_list(n, |i| format!("s{i}"))
+                ))
+            }),
+        ),
+        (
+            "hooks",
+            MAX_HOOKS_PER_EVENT,
+            Box::new(|n| {
+                doc_with(&format!(
+                    r#""hooks": {{"Stop": [{}]}}"#,
+                    quoted_list(n, |i| format!("/h/{i}"))
+                ))
+            }),
+        ),
+        (
+            "nameservers",
+            MAX_NAMESERVERS,
+            Box::new(|n| {
+                doc_with(&format!(
+                    r#""network": {{"nameservers": [{}]}}"#,
+                    quoted_list(n, |i| format!("10.0.0.{}", i + 1))
+                ))
+            }),
+        ),
+    ];
+    for (what, max, build) in cases {
+        parse(&build(max)).unwrap_or_else(|e| panic!("{what} at {max}: {e}"));
+        assert_eq!(
+            error(&build(max + 1)).kind,
+            ConfigErrorKind::TooMany { max },
+            "{what} one over"
+        );
+    }
+}
+
+#[test]
+fn every_length_bound_holds_at_the_limit_and_fails_one_over() {
+    let scope = |n: usize| {
+        http_with(&format!(
+            r#", "oauth": {{"scopes": ["{}"]}}"#,
+            "s".repeat(n)
+        ))
+    };
+    parse(&scope(MAX_TOKEN_BYTES)).unwrap();
+    assert_eq!(
+        error(&scope(MAX_TOKEN_BYTES + 1)).kind,
+        ConfigErrorKind::Value(ValueError::TooLong {
+            max: MAX_TOKEN_BYTES
+        })
+    );
+    let client = |n: usize| {
+        http_with(&format!(
+            r#", "oauth": {{"client_id": "{}"}}"#,
+            "c".repeat(n)
+        ))
+    };
+    parse(&client(MAX_TOKEN_BYTES)).unwrap();
+    assert!(
+        error(&client(MAX_TOKEN_BYTES + 1))
+            .to_string()
+            .contains("longer than 256")
+    );
+    let header = |n: usize| http_with(&format!(r#", "header_env": {{"{}": "E"}}"#, "h".repeat(n)));
+    parse(&header(crate::names::MAX_HEADER_NAME)).unwrap();
+    assert!(
+        error(&header(crate::names::MAX_HEADER_NAME + 1))
+            .to_string()
+            .contains("longer than 64")
+    );
+    let env = |n: usize| stdio_with(&format!(r#", "env": ["{}"]"#, "E".repeat(n)));
+    parse(&env(crate::names::MAX_ENV_NAME)).unwrap();
+    assert!(
+        error(&env(crate::names::MAX_ENV_NAME + 1))
+            .to_string()
+            .contains("longer than 128")
+    );
+    let tool = |n: usize| stdio_with(&format!(r#", "tools": {{"allow": ["{}"]}}"#, "t".repeat(n)));
+    parse(&tool(crate::names::MAX_TOOL_NAME)).unwrap();
+    assert!(
+        error(&tool(crate::names::MAX_TOOL_NAME + 1))
+            .to_string()
+            .contains("longer than 128")
+    );
+    let name = |n: usize| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "{}", "command": "/x"}}]"#,
+            "n".repeat(n)
+        ))
+    };
+    parse(&name(crate::names::MAX_SERVER_NAME)).unwrap();
+    assert!(
+        error(&name(crate::names::MAX_SERVER_NAME + 1))
+            .to_string()
+            .contains("longer than 64")
+    );
+    let url = |n: usize| {
+        let base = "https://a.example/";
+        http_with("").replace(base, &format!("{base}{}", "p".repeat(n - base.len())))
+    };
+    parse(&url(crate::url::MAX_URL_BYTES)).unwrap();
+    assert!(parse(&url(crate::url::MAX_URL_BYTES + 1)).is_err());
+}
+
+#[test]
+fn a_command_is_one_program_without_spaces() {
+    let e = error(&doc_with(
+        r#""mcp_servers": [{"name": "a", "command": "/usr/bin/env TOKEN=x server"}]"#,
+    ));
+    assert_eq!(e.kind, ConfigErrorKind::Value(ValueError::Whitespace));
 }
