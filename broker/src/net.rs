@@ -60,7 +60,9 @@ const MAX_LOCATION_SHOWN: usize = 200;
 pub enum Dns {
     /// The system `resolv.conf`, and the hosts file first.
     System,
-    /// Exactly these servers (UDP and TCP); the hosts file is not consulted.
+    /// Exactly these servers (UDP and TCP); the hosts file is not consulted. The RFC 6761
+    /// special names are still answered by the resolver itself (`localhost`, `*.localhost` →
+    /// loopback, then judged like any answer; `.invalid` → no such name).
     Nameservers(Vec<SocketAddr>),
 }
 
@@ -193,7 +195,8 @@ pub enum NetError {
     Redirect {
         /// The status code.
         status: u16,
-        /// The `Location` header, redacted and made terminal-safe (or `(none)`).
+        /// The origin (`scheme://host:port`) of the `Location` header, made terminal-safe; its
+        /// path and query are never shown. `(none)` or `(unparsable)` otherwise.
         location: String,
     },
     /// The body exceeded its cap.
@@ -263,8 +266,8 @@ impl fmt::Display for NetError {
             NetError::Url(r) => write!(f, "refused URL: {r}"),
             NetError::Redirect { status, location } => write!(
                 f,
-                "refused redirect: the server answered {status} with Location {location}; \
-                 redirects are never followed"
+                "refused redirect: the server answered {status} with a Location at {location} \
+                 (path and query not shown); redirects are never followed"
             ),
             NetError::BodyTooLarge { limit } => {
                 write!(f, "response body exceeds the {limit}-byte limit")
@@ -555,6 +558,15 @@ impl Request {
     }
 }
 
+impl fmt::Debug for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Response")
+            .field("status", &self.inner.status())
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A response whose status is not a redirect. Read the body with [`Response::body`] or
 /// [`Response::next_chunk`], both bounded.
 pub struct Response {
@@ -602,13 +614,25 @@ impl ZoneClient {
             .await
             .map_err(|e| map_reqwest(&e, &target, "waiting for the response"))?;
         if resp.status().is_redirection() {
+            // Only the origin of the Location is shown: its path and query may carry an
+            // authorization code, a signature or a reset token.
             let location = resp
                 .headers()
                 .get(reqwest::header::LOCATION)
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 .map_or_else(
                     || "(none)".to_owned(),
-                    |l| text::single_line_capped(&l, MAX_LOCATION_SHOWN),
+                    |l| match req.url.as_url().join(&l) {
+                        Ok(u) => {
+                            let origin = match (u.host_str(), u.port_or_known_default()) {
+                                (Some(h), Some(p)) => format!("{}://{h}:{p}", u.scheme()),
+                                (Some(h), None) => format!("{}://{h}", u.scheme()),
+                                _ => u.scheme().to_owned(),
+                            };
+                            text::single_line_capped(&origin, MAX_LOCATION_SHOWN)
+                        }
+                        Err(_) => "(unparsable)".to_owned(),
+                    },
                 );
             return Err(NetError::Redirect {
                 status: resp.status().as_u16(),
