@@ -6,5 +6,12 @@
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 
+pub mod mcp;
 pub mod net;
+pub mod spawn;
 pub mod store;
+#[allow(
+    unsafe_code,
+    reason = "the one module with FFI; every block has a SAFETY comment"
+)]
+mod sys;

@@ -1,0 +1,575 @@
+//! Spawning and supervising stdio MCP servers.
+//!
+//! A child gets an environment built from nothing ([`child_env`]): a fixed safe `PATH` (unless
+//! the operator configures one), `LANG`, and only the variables the operator named with
+//! `--env NAME`. It runs in its own session and process group, hardened before exec
+//! ([`crate::sys::harden_pre_exec`]), spawned from one long-lived thread (so `PR_SET_PDEATHSIG`
+//! is tied to a thread that never exits). Its stderr is kept in a bounded ring for diagnostics.
+//! Shutdown is a ladder: close stdin, wait; SIGTERM the group, wait; SIGKILL the group — so a
+//! server that ignores stdin EOF is still reaped.
+
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use iteron_policy::names::EnvName;
+use iteron_policy::text;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+/// `PATH` given to children unless the operator configures one.
+pub const SAFE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// `LANG` given to children.
+pub const CHILD_LANG: &str = "C.UTF-8";
+/// Bytes of a child's stderr kept for diagnostics (the most recent ones).
+pub const STDERR_KEEP: usize = 16 * 1024;
+/// Default wait at each rung of the shutdown ladder.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Build a child's environment from nothing: `PATH` (the operator's, else [`SAFE_PATH`]),
+/// `LANG`, then each named variable that is set in `lookup` (the broker's environment). Names
+/// not set are reported back so diagnostics can say so; their absence is not an error.
+/// Pure: the caller passes the lookup, so tests never touch the process environment.
+pub fn child_env(
+    named: &[EnvName],
+    path: Option<&str>,
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> (Vec<(OsString, OsString)>, Vec<EnvName>) {
+    let mut env: Vec<(OsString, OsString)> = vec![
+        ("PATH".into(), path.unwrap_or(SAFE_PATH).into()),
+        ("LANG".into(), CHILD_LANG.into()),
+    ];
+    let mut missing = Vec::new();
+    for name in named {
+        match lookup(name.as_str()) {
+            Some(value) => {
+                // A named variable replaces a base one (the operator chose it explicitly).
+                env.retain(|(k, _)| k.as_os_str() != OsStr::new(name.as_str()));
+                env.push((name.as_str().into(), value));
+            }
+            None => missing.push(name.clone()),
+        }
+    }
+    (env, missing)
+}
+
+/// Find a bare program name on `path` (the child's `PATH`): the first regular, executable file.
+pub fn resolve_program(command: &str, path: &str) -> Option<PathBuf> {
+    if command.starts_with('/') {
+        return Some(PathBuf::from(command));
+    }
+    path.split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|d| Path::new(d).join(command))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// What to start.
+pub struct ChildSpec {
+    /// The program (absolute, or bare to be found on the child's `PATH`).
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The complete environment (from [`child_env`]).
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl fmt::Debug for ChildSpec {
+    /// Names only: environment values may be secrets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<_> = self.env.iter().map(|(k, _)| k.to_string_lossy()).collect();
+        f.debug_struct("ChildSpec")
+            .field("command", &self.command)
+            .field("args", &self.args.len())
+            .field("env_names", &names)
+            .finish()
+    }
+}
+
+/// Why a child could not be started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpawnError {
+    /// A bare command was not found on the child's `PATH`.
+    NotFound(String),
+    /// `exec` or the pre-exec hardening failed.
+    Start {
+        /// The command.
+        command: String,
+        /// The OS error.
+        reason: String,
+    },
+    /// The spawner thread is gone.
+    Spawner,
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnError::NotFound(c) => write!(f, "command {c} not found on the server PATH"),
+            SpawnError::Start { command, reason } => {
+                write!(f, "cannot start {command}: {reason}")
+            }
+            SpawnError::Spawner => f.write_str("the process spawner is not running"),
+        }
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it.
+    Signal(i32),
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exited with code {c}"),
+            Exit::Signal(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+/// Which rung of the shutdown ladder ended the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It had already exited, or exited after stdin closed.
+    OnEof,
+    /// It needed SIGTERM.
+    OnTerm,
+    /// It needed SIGKILL.
+    OnKill,
+}
+
+/// The most recent stderr bytes of a child.
+#[derive(Default)]
+struct Ring {
+    bytes: VecDeque<u8>,
+    dropped: u64,
+}
+
+type SpawnReply = std::sync::mpsc::Sender<Result<std::process::Child, SpawnError>>;
+/// A spawn order: the command, its name for errors, and where to send the child.
+type SpawnOrder = (Command, String, SpawnReply);
+type SpawnQueue = Mutex<mpsc::Sender<SpawnOrder>>;
+
+/// One long-lived thread does every fork, so `PR_SET_PDEATHSIG` never fires because a
+/// short-lived worker thread exited.
+fn spawner() -> Option<&'static SpawnQueue> {
+    static SPAWNER: OnceLock<Option<SpawnQueue>> = OnceLock::new();
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<SpawnOrder>();
+            std::thread::Builder::new()
+                .name("iteron-spawner".into())
+                .spawn(move || {
+                    while let Ok((mut cmd, shown, reply)) = rx.recv() {
+                        let result = cmd.spawn().map_err(|e| SpawnError::Start {
+                            command: shown,
+                            reason: e.to_string(),
+                        });
+                        let _ = reply.send(result);
+                    }
+                })
+                .ok()
+                .map(|_| Mutex::new(tx))
+        })
+        .as_ref()
+}
+
+/// A running stdio server.
+pub struct ChildProcess {
+    pid: i32,
+    /// Its stdin (taken by the transport).
+    pub stdin: Option<tokio::process::ChildStdin>,
+    /// Its stdout (taken by the transport).
+    pub stdout: Option<tokio::process::ChildStdout>,
+    stderr: Arc<Mutex<Ring>>,
+    exit: watch::Receiver<Option<Exit>>,
+}
+
+impl fmt::Debug for ChildProcess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChildProcess")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Start a child. Must be called inside a tokio runtime.
+pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
+    let path_value = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .unwrap_or_else(|| SAFE_PATH.to_owned());
+    let shown = text::single_line_capped(&spec.command, 200);
+    let program = resolve_program(&spec.command, &path_value)
+        .ok_or_else(|| SpawnError::NotFound(shown.clone()))?;
+    let mut cmd = Command::new(&program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    crate::sys::harden_pre_exec(&mut cmd, std::process::id() as i32);
+    let (reply_tx, reply_rx) = mpsc::channel();
+    {
+        let sender = spawner().ok_or(SpawnError::Spawner)?;
+        let guard = sender.lock().map_err(|_| SpawnError::Spawner)?;
+        guard
+            .send((cmd, shown, reply_tx))
+            .map_err(|_| SpawnError::Spawner)?;
+    }
+    let mut child = tokio::task::spawn_blocking(move || reply_rx.recv())
+        .await
+        .map_err(|_| SpawnError::Spawner)?
+        .map_err(|_| SpawnError::Spawner)??;
+    let pid = child.id() as i32;
+    let stdin = child
+        .stdin
+        .take()
+        .and_then(|s| tokio::process::ChildStdin::from_std(s).ok());
+    let stdout = child
+        .stdout
+        .take()
+        .and_then(|s| tokio::process::ChildStdout::from_std(s).ok());
+    let stderr_pipe = child
+        .stderr
+        .take()
+        .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
+    let ring = Arc::new(Mutex::new(Ring::default()));
+    if let Some(mut err) = stderr_pipe {
+        let ring = ring.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut r) = ring.lock() {
+                    r.bytes.extend(&buf[..n]);
+                    while r.bytes.len() > STDERR_KEEP {
+                        r.bytes.pop_front();
+                        r.dropped += 1;
+                    }
+                }
+            }
+        });
+    }
+    let (exit_tx, exit_rx) = watch::channel(None);
+    std::thread::Builder::new()
+        .name("iteron-reaper".into())
+        .spawn(move || {
+            use std::os::unix::process::ExitStatusExt;
+            let status = child.wait();
+            let exit = match status {
+                Ok(s) => match (s.code(), s.signal()) {
+                    (Some(c), _) => Exit::Code(c),
+                    (None, Some(sig)) => Exit::Signal(sig),
+                    (None, None) => Exit::Code(-1),
+                },
+                Err(_) => Exit::Code(-1),
+            };
+            let _ = exit_tx.send(Some(exit));
+        })
+        .map_err(|e| SpawnError::Start {
+            command: spec.command.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok(ChildProcess {
+        pid,
+        stdin,
+        stdout,
+        stderr: ring,
+        exit: exit_rx,
+    })
+}
+
+impl ChildProcess {
+    /// The process id (also its process-group id).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// How it ended, if it has.
+    pub fn exit_status(&self) -> Option<Exit> {
+        *self.exit.borrow()
+    }
+
+    /// A receiver that changes when the child exits.
+    pub fn exit_watch(&self) -> watch::Receiver<Option<Exit>> {
+        self.exit.clone()
+    }
+
+    /// The last stderr lines, each made terminal-safe and redacted, at most `max_lines`.
+    pub fn stderr_tail(&self, max_lines: usize) -> Vec<String> {
+        let Ok(r) = self.stderr.lock() else {
+            return Vec::new();
+        };
+        let bytes: Vec<u8> = r.bytes.iter().copied().collect();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines
+            .iter()
+            .skip(lines.len().saturating_sub(max_lines))
+            .map(|l| text::single_line_capped(l, 300))
+            .collect()
+    }
+
+    async fn wait_for(&mut self, within: Duration) -> bool {
+        let mut rx = self.exit.clone();
+        let done = async {
+            loop {
+                if rx.borrow().is_some() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(within, done).await.is_ok() && self.exit.borrow().is_some()
+    }
+
+    /// The shutdown ladder: close stdin and wait `grace`; SIGTERM the process group and wait
+    /// `grace`; SIGKILL the group and wait for the reaper. Returns the rung that ended it.
+    pub async fn shutdown(&mut self, grace: Duration) -> Ended {
+        self.stdin = None;
+        if self.wait_for(grace).await {
+            return Ended::OnEof;
+        }
+        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGTERM);
+        if self.wait_for(grace).await {
+            return Ended::OnTerm;
+        }
+        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+        let _ = self.wait_for(Duration::from_secs(30)).await;
+        Ended::OnKill
+    }
+
+    /// Signal the whole group at once (used when the broker stops).
+    pub fn kill_group(&self) {
+        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        if self.exit.borrow().is_none() {
+            self.kill_group();
+        }
+    }
+}
+
+/// Render an environment variable name list for diagnostics.
+pub fn names_of(env: &[(OsString, OsString)]) -> Vec<String> {
+    env.iter()
+        .map(|(k, _)| String::from_utf8_lossy(k.as_bytes()).into_owned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> EnvName {
+        EnvName::parse(s).unwrap()
+    }
+
+    #[test]
+    fn the_child_environment_is_built_from_nothing() {
+        let lookup = |k: &str| match k {
+            "API_TOKEN" => Some(OsString::from("secret-value")),
+            "PATH" => Some(OsString::from("/evil/bin")),
+            "LD_PRELOAD" => Some(OsString::from("/evil.so")),
+            _ => None,
+        };
+        let (env, missing) = child_env(&[name("API_TOKEN"), name("NOT_SET")], None, lookup);
+        assert_eq!(
+            env,
+            vec![
+                ("PATH".into(), SAFE_PATH.into()),
+                ("LANG".into(), CHILD_LANG.into()),
+                ("API_TOKEN".into(), "secret-value".into()),
+            ]
+        );
+        assert_eq!(missing, vec![name("NOT_SET")]);
+        let (env, _) = child_env(&[], Some("/opt/tools/bin"), lookup);
+        assert_eq!(env[0], ("PATH".into(), "/opt/tools/bin".into()));
+        let (env, _) = child_env(&[name("PATH")], None, lookup);
+        assert_eq!(env.iter().filter(|(k, _)| k == "PATH").count(), 1);
+        assert_eq!(env.last().unwrap().1, OsString::from("/evil/bin"));
+    }
+
+    #[test]
+    fn bare_programs_are_found_only_on_the_given_path() {
+        assert_eq!(
+            resolve_program("sh", "/bin"),
+            Some(PathBuf::from("/bin/sh"))
+        );
+        assert_eq!(resolve_program("sh", "relative:/nonexistent"), None);
+        assert_eq!(resolve_program("/x/y", ""), Some(PathBuf::from("/x/y")));
+    }
+
+    #[tokio::test]
+    async fn a_child_sees_only_its_built_environment_and_no_inherited_descriptors() {
+        use std::os::fd::AsRawFd;
+        // A descriptor the broker holds without close-on-exec: the child must not get it.
+        let leaky = std::fs::File::open("/etc/passwd").unwrap();
+        nix::fcntl::fcntl(
+            &leaky,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .unwrap();
+        let leaky_fd = leaky.as_raw_fd() as u32;
+        let (env, _) = child_env(&[], None, |_| None);
+        let mut child = spawn(ChildSpec {
+            command: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "env; for f in /proc/$$/fd/*; do echo fd:${f##*/}; done; grep NoNewPrivs /proc/$$/status; echo sid:$(cut -d' ' -f6 /proc/$$/stat)"
+                    .into(),
+            ],
+            env,
+        })
+        .await
+        .unwrap();
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        assert!(child.wait_for(Duration::from_secs(5)).await);
+        let lines: Vec<&str> = out.lines().collect();
+        let env_lines: Vec<&&str> = lines.iter().filter(|l| l.contains('=')).collect();
+        assert!(env_lines.iter().any(|l| l.starts_with("PATH=")));
+        assert!(!out.contains("HOME="), "{out}");
+        assert!(!out.contains("CARGO"), "{out}");
+        assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+        // The shell holds 0, 1, 2 (and perhaps one for its own glob); nothing from the broker.
+        let fds: Vec<u32> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("fd:")?.parse().ok())
+            .collect();
+        assert!(fds.starts_with(&[0, 1, 2]), "{fds:?}");
+        assert!(!fds.contains(&leaky_fd), "fd {leaky_fd} leaked: {fds:?}");
+        assert!(fds.len() <= 4, "inherited descriptors: {fds:?}");
+        // Its session id is its own pid (setsid).
+        let sid: i32 = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("sid:")?.parse().ok())
+            .unwrap();
+        assert_eq!(sid, child.pid());
+    }
+
+    #[tokio::test]
+    async fn a_child_that_ignores_stdin_eof_is_terminated_and_one_that_ignores_term_is_killed() {
+        let (env, _) = child_env(&[], None, |_| None);
+        let mut polite = spawn(ChildSpec {
+            command: "cat".into(),
+            args: vec![],
+            env: env.clone(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            polite.shutdown(Duration::from_millis(500)).await,
+            Ended::OnEof
+        );
+        let mut stubborn = spawn(ChildSpec {
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), "exec sleep 60".into()],
+            env: env.clone(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            stubborn.shutdown(Duration::from_millis(200)).await,
+            Ended::OnTerm
+        );
+        assert_eq!(stubborn.exit_status(), Some(Exit::Signal(15)));
+        let mut deaf = spawn(ChildSpec {
+            command: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "trap '' TERM; while :; do sleep 0.05; done".into(),
+            ],
+            env,
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            deaf.shutdown(Duration::from_millis(200)).await,
+            Ended::OnKill
+        );
+        assert_eq!(deaf.exit_status(), Some(Exit::Signal(9)));
+    }
+
+    #[tokio::test]
+    async fn stderr_is_kept_bounded_and_sanitized() {
+        let (env, _) = child_env(&[], None, |_| None);
+        let mut child = spawn(ChildSpec {
+            command: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "i=0; while [ $i -lt 3000 ]; do echo \"line $i padding-padding-padding\" >&2; i=$((i+1)); done; printf 'esc \\033[31m Bearer abcdefghijklmnopqrstuvwxyz012345\\n' >&2"
+                    .into(),
+            ],
+            env,
+        })
+        .await
+        .unwrap();
+        assert!(child.wait_for(Duration::from_secs(10)).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let total: usize = child.stderr.lock().unwrap().bytes.len();
+        assert!(total <= STDERR_KEEP);
+        let tail = child.stderr_tail(2);
+        assert_eq!(tail.len(), 2);
+        assert!(
+            tail[1].starts_with("esc \\u{1b}[31m Bearer [REDACTED]"),
+            "{tail:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_reported() {
+        let e = spawn(ChildSpec {
+            command: "no-such-program-iteron".into(),
+            args: vec![],
+            env: vec![("PATH".into(), "/bin".into())],
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(e, SpawnError::NotFound(_)));
+        let e = spawn(ChildSpec {
+            command: "/nonexistent/prog".into(),
+            args: vec![],
+            env: vec![],
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(e, SpawnError::Start { .. }), "{e}");
+    }
+}
