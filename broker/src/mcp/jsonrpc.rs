@@ -263,7 +263,7 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
 }
 
 /// Serialize our answer to a server request.
-pub fn response(id: &Id, outcome: Result<Value, (i64, &str)>) -> Value {
+pub fn response(id: &Id, outcome: Result<Value, (i64, String)>) -> Value {
     let mut m = Map::new();
     m.insert("jsonrpc".into(), "2.0".into());
     m.insert("id".into(), id.to_value());

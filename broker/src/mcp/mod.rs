@@ -1,5 +1,121 @@
 //! Iteron's own MCP client: bounded everywhere, and never retrying a call that may already have
 //! been applied.
+//!
+//! Layers, bottom up:
+//! - [`jsonrpc`]: messages and the effect certainty every request carries;
+//! - [`sse`]: the bounded Server-Sent Events parser;
+//! - [`stdio`] and [`http`]: the two transports;
+//! - [`client`]: version negotiation (2026-07-28 first, the stateful 2025 handshake only on an
+//!   explicit legacy signal), the per-request envelope, MRTR, parameter headers, pagination,
+//!   the private list cache and the projection of results to text.
+
+pub mod client;
+pub mod elicit;
+pub mod headers;
+pub mod http;
 pub mod jsonrpc;
 pub mod sse;
+pub mod stdio;
 pub mod version;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::Value;
+
+use self::jsonrpc::Certainty;
+
+/// The future a [`Handler`] returns: the result for the server, or a JSON-RPC error.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, (i64, String)>> + Send>>;
+
+/// Answers requests a server sends to the client (`elicitation/create`, `ping`, …).
+pub trait Handler: Send + Sync {
+    /// Answer one server request.
+    fn handle(&self, method: &str, params: Value) -> HandlerFuture;
+}
+
+/// Why a transport could not deliver a request or its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportErrorKind {
+    /// The connection is gone (child exited, stream closed, write failed).
+    Closed(String),
+    /// The answer did not come in time.
+    Timeout,
+    /// The server broke the protocol (bad framing, bad message, unexpected content type).
+    Protocol(String),
+    /// The HTTP exchange failed or was refused (zone, redirect, TLS, body cap).
+    Network(String),
+    /// An HTTP status without a JSON-RPC body.
+    Status {
+        /// The status code.
+        status: u16,
+        /// A short, sanitized description.
+        detail: String,
+    },
+    /// The server no longer knows our session (legacy HTTP).
+    SessionLost,
+    /// The server wants authorization (401), or more scope (403 `insufficient_scope`).
+    Unauthorized {
+        /// 401 or 403.
+        status: u16,
+        /// The `WWW-Authenticate` challenge parameters worth showing (error, scope), sanitized.
+        detail: String,
+    },
+}
+
+/// A transport failure, with what is known about the request's effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportError {
+    /// What failed.
+    pub kind: TransportErrorKind,
+    /// Whether the request may have been applied.
+    pub certainty: Certainty,
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            TransportErrorKind::Closed(r) => write!(f, "connection closed: {r}"),
+            TransportErrorKind::Timeout => f.write_str("the server did not answer in time"),
+            TransportErrorKind::Protocol(r) => write!(f, "protocol error: {r}"),
+            TransportErrorKind::Network(r) => f.write_str(r),
+            TransportErrorKind::Status { status, detail } => {
+                write!(f, "the server answered HTTP {status}: {detail}")
+            }
+            TransportErrorKind::SessionLost => {
+                f.write_str("the server no longer knows the session")
+            }
+            TransportErrorKind::Unauthorized { status, detail } => {
+                write!(
+                    f,
+                    "the server requires authorization (HTTP {status}): {detail}"
+                )
+            }
+        }?;
+        if self.certainty == Certainty::MaybeApplied {
+            f.write_str(" (the request may have been applied; it was not retried)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TransportError {}
+
+/// A handler that refuses every server request: the noninteractive default. Elicitation is not
+/// advertised with it, so a server that asks anyway gets "method not found".
+pub struct RefuseAll;
+
+impl Handler for RefuseAll {
+    fn handle(&self, method: &str, _params: Value) -> HandlerFuture {
+        let answer = if method == "ping" {
+            Ok(Value::Object(serde_json::Map::new()))
+        } else {
+            Err((
+                jsonrpc::codes::METHOD_NOT_FOUND,
+                "not supported by this client".to_owned(),
+            ))
+        };
+        Box::pin(async move { answer })
+    }
+}

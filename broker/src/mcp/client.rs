@@ -1,0 +1,1206 @@
+//! The MCP client proper: version negotiation, requests with the right envelope and headers,
+//! MRTR, pagination, the private list cache and the projection of results to text.
+//!
+//! Rules this module keeps:
+//! - Probe 2026-07-28 first (`server/discover`); fall back to the stateful `initialize` only on
+//!   an explicit legacy signal: `-32601` to the probe, a `-32022` whose `supported` lists only
+//!   2025 versions, or on HTTP a 4xx whose body is not a recognised modern error. Transport
+//!   failures, auth challenges, unknown versions and corrupt discovery results never downgrade.
+//! - 2024-11-05 and 2025-03-26 are refused by name when a server negotiates them.
+//! - A request whose fate is unknown (`maybe_applied`) is never resent. The only automatic
+//!   repeats are of requests the server *rejected* before acting: a `-32022` answer (retry with
+//!   a version from its `supported` list) and a `-32020` header mismatch (re-list tools, retry
+//!   once) — both bounded.
+//! - MRTR: only `tools/call` may ask for input; each round gets a new id, `requestState` is
+//!   echoed untouched and never carried to another request; rounds and input bytes are bounded.
+//!   `input_required` on `resources/read` or `prompts/get` is a protocol error.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+
+use iteron_policy::names::ToolName;
+use iteron_policy::text;
+
+use super::elicit::{self, Elicitor, FormAnswer, FormRequest};
+use super::headers::{self, ParamHeader};
+use super::http::{HttpTransport, Post};
+use super::jsonrpc::{Certainty, Id, RpcError, codes};
+use super::stdio::StdioTransport;
+use super::version::{self, REFUSED, Version, VersionPolicy};
+use super::{Handler, HandlerFuture, TransportError, TransportErrorKind};
+use crate::spawn::{ChildSpec, SpawnError};
+
+/// Deadline of an ordinary request.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+/// Deadline of a tool call.
+pub const TOOL_CALL_DEADLINE: Duration = Duration::from_secs(300);
+/// Most MRTR rounds in one call.
+pub const MAX_MRTR_ROUNDS: usize = 4;
+/// Most bytes of input responses in one MRTR round.
+pub const MAX_MRTR_INPUT_BYTES: usize = 64 * 1024;
+/// Most pages in one listing.
+pub const MAX_LIST_PAGES: usize = 64;
+/// Most items in one listing.
+pub const MAX_LIST_ITEMS: usize = 10_000;
+/// Most tools in one server's catalog.
+pub const MAX_TOOLS: usize = 1_000;
+/// Most entries in the private list cache.
+pub const MAX_CACHE_ENTRIES: usize = 256;
+/// Most automatic repeats of a rejected request.
+const MAX_REJECTION_RETRIES: usize = 2;
+
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+const META_INFO: &str = "io.modelcontextprotocol/clientInfo";
+const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// Everything the client can fail with. `Display` is one line, safe to show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpError {
+    /// The server process could not be started.
+    Spawn(SpawnError),
+    /// The transport failed.
+    Transport(TransportError),
+    /// The server answered with an error.
+    Rpc {
+        /// The error.
+        error: RpcError,
+        /// Whether the request was acted on (`not_sent` for validation rejections).
+        certainty: Certainty,
+    },
+    /// The server broke the protocol.
+    Protocol {
+        /// What was wrong.
+        detail: String,
+        /// What is known about the effect.
+        certainty: Certainty,
+    },
+    /// The server negotiated a version outside the support matrix.
+    UnsupportedVersion(String),
+    /// The server and client share no version.
+    NoCommonVersion,
+    /// A bound was exceeded.
+    Limit {
+        /// What.
+        what: &'static str,
+        /// The bound.
+        max: usize,
+    },
+    /// The server needs operator input and none can be given (noninteractive, or refused).
+    InputRefused(String),
+    /// No such tool in the catalog (or it was dropped as invalid).
+    UnknownTool,
+}
+
+impl McpError {
+    /// What is known about the effect of the failed request.
+    pub fn certainty(&self) -> Certainty {
+        match self {
+            McpError::Transport(t) => t.certainty,
+            McpError::Rpc { certainty, .. } | McpError::Protocol { certainty, .. } => *certainty,
+            _ => Certainty::NotSent,
+        }
+    }
+}
+
+impl fmt::Display for McpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            McpError::Spawn(e) => e.fmt(f),
+            McpError::Transport(e) => e.fmt(f),
+            McpError::Rpc { error, .. } => error.fmt(f),
+            McpError::Protocol { detail, certainty } => {
+                write!(f, "protocol error: {detail}")?;
+                if *certainty == Certainty::MaybeApplied {
+                    f.write_str(" (the request may have been applied; it was not retried)")?;
+                }
+                Ok(())
+            }
+            McpError::UnsupportedVersion(v) => write!(
+                f,
+                "the server negotiated protocol version {v}, which iteron does not support \
+                 (supported: 2025-06-18, 2025-11-25, 2026-07-28)"
+            ),
+            McpError::NoCommonVersion => {
+                f.write_str("the server supports none of 2025-06-18, 2025-11-25, 2026-07-28")
+            }
+            McpError::Limit { what, max } => {
+                write!(f, "the server exceeded a limit: more than {max} {what}")
+            }
+            McpError::InputRefused(why) => write!(f, "the server asked for operator input: {why}"),
+            McpError::UnknownTool => f.write_str("no such tool"),
+        }
+    }
+}
+
+impl std::error::Error for McpError {}
+
+impl From<TransportError> for McpError {
+    fn from(e: TransportError) -> Self {
+        McpError::Transport(e)
+    }
+}
+
+fn protocol_error(detail: impl Into<String>, certainty: Certainty) -> McpError {
+    McpError::Protocol {
+        detail: detail.into(),
+        certainty,
+    }
+}
+
+/// Client settings.
+#[derive(Clone)]
+pub struct Options {
+    /// How to choose the protocol version.
+    pub version: VersionPolicy,
+    /// `clientInfo.name`.
+    pub name: String,
+    /// `clientInfo.version`.
+    pub version_string: String,
+    /// The operator input seam; `None` (noninteractive) advertises nothing and refuses input.
+    pub elicitor: Option<Arc<dyn Elicitor>>,
+    /// Identity of the authorization context, for the private list cache (never a secret:
+    /// callers pass a digest or a label).
+    pub auth_context: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            version: VersionPolicy::Auto,
+            name: "iteron".into(),
+            version_string: env!("CARGO_PKG_VERSION").into(),
+            elicitor: None,
+            auth_context: String::new(),
+        }
+    }
+}
+
+/// Answers server requests: `ping`, and `elicitation/create` only through an installed elicitor.
+struct ServerRequests {
+    elicitor: Option<Arc<dyn Elicitor>>,
+}
+
+async fn ask(elicitor: &Arc<dyn Elicitor>, params: &Value) -> Result<Value, (i64, String)> {
+    let schema = params
+        .get("requestedSchema")
+        .cloned()
+        .unwrap_or(Value::Null);
+    if params
+        .get("mode")
+        .and_then(Value::as_str)
+        .is_some_and(|m| m != "form")
+    {
+        return Err((
+            codes::INVALID_PARAMS,
+            "only form elicitation is supported".into(),
+        ));
+    }
+    elicit::check_form_schema(&schema).map_err(|e| (codes::INVALID_PARAMS, e))?;
+    let message = params
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let answer = elicitor
+        .ask(FormRequest {
+            message,
+            schema: schema.clone(),
+        })
+        .await;
+    if let FormAnswer::Accept(content) = &answer {
+        elicit::check_answers(&schema, content).map_err(|e| (codes::INVALID_PARAMS, e))?;
+    }
+    Ok(elicit::result_value(&answer))
+}
+
+impl Handler for ServerRequests {
+    fn handle(&self, method: &str, params: Value) -> HandlerFuture {
+        let elicitor = self.elicitor.clone();
+        let method = method.to_owned();
+        Box::pin(async move {
+            match (method.as_str(), elicitor) {
+                ("ping", _) => Ok(json!({})),
+                ("elicitation/create", Some(e)) => ask(&e, &params).await,
+                _ => Err((
+                    codes::METHOD_NOT_FOUND,
+                    "not supported by this client".into(),
+                )),
+            }
+        })
+    }
+}
+
+/// The transport of a connected client.
+pub enum Transport {
+    /// A child process.
+    Stdio(StdioTransport),
+    /// Streamable HTTP.
+    Http(HttpTransport),
+}
+
+/// The era and version in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// Stateful: negotiated once by `initialize`.
+    Legacy(Version),
+    /// Stateless: every request carries its version.
+    Modern(Version),
+}
+
+impl Era {
+    /// The version.
+    pub fn version(self) -> Version {
+        match self {
+            Era::Legacy(v) | Era::Modern(v) => v,
+        }
+    }
+}
+
+/// A tool as listed, with its schema kept verbatim (never dereferenced).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    /// The name (valid by the MCP grammar).
+    pub name: String,
+    /// The description, terminal-safe and bounded.
+    pub description: String,
+    /// The input schema exactly as the server sent it.
+    pub input_schema: Value,
+    headers: Vec<ParamHeader>,
+}
+
+/// A tool dropped from the catalog, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedTool {
+    /// The name as sent (terminal-safe).
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A tool call's result, projected to text for the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projected {
+    /// The text content, joined.
+    pub text: String,
+    /// Whether the server flagged the result as an error.
+    pub is_error: bool,
+    /// Notes on what was dropped (images, audio, …).
+    pub notes: Vec<String>,
+    /// The raw result (for the conformance client and diagnostics).
+    pub raw: Value,
+}
+
+/// Project a `CallToolResult`/`GetPromptResult`-style content list to text. Text items are
+/// kept; embedded text resources are kept; images and audio are dropped with a note.
+pub fn project(result: &Value) -> Projected {
+    let mut parts = Vec::new();
+    let mut notes = Vec::new();
+    let items = result
+        .get("content")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for item in &items {
+        match item.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(t) = item.get("text").and_then(Value::as_str) {
+                    parts.push(t.to_owned());
+                }
+            }
+            Some(kind @ ("image" | "audio")) => {
+                let mime = item
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown type");
+                notes.push(text::single_line_capped(
+                    &format!(
+                        "{kind} content ({mime}) dropped: iteron projects results to text only"
+                    ),
+                    200,
+                ));
+            }
+            Some("resource") => {
+                match item
+                    .get("resource")
+                    .and_then(|r| r.get("text"))
+                    .and_then(Value::as_str)
+                {
+                    Some(t) => parts.push(t.to_owned()),
+                    None => notes.push("binary embedded resource dropped".into()),
+                }
+            }
+            Some("resource_link") => {
+                let uri = item.get("uri").and_then(Value::as_str).unwrap_or("");
+                parts.push(format!(
+                    "[resource link: {}]",
+                    text::single_line_capped(uri, 300)
+                ));
+            }
+            _ => notes.push("content of an unknown type dropped".into()),
+        }
+    }
+    if parts.is_empty()
+        && let Some(s) = result.get("structuredContent")
+    {
+        parts.push(s.to_string());
+    }
+    Projected {
+        text: parts.join("\n"),
+        is_error: result
+            .get("isError")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        notes,
+        raw: result.clone(),
+    }
+}
+
+struct CacheEntry {
+    key: String,
+    value: Value,
+    expires: Instant,
+}
+
+/// A connected MCP client.
+pub struct Client {
+    transport: Transport,
+    era: Mutex<Era>,
+    next_id: AtomicU64,
+    opts: Options,
+    http_transport: bool,
+    server_info: Mutex<Option<(String, String)>>,
+    tools: Mutex<HashMap<String, Tool>>,
+    dropped: Mutex<Vec<DroppedTool>>,
+    cache: Mutex<VecDeque<CacheEntry>>,
+    in_flight: AtomicUsize,
+    session_lost: AtomicBool,
+}
+
+fn capabilities(opts: &Options, era: Era, http: bool) -> Value {
+    let mut caps = Map::new();
+    if opts.elicitor.is_some() {
+        match era {
+            // Over stdio the stateful era does not advertise elicitation (no server-request
+            // routing is promised there); HTTP and the modern era do.
+            Era::Legacy(_) if !http => {}
+            Era::Legacy(Version::V2025_06_18) => {
+                caps.insert("elicitation".into(), json!({}));
+            }
+            _ => {
+                caps.insert("elicitation".into(), json!({"form": {}}));
+            }
+        }
+    }
+    Value::Object(caps)
+}
+
+impl Client {
+    /// Start a stdio server and connect to it.
+    pub async fn connect_stdio(spec: ChildSpec, opts: Options) -> Result<Client, McpError> {
+        let child = crate::spawn::spawn(spec).await.map_err(McpError::Spawn)?;
+        let handler = Arc::new(ServerRequests {
+            elicitor: opts.elicitor.clone(),
+        });
+        let t = StdioTransport::start(child, handler);
+        Client::connect(Transport::Stdio(t), opts).await
+    }
+
+    /// Connect to a Streamable HTTP endpoint through a zone-bound client.
+    pub async fn connect_http(
+        client: crate::net::ZoneClient,
+        url: iteron_policy::url::EndpointUrl,
+        fixed_headers: HeaderMap,
+        opts: Options,
+    ) -> Result<Client, McpError> {
+        let handler = Arc::new(ServerRequests {
+            elicitor: opts.elicitor.clone(),
+        });
+        let t = HttpTransport::new(client, url, fixed_headers, handler);
+        Client::connect(Transport::Http(t), opts).await
+    }
+
+    async fn connect(transport: Transport, opts: Options) -> Result<Client, McpError> {
+        let http = matches!(transport, Transport::Http(_));
+        let start = match opts.version {
+            VersionPolicy::Pin(v) if v.is_modern() => Era::Modern(v),
+            VersionPolicy::Pin(v) => Era::Legacy(v),
+            VersionPolicy::Auto => Era::Modern(Version::LATEST),
+        };
+        let client = Client {
+            transport,
+            era: Mutex::new(start),
+            next_id: AtomicU64::new(1),
+            opts,
+            http_transport: http,
+            server_info: Mutex::new(None),
+            tools: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(Vec::new()),
+            cache: Mutex::new(VecDeque::new()),
+            in_flight: AtomicUsize::new(0),
+            session_lost: AtomicBool::new(false),
+        };
+        match (client.opts.version, start) {
+            (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
+            (VersionPolicy::Pin(_), Era::Modern(_)) => {}
+            (VersionPolicy::Auto, _) => client.negotiate().await?,
+        }
+        Ok(client)
+    }
+
+    /// The era and version in use.
+    pub fn era(&self) -> Era {
+        self.era.lock().map_or(Era::Modern(Version::LATEST), |e| *e)
+    }
+
+    /// The server's name and version, if it gave them (terminal-safe).
+    pub fn server_info(&self) -> Option<(String, String)> {
+        self.server_info.lock().ok().and_then(|s| s.clone())
+    }
+
+    /// Tools dropped from the catalog at the last listing, and why.
+    pub fn dropped_tools(&self) -> Vec<DroppedTool> {
+        self.dropped.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+
+    fn set_era(&self, era: Era) {
+        if let Ok(mut e) = self.era.lock() {
+            *e = era;
+        }
+    }
+
+    fn record_server_info(&self, info: Option<&Value>) {
+        let Some(info) = info else { return };
+        let name = info.get("name").and_then(Value::as_str).unwrap_or("");
+        let version = info.get("version").and_then(Value::as_str).unwrap_or("");
+        if let Ok(mut s) = self.server_info.lock() {
+            *s = Some((
+                text::single_line_capped(name, 100),
+                text::single_line_capped(version, 50),
+            ));
+        }
+    }
+
+    /// Probe 2026-07-28 with `server/discover`; fall back only on an explicit legacy signal.
+    async fn negotiate(&self) -> Result<(), McpError> {
+        let outcome = self
+            .exchange("server/discover", Map::new(), None, REQUEST_DEADLINE, false)
+            .await;
+        match outcome {
+            Ok(result) => {
+                let supported: Vec<String> = result
+                    .get("supportedVersions")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .ok_or_else(|| {
+                        protocol_error(
+                            "server/discover result has no supportedVersions",
+                            Certainty::Applied,
+                        )
+                    })?;
+                self.record_server_info(
+                    result
+                        .get("_meta")
+                        .and_then(|m| m.get(META_SERVER_INFO))
+                        .or_else(|| result.get("serverInfo")),
+                );
+                match version::best_common(&supported) {
+                    Some(v) if v.is_modern() => {
+                        self.set_era(Era::Modern(v));
+                        Ok(())
+                    }
+                    Some(v) => self.initialize(v).await,
+                    None => Err(McpError::NoCommonVersion),
+                }
+            }
+            Err(McpError::Rpc { error, .. }) => {
+                let legacy = match error.code {
+                    codes::METHOD_NOT_FOUND => true,
+                    codes::UNSUPPORTED_VERSION => {
+                        // exchange() already retried with any modern version on offer; what
+                        // remains is a list of 2025 versions (legacy) or nothing we speak.
+                        let supported = supported_list(&error);
+                        match version::best_common(&supported) {
+                            Some(v) if !v.is_modern() => return self.initialize(v).await,
+                            _ => return Err(McpError::NoCommonVersion),
+                        }
+                    }
+                    codes::HEADER_MISMATCH | codes::MISSING_CAPABILITY | codes::INVALID_PARAMS => {
+                        false
+                    }
+                    // On HTTP any other JSON-RPC error to the probe (e.g. -32000 "Server not
+                    // initialized", -32600 "Missing session ID") is the legacy signature.
+                    _ => self.http_transport,
+                };
+                if legacy {
+                    self.initialize(Version::LATEST_LEGACY).await
+                } else {
+                    Err(McpError::Rpc {
+                        error,
+                        certainty: Certainty::NotSent,
+                    })
+                }
+            }
+            Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::Status { status, .. },
+                ..
+            })) if self.http_transport
+                && (400..500).contains(&status)
+                && status != 401
+                && status != 403 =>
+            {
+                self.initialize(Version::LATEST_LEGACY).await
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The stateful handshake.
+    async fn initialize(&self, offer: Version) -> Result<(), McpError> {
+        let era = Era::Legacy(offer);
+        self.set_era(era);
+        if let Transport::Http(h) = &self.transport {
+            h.set_protocol_header(None);
+            h.clear_session();
+        }
+        let params = json!({
+            "protocolVersion": offer.as_str(),
+            "capabilities": capabilities(&self.opts, era, self.http_transport),
+            "clientInfo": {"name": self.opts.name, "version": self.opts.version_string},
+        });
+        let id = self.fresh_id();
+        let result = self
+            .raw(
+                &id,
+                "initialize",
+                Some(params),
+                HeaderMap::new(),
+                REQUEST_DEADLINE,
+                true,
+            )
+            .await?
+            .map_err(|error| McpError::Rpc {
+                certainty: if error.is_rejection() {
+                    Certainty::NotSent
+                } else {
+                    Certainty::Applied
+                },
+                error,
+            })?;
+        let negotiated = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                protocol_error(
+                    "initialize result has no protocolVersion",
+                    Certainty::Applied,
+                )
+            })?;
+        let v = match Version::parse(negotiated) {
+            Some(v) if !v.is_modern() => v,
+            _ => {
+                let shown = if REFUSED.contains(&negotiated) {
+                    negotiated.to_owned()
+                } else {
+                    text::single_line_capped(negotiated, 40)
+                };
+                return Err(McpError::UnsupportedVersion(shown));
+            }
+        };
+        self.record_server_info(result.get("serverInfo"));
+        self.set_era(Era::Legacy(v));
+        if let Transport::Http(h) = &self.transport {
+            h.set_protocol_header(Some(v.as_str()));
+        }
+        self.notify("notifications/initialized").await?;
+        if let Transport::Http(h) = &self.transport {
+            h.open_listener();
+        }
+        self.session_lost.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn fresh_id(&self) -> Id {
+        Id::from_u64(self.next_id.fetch_add(1, Ordering::SeqCst))
+    }
+
+    async fn notify(&self, method: &str) -> Result<(), McpError> {
+        match &self.transport {
+            Transport::Stdio(t) => t.notify(method, None).await.map_err(McpError::from),
+            Transport::Http(t) => {
+                let body = super::jsonrpc::notification(method, None);
+                t.post(Post {
+                    body: &body,
+                    awaits: None,
+                    headers: HeaderMap::new(),
+                    adopt_session: false,
+                })
+                .await
+                .map(|_| ())
+                .map_err(McpError::from)
+            }
+        }
+    }
+
+    /// One request on the wire, no retries.
+    async fn raw(
+        &self,
+        id: &Id,
+        method: &str,
+        params: Option<Value>,
+        headers: HeaderMap,
+        deadline: Duration,
+        adopt_session: bool,
+    ) -> Result<Result<Value, RpcError>, McpError> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let out = match &self.transport {
+            Transport::Stdio(t) => t.request(id, method, params, deadline).await,
+            Transport::Http(t) => {
+                let body = super::jsonrpc::request(id, method, params);
+                let post = Post {
+                    body: &body,
+                    awaits: Some(id),
+                    headers,
+                    adopt_session,
+                };
+                match tokio::time::timeout(deadline, t.post(post)).await {
+                    Err(_) => Err(TransportError {
+                        kind: TransportErrorKind::Timeout,
+                        certainty: Certainty::MaybeApplied,
+                    }),
+                    Ok(Ok(Some(outcome))) => Ok(outcome),
+                    Ok(Ok(None)) => Err(TransportError {
+                        kind: TransportErrorKind::Protocol(
+                            "the server accepted a request without answering it".into(),
+                        ),
+                        certainty: Certainty::MaybeApplied,
+                    }),
+                    Ok(Err(e)) => Err(e),
+                }
+            }
+        };
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Err(TransportError {
+            kind: TransportErrorKind::SessionLost,
+            ..
+        }) = &out
+        {
+            self.session_lost.store(true, Ordering::SeqCst);
+        }
+        out.map_err(McpError::from)
+    }
+
+    /// Build params (the 2026 envelope where needed) and headers, send, and repeat only what
+    /// the server rejected before acting (bounded).
+    async fn exchange(
+        &self,
+        method: &str,
+        params: Map<String, Value>,
+        name: Option<&str>,
+        deadline: Duration,
+        allow_header_retry: bool,
+    ) -> Result<Value, McpError> {
+        self.recover_session().await?;
+        let mut rejections = 0;
+        let mut header_retry = allow_header_retry;
+        loop {
+            let era = self.era();
+            let mut p = params.clone();
+            let mut headers = HeaderMap::new();
+            if let Era::Modern(v) = era {
+                let mut meta = p
+                    .remove("_meta")
+                    .and_then(|m| m.as_object().cloned())
+                    .unwrap_or_default();
+                meta.insert(META_VERSION.into(), v.as_str().into());
+                meta.insert(
+                    META_CAPS.into(),
+                    capabilities(&self.opts, era, self.http_transport),
+                );
+                meta.insert(
+                    META_INFO.into(),
+                    json!({"name": self.opts.name, "version": self.opts.version_string}),
+                );
+                p.insert("_meta".into(), Value::Object(meta));
+                if self.http_transport {
+                    self.modern_headers(&mut headers, v, method, name, &params);
+                }
+            }
+            let id = self.fresh_id();
+            let send_params = if p.is_empty() {
+                None
+            } else {
+                Some(Value::Object(p))
+            };
+            match self
+                .raw(&id, method, send_params, headers, deadline, false)
+                .await?
+            {
+                Ok(v) => return Ok(v),
+                Err(error) => {
+                    if let Era::Modern(_) = era
+                        && error.code == codes::UNSUPPORTED_VERSION
+                        && rejections < MAX_REJECTION_RETRIES
+                        && let Some(v) = version::best_common(&supported_list(&error))
+                        && v.is_modern()
+                    {
+                        rejections += 1;
+                        self.set_era(Era::Modern(v));
+                        continue;
+                    }
+                    if let Era::Modern(_) = era
+                        && error.code == codes::HEADER_MISMATCH
+                        && header_retry
+                        && method == "tools/call"
+                    {
+                        header_retry = false;
+                        Box::pin(self.list_tools()).await?;
+                        continue;
+                    }
+                    return Err(McpError::Rpc {
+                        certainty: if error.is_rejection() {
+                            Certainty::NotSent
+                        } else {
+                            Certainty::Applied
+                        },
+                        error,
+                    });
+                }
+            }
+        }
+    }
+
+    fn modern_headers(
+        &self,
+        headers: &mut HeaderMap,
+        v: Version,
+        method: &str,
+        name: Option<&str>,
+        params: &Map<String, Value>,
+    ) {
+        if let Ok(val) = HeaderValue::from_str(v.as_str()) {
+            headers.insert(HeaderName::from_static("mcp-protocol-version"), val);
+        }
+        if let Ok(val) = HeaderValue::from_str(method) {
+            headers.insert(HeaderName::from_static("mcp-method"), val);
+        }
+        if let Some(n) = name
+            && let Ok(val) = HeaderValue::from_str(&headers::encode_value(n))
+        {
+            headers.insert(HeaderName::from_static("mcp-name"), val);
+        }
+        if method == "tools/call"
+            && let Some(n) = name
+            && let Some(args) = params.get("arguments").and_then(Value::as_object)
+        {
+            let param_headers = self
+                .tools
+                .lock()
+                .ok()
+                .and_then(|t| t.get(n).map(|tool| tool.headers.clone()))
+                .unwrap_or_default();
+            for (k, val) in headers::param_values(&param_headers, args) {
+                headers.insert(k, val);
+            }
+        }
+    }
+
+    /// After a lost session (stateful HTTP), start a new one — but only when no request is in
+    /// flight whose effect is unknown. The request that met the loss is never resent.
+    async fn recover_session(&self) -> Result<(), McpError> {
+        if !self.session_lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::SessionLost,
+                certainty: Certainty::NotSent,
+            }));
+        }
+        let offer = self.era().version();
+        self.initialize(offer).await
+    }
+
+    fn cache_get(&self, key: &str) -> Option<Value> {
+        let cache = self.cache.lock().ok()?;
+        cache
+            .iter()
+            .find(|e| e.key == key && Instant::now() < e.expires)
+            .map(|e| e.value.clone())
+    }
+
+    fn cache_put(&self, key: String, value: &Value) {
+        // Only the modern era sends caching hints; an absent or non-positive ttlMs means 0.
+        let ttl = value.get("ttlMs").and_then(Value::as_f64).unwrap_or(0.0);
+        if ttl.is_nan() || ttl <= 0.0 {
+            return;
+        }
+        let ttl = Duration::from_millis(ttl.min(86_400_000.0) as u64);
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.retain(|e| e.key != key);
+            if cache.len() >= MAX_CACHE_ENTRIES {
+                cache.pop_front();
+            }
+            cache.push_back(CacheEntry {
+                key,
+                value: value.clone(),
+                expires: Instant::now() + ttl,
+            });
+        }
+    }
+
+    fn list_changed(&self) -> bool {
+        match &self.transport {
+            Transport::Stdio(t) => t.take_list_changed(),
+            Transport::Http(t) => t.take_list_changed(),
+        }
+    }
+
+    /// Every page of a listing, bounded in pages and items, through the private cache.
+    async fn list_all(&self, method: &str, field: &str) -> Result<Vec<Value>, McpError> {
+        if self.list_changed()
+            && let Ok(mut c) = self.cache.lock()
+        {
+            c.clear();
+        }
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut seen_cursors = std::collections::HashSet::new();
+        for _ in 0..MAX_LIST_PAGES {
+            let mut params = Map::new();
+            if let Some(c) = &cursor {
+                params.insert("cursor".into(), c.clone().into());
+            }
+            let key = format!(
+                "{}|{method}|{}|{}",
+                self.era().version(),
+                cursor.as_deref().unwrap_or(""),
+                self.opts.auth_context
+            );
+            let page = match self.cache_get(&key) {
+                Some(v) => v,
+                None => {
+                    let v = self
+                        .exchange(method, params, None, REQUEST_DEADLINE, false)
+                        .await?;
+                    self.check_result_type(&v, false)?;
+                    self.cache_put(key, &v);
+                    v
+                }
+            };
+            let list = page.get(field).and_then(Value::as_array).ok_or_else(|| {
+                protocol_error(
+                    format!("{method} result has no {field} list"),
+                    Certainty::Applied,
+                )
+            })?;
+            if items.len() + list.len() > MAX_LIST_ITEMS {
+                return Err(McpError::Limit {
+                    what: "items in one listing",
+                    max: MAX_LIST_ITEMS,
+                });
+            }
+            items.extend(list.iter().cloned());
+            match page.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if !next.is_empty() => {
+                    if !seen_cursors.insert(next.to_owned()) {
+                        return Err(protocol_error(
+                            "the server repeated a list cursor",
+                            Certainty::Applied,
+                        ));
+                    }
+                    cursor = Some(next.to_owned());
+                }
+                _ => return Ok(items),
+            }
+        }
+        Err(McpError::Limit {
+            what: "pages in one listing",
+            max: MAX_LIST_PAGES,
+        })
+    }
+
+    /// `resultType`: absent is complete; an unknown value is invalid; `input_required` only
+    /// where MRTR is allowed.
+    fn check_result_type(&self, v: &Value, mrtr_allowed: bool) -> Result<bool, McpError> {
+        if !self.era().version().is_modern() {
+            return Ok(false);
+        }
+        match v.get("resultType").and_then(Value::as_str) {
+            None | Some("complete") => Ok(false),
+            Some("input_required") if mrtr_allowed => Ok(true),
+            Some("input_required") => Err(protocol_error(
+                "the server asked for input on a request that cannot take it",
+                Certainty::Applied,
+            )),
+            Some(_) => Err(protocol_error(
+                "the server sent an unknown resultType",
+                Certainty::Applied,
+            )),
+        }
+    }
+
+    /// The tool catalog. Tools with invalid names or invalid header annotations (HTTP, 2026) are
+    /// dropped and reported by [`Client::dropped_tools`].
+    pub async fn list_tools(&self) -> Result<Vec<Tool>, McpError> {
+        let raw = self.list_all("tools/list", "tools").await?;
+        if raw.len() > MAX_TOOLS {
+            return Err(McpError::Limit {
+                what: "tools",
+                max: MAX_TOOLS,
+            });
+        }
+        let check_headers = self.http_transport && self.era().version().is_modern();
+        let mut tools = Vec::new();
+        let mut dropped = Vec::new();
+        for t in raw {
+            let name = t.get("name").and_then(Value::as_str).unwrap_or("");
+            let shown = text::single_line_capped(name, 128);
+            if ToolName::parse(name).is_err() {
+                dropped.push(DroppedTool {
+                    name: shown,
+                    reason: "the name is outside the MCP tool-name grammar".into(),
+                });
+                continue;
+            }
+            let schema = t.get("inputSchema").cloned().unwrap_or(Value::Null);
+            let hdrs = if check_headers {
+                match headers::param_headers(&schema) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        dropped.push(DroppedTool {
+                            name: shown,
+                            reason: format!("invalid x-mcp-header annotation ({e:?})"),
+                        });
+                        continue;
+                    }
+                }
+            } else {
+                Vec::new()
+            };
+            tools.push(Tool {
+                name: name.to_owned(),
+                description: text::single_line_capped(
+                    t.get("description").and_then(Value::as_str).unwrap_or(""),
+                    1024,
+                ),
+                input_schema: schema,
+                headers: hdrs,
+            });
+        }
+        if let Ok(mut map) = self.tools.lock() {
+            map.clear();
+            for t in &tools {
+                map.insert(t.name.clone(), t.clone());
+            }
+        }
+        if let Ok(mut d) = self.dropped.lock() {
+            *d = dropped;
+        }
+        Ok(tools)
+    }
+
+    /// Call a tool. MRTR input requests go to the elicitor (if any); the call is never repeated
+    /// after an unknown outcome.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Projected, McpError> {
+        let mut params = Map::new();
+        params.insert("name".into(), name.into());
+        params.insert("arguments".into(), Value::Object(arguments));
+        for _round in 0..=MAX_MRTR_ROUNDS {
+            let result = self
+                .exchange(
+                    "tools/call",
+                    params.clone(),
+                    Some(name),
+                    TOOL_CALL_DEADLINE,
+                    true,
+                )
+                .await?;
+            if !self.check_result_type(&result, true)? {
+                return Ok(project(&result));
+            }
+            let responses = self.answer_input_requests(&result).await?;
+            // The retry carries exactly this round's answers and state; nothing else.
+            params.remove("inputResponses");
+            params.remove("requestState");
+            if let Some(r) = responses {
+                params.insert("inputResponses".into(), r);
+            }
+            if let Some(state) = result.get("requestState") {
+                params.insert("requestState".into(), state.clone());
+            }
+        }
+        Err(McpError::Limit {
+            what: "input rounds in one tool call",
+            max: MAX_MRTR_ROUNDS,
+        })
+    }
+
+    async fn answer_input_requests(&self, result: &Value) -> Result<Option<Value>, McpError> {
+        let Some(requests) = result.get("inputRequests") else {
+            return Ok(None);
+        };
+        let requests = requests
+            .as_object()
+            .ok_or_else(|| protocol_error("inputRequests is not an object", Certainty::Applied))?;
+        let Some(elicitor) = self.opts.elicitor.clone() else {
+            return Err(McpError::InputRefused(
+                "this client is noninteractive, so the call fails closed".into(),
+            ));
+        };
+        let mut out = Map::new();
+        for (key, req) in requests {
+            let method = req.get("method").and_then(Value::as_str).unwrap_or("");
+            if method != "elicitation/create" {
+                return Err(McpError::InputRefused(format!(
+                    "{} requests are not supported",
+                    text::single_line_capped(method, 60)
+                )));
+            }
+            let params = req.get("params").cloned().unwrap_or(Value::Null);
+            let answer = ask(&elicitor, &params)
+                .await
+                .map_err(|(_, why)| McpError::InputRefused(why))?;
+            out.insert(key.clone(), answer);
+        }
+        let value = Value::Object(out);
+        if serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len()) > MAX_MRTR_INPUT_BYTES {
+            return Err(McpError::Limit {
+                what: "input bytes in one round",
+                max: MAX_MRTR_INPUT_BYTES,
+            });
+        }
+        Ok(Some(value))
+    }
+
+    /// Every resource.
+    pub async fn list_resources(&self) -> Result<Vec<Value>, McpError> {
+        self.list_all("resources/list", "resources").await
+    }
+
+    /// Read one resource (no MRTR: `input_required` is a protocol error).
+    pub async fn read_resource(&self, uri: &str) -> Result<Value, McpError> {
+        let mut params = Map::new();
+        params.insert("uri".into(), uri.into());
+        let v = self
+            .exchange("resources/read", params, Some(uri), REQUEST_DEADLINE, false)
+            .await?;
+        self.check_result_type(&v, false)?;
+        Ok(v)
+    }
+
+    /// Every prompt.
+    pub async fn list_prompts(&self) -> Result<Vec<Value>, McpError> {
+        self.list_all("prompts/list", "prompts").await
+    }
+
+    /// Get one prompt (no MRTR).
+    pub async fn get_prompt(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, McpError> {
+        let mut params = Map::new();
+        params.insert("name".into(), name.into());
+        params.insert("arguments".into(), Value::Object(arguments));
+        let v = self
+            .exchange("prompts/get", params, Some(name), REQUEST_DEADLINE, false)
+            .await?;
+        self.check_result_type(&v, false)?;
+        Ok(v)
+    }
+
+    /// The last stderr lines of a stdio server (sanitized), for diagnostics.
+    pub async fn stderr_tail(&self, lines: usize) -> Vec<String> {
+        match &self.transport {
+            Transport::Stdio(t) => t.stderr_tail(lines).await,
+            Transport::Http(_) => Vec::new(),
+        }
+    }
+
+    /// Close: DELETE the session (stateful HTTP), or stop the child (stdio).
+    pub async fn close(&self) {
+        match &self.transport {
+            Transport::Stdio(t) => {
+                t.close().await;
+            }
+            Transport::Http(t) => t.close().await,
+        }
+    }
+}
+
+fn supported_list(error: &RpcError) -> Vec<String> {
+    error
+        .data
+        .as_ref()
+        .and_then(|d| d.get("supported"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_projected_to_text_with_notes() {
+        let p = project(&json!({"content": [
+            {"type": "text", "text": "hello"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///x", "text": "body"}},
+            {"type": "resource_link", "uri": "file:///y", "name": "y"},
+            {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}
+        ], "isError": true}));
+        assert_eq!(p.text, "hello\nbody\n[resource link: file:///y]");
+        assert!(p.is_error);
+        assert_eq!(p.notes.len(), 2);
+        assert!(p.notes[0].contains("image content (image/png) dropped"));
+        let s = project(&json!({"content": [], "structuredContent": {"sum": 3}}));
+        assert_eq!(s.text, "{\"sum\":3}");
+    }
+
+    #[test]
+    fn capabilities_follow_era_transport_and_elicitor() {
+        let mut opts = Options::default();
+        assert_eq!(
+            capabilities(&opts, Era::Modern(Version::V2026_07_28), true),
+            json!({})
+        );
+        opts.elicitor = Some(Arc::new(elicit::AcceptDefaults));
+        assert_eq!(
+            capabilities(&opts, Era::Modern(Version::V2026_07_28), false),
+            json!({"elicitation": {"form": {}}})
+        );
+        assert_eq!(
+            capabilities(&opts, Era::Legacy(Version::V2025_11_25), false),
+            json!({})
+        );
+        assert_eq!(
+            capabilities(&opts, Era::Legacy(Version::V2025_11_25), true),
+            json!({"elicitation": {"form": {}}})
+        );
+        assert_eq!(
+            capabilities(&opts, Era::Legacy(Version::V2025_06_18), true),
+            json!({"elicitation": {}})
+        );
+    }
+}

@@ -1,0 +1,504 @@
+//! The Streamable HTTP transport, over the one hardened client of [`crate::net`].
+//!
+//! Every message is a POST with `Accept: application/json, text/event-stream`; the answer is a
+//! JSON body or an SSE stream, read with bounds ([`super::sse`]). Server requests that arrive on
+//! a stream are answered with a new POST. In the stateful era the `Mcp-Session-Id` from a
+//! successful `initialize` is sent on every later request (never one adopted from an error
+//! response), and a stream that ends before the answer is resumed with `GET` +
+//! `Last-Event-ID` — only when the server gave event ids, after its `retry` delay, a bounded
+//! number of times. An unknown-session reply (400 or 404, JSON or text) is reported as
+//! [`TransportErrorKind::SessionLost`]; the caller decides about re-initializing, and no
+//! request is ever resent by this layer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+use iteron_policy::text;
+use iteron_policy::url::EndpointUrl;
+
+use super::jsonrpc::{self, Certainty, Id, Incoming, RpcError};
+use super::sse::{SseLimits, SseParser};
+use super::{Handler, TransportError, TransportErrorKind};
+use crate::net::{NetError, Request, Response, ZoneClient};
+
+/// Largest JSON response body.
+pub const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
+/// Largest error body read (4xx/5xx).
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Most `GET` resumptions of one broken stream.
+pub const MAX_RESUMPTIONS: u32 = 3;
+/// Reconnect delay when the server gave none.
+pub const DEFAULT_RETRY: Duration = Duration::from_millis(1000);
+/// Longest reconnect delay honoured.
+pub const MAX_RETRY: Duration = Duration::from_secs(10);
+/// Deadline of one exchange (a tool call may stream for a while).
+pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(300);
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// A connected Streamable HTTP endpoint.
+pub struct HttpTransport {
+    inner: Arc<HttpInner>,
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+struct HttpInner {
+    client: ZoneClient,
+    url: EndpointUrl,
+    /// Configured headers (values from named environment variables, bearer tokens). Secret:
+    /// never logged, never shown.
+    fixed_headers: HeaderMap,
+    session: Mutex<Option<HeaderValue>>,
+    protocol: Mutex<Option<String>>,
+    list_changed: AtomicBool,
+    handler: Arc<dyn Handler>,
+    limits: SseLimits,
+}
+
+/// One POST of a JSON-RPC message.
+pub struct Post<'a> {
+    /// The message.
+    pub body: &'a Value,
+    /// The id whose answer is awaited (`None` for notifications and responses).
+    pub awaits: Option<&'a Id>,
+    /// Extra headers (2026-07-28 standard and parameter headers).
+    pub headers: HeaderMap,
+    /// Whether this message may adopt an `Mcp-Session-Id` (only a successful `initialize`).
+    pub adopt_session: bool,
+}
+
+fn network(e: &NetError) -> TransportError {
+    let certainty = match e {
+        NetError::Timeout { phase } if *phase != "connecting" => Certainty::MaybeApplied,
+        NetError::Http { .. } | NetError::BodyTooLarge { .. } => Certainty::MaybeApplied,
+        _ => Certainty::NotSent,
+    };
+    TransportError {
+        kind: TransportErrorKind::Network(e.to_string()),
+        certainty,
+    }
+}
+
+fn protocol(why: impl Into<String>, certainty: Certainty) -> TransportError {
+    TransportError {
+        kind: TransportErrorKind::Protocol(why.into()),
+        certainty,
+    }
+}
+
+/// A short, safe summary of a `WWW-Authenticate` challenge: only `error` and `scope`.
+fn challenge_summary(headers: &HeaderMap) -> String {
+    let Some(v) = headers
+        .get(reqwest::header::WWW_AUTHENTICATE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return "no challenge".into();
+    };
+    let mut parts = Vec::new();
+    for key in ["error", "scope"] {
+        let needle = format!("{key}=\"");
+        if let Some(start) = v.find(&needle) {
+            let rest = &v[start + needle.len()..];
+            if let Some(end) = rest.find('"') {
+                parts.push(format!("{key}={}", &rest[..end]));
+            }
+        }
+    }
+    if parts.is_empty() {
+        "a bearer challenge".into()
+    } else {
+        text::single_line_capped(&parts.join(", "), 200)
+    }
+}
+
+fn is_sse(resp: &Response) -> bool {
+    resp.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"))
+}
+
+impl HttpTransport {
+    /// A transport to `url` through `client` (already bound to the server's zone), sending
+    /// `fixed_headers` on every request.
+    pub fn new(
+        client: ZoneClient,
+        url: EndpointUrl,
+        fixed_headers: HeaderMap,
+        handler: Arc<dyn Handler>,
+    ) -> HttpTransport {
+        HttpTransport {
+            inner: Arc::new(HttpInner {
+                client,
+                url,
+                fixed_headers,
+                session: Mutex::new(None),
+                protocol: Mutex::new(None),
+                list_changed: AtomicBool::new(false),
+                handler,
+                limits: SseLimits::default(),
+            }),
+            listener: Mutex::new(None),
+        }
+    }
+
+    /// See [`HttpInner::set_protocol_header`].
+    pub fn set_protocol_header(&self, v: Option<&str>) {
+        self.inner.set_protocol_header(v);
+    }
+
+    /// Forget the session (after a loss) and stop listening on it.
+    pub fn clear_session(&self) {
+        self.stop_listener();
+        self.inner.clear_session();
+    }
+
+    /// Whether a session id is held.
+    pub fn has_session(&self) -> bool {
+        self.inner.has_session()
+    }
+
+    /// Whether the server said a list changed since the last call (and reset the flag).
+    pub fn take_list_changed(&self) -> bool {
+        self.inner.list_changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// POST one message; see [`HttpInner::post`].
+    pub async fn post(
+        &self,
+        post: Post<'_>,
+    ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
+        self.inner.post(post).await
+    }
+
+    /// Stateful era: open the standalone `GET` stream on which servers send requests that
+    /// belong to no POST (e.g. an elicitation raised inside a tool handler). A 405 means the
+    /// server offers none. The stream is read with the same bounds and handler; it ends with the
+    /// session.
+    pub fn open_listener(&self) {
+        self.stop_listener();
+        let inner = self.inner.clone();
+        let task = tokio::spawn(async move {
+            let mut headers = inner.base_headers(&HeaderMap::new());
+            headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+            let mut req = Request::new(Method::GET, inner.url.clone());
+            req.headers = headers;
+            req.timeout = Some(Duration::from_secs(24 * 3600));
+            let Ok(resp) = inner.client.send(req).await else {
+                return;
+            };
+            if resp.status().is_success() && is_sse(&resp) {
+                let _ = inner.read_stream(resp, None).await;
+            }
+        });
+        if let Ok(mut l) = self.listener.lock() {
+            *l = Some(task);
+        }
+    }
+
+    fn stop_listener(&self) {
+        if let Ok(mut l) = self.listener.lock()
+            && let Some(task) = l.take()
+        {
+            task.abort();
+        }
+    }
+
+    /// End a stateful session with `DELETE` (best effort; 405 is fine).
+    pub async fn close(&self) {
+        self.stop_listener();
+        self.inner.close().await;
+    }
+}
+
+impl Drop for HttpTransport {
+    fn drop(&mut self) {
+        self.stop_listener();
+    }
+}
+
+impl HttpInner {
+    /// Send `MCP-Protocol-Version: v` on every later request (stateful era, after the
+    /// handshake).
+    fn set_protocol_header(&self, v: Option<&str>) {
+        if let Ok(mut p) = self.protocol.lock() {
+            *p = v.map(str::to_owned);
+        }
+    }
+
+    fn clear_session(&self) {
+        if let Ok(mut s) = self.session.lock() {
+            *s = None;
+        }
+    }
+
+    fn has_session(&self) -> bool {
+        self.session.lock().is_ok_and(|s| s.is_some())
+    }
+
+    fn base_headers(&self, extra: &HeaderMap) -> HeaderMap {
+        let mut h = self.fixed_headers.clone();
+        h.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if let Ok(s) = self.session.lock()
+            && let Some(v) = s.as_ref()
+        {
+            h.insert(HeaderName::from_static(SESSION_HEADER), v.clone());
+        }
+        if let Ok(p) = self.protocol.lock()
+            && let Some(v) = p.as_ref()
+            && let Ok(value) = HeaderValue::from_str(v)
+        {
+            h.insert(HeaderName::from_static(VERSION_HEADER), value);
+        }
+        for (k, v) in extra {
+            h.insert(k.clone(), v.clone());
+        }
+        h
+    }
+
+    /// POST one message. Returns the answer to `post.awaits` (a result, or a JSON-RPC error —
+    /// also when it came with a 4xx status), or `None` for an accepted notification/response.
+    async fn post(
+        &self,
+        post: Post<'_>,
+    ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
+        let body = serde_json::to_vec(post.body)
+            .map_err(|e| protocol(e.to_string(), Certainty::NotSent))?;
+        let mut headers = self.base_headers(&post.headers);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let sent_session = headers.contains_key(SESSION_HEADER);
+        let mut req = Request::new(Method::POST, self.url.clone());
+        req.headers = headers;
+        req.body = Some(body);
+        req.timeout = Some(EXCHANGE_DEADLINE);
+        let resp = self.client.send(req).await.map_err(|e| network(&e))?;
+        let status = resp.status();
+        if status.is_success()
+            && post.adopt_session
+            && let Some(v) = resp.headers().get(SESSION_HEADER)
+            && v.len() <= 256
+            && v.to_str()
+                .is_ok_and(|s| s.bytes().all(|b| (0x21..=0x7e).contains(&b)))
+            && let Ok(mut s) = self.session.lock()
+        {
+            *s = Some(v.clone());
+        }
+        if status.as_u16() == 202 {
+            return Ok(None);
+        }
+        if status.is_success() {
+            if is_sse(&resp) {
+                return self.read_stream(resp, post.awaits).await;
+            }
+            let bytes = resp.body(MAX_JSON_BODY).await.map_err(|e| network(&e))?;
+            if bytes.iter().all(u8::is_ascii_whitespace) {
+                return match post.awaits {
+                    None => Ok(None),
+                    Some(_) => Err(protocol("empty response body", Certainty::MaybeApplied)),
+                };
+            }
+            let msg = jsonrpc::parse_incoming(&bytes)
+                .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
+            return match (msg, post.awaits) {
+                (Incoming::Response { id, outcome }, Some(want)) if &id == want => {
+                    Ok(Some(outcome))
+                }
+                (_, None) => Ok(None),
+                _ => Err(protocol(
+                    "the JSON response does not answer the request",
+                    Certainty::MaybeApplied,
+                )),
+            };
+        }
+        // An error status. Read a bounded body and look for a JSON-RPC error in it.
+        let code = status.as_u16();
+        if code == 401 || code == 403 {
+            let detail = challenge_summary(resp.headers());
+            return Err(TransportError {
+                kind: TransportErrorKind::Unauthorized {
+                    status: code,
+                    detail,
+                },
+                certainty: Certainty::NotSent,
+            });
+        }
+        let bytes = resp.body(MAX_ERROR_BODY).await.unwrap_or_default();
+        let rpc = jsonrpc::parse_incoming(&bytes).ok().and_then(|m| match m {
+            Incoming::Response {
+                outcome: Err(e), ..
+            } => Some(e),
+            _ => None,
+        });
+        let text_body = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+        let session_gone = sent_session
+            && (code == 404
+                || (code == 400
+                    && (text_body.contains("session")
+                        || rpc
+                            .as_ref()
+                            .is_some_and(|e| e.message.to_ascii_lowercase().contains("session")))));
+        if session_gone {
+            return Err(TransportError {
+                kind: TransportErrorKind::SessionLost,
+                certainty: Certainty::NotSent,
+            });
+        }
+        match rpc {
+            Some(e) => Ok(Some(Err(e))),
+            None => Err(TransportError {
+                kind: TransportErrorKind::Status {
+                    status: code,
+                    detail: text::single_line_capped(&String::from_utf8_lossy(&bytes), 120),
+                },
+                certainty: if status.is_server_error() {
+                    Certainty::MaybeApplied
+                } else {
+                    Certainty::NotSent
+                },
+            }),
+        }
+    }
+
+    /// Read an SSE answer stream until the awaited response, answering server requests on the
+    /// way, resuming a broken stream with `Last-Event-ID` where the server allows it.
+    async fn read_stream(
+        &self,
+        mut resp: Response,
+        awaits: Option<&Id>,
+    ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
+        let mut parser = SseParser::new(self.limits);
+        let mut resumptions = 0;
+        loop {
+            let mut events = Vec::new();
+            let ended = loop {
+                match resp.next_chunk().await {
+                    Ok(Some(chunk)) => {
+                        parser
+                            .feed(&chunk, &mut events)
+                            .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
+                        for ev in events.drain(..) {
+                            if let Some(done) = self.on_event(&ev.data, awaits).await? {
+                                return Ok(Some(done));
+                            }
+                        }
+                    }
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            };
+            let _ = parser.finish();
+            let Some(want) = awaits else {
+                return Ok(None);
+            };
+            let _ = want;
+            // The stream ended (or broke) without our answer.
+            let Some(last_id) = parser.last_event_id().map(str::to_owned) else {
+                let why = ended.map_or_else(
+                    || "the response stream ended without an answer".to_owned(),
+                    |e| e.to_string(),
+                );
+                return Err(TransportError {
+                    kind: TransportErrorKind::Closed(why),
+                    certainty: Certainty::MaybeApplied,
+                });
+            };
+            if resumptions >= MAX_RESUMPTIONS || !self.has_session_or_legacy() {
+                return Err(TransportError {
+                    kind: TransportErrorKind::Closed(format!(
+                        "the response stream ended without an answer after {resumptions} resumptions"
+                    )),
+                    certainty: Certainty::MaybeApplied,
+                });
+            }
+            resumptions += 1;
+            let wait = parser.retry().unwrap_or(DEFAULT_RETRY).min(MAX_RETRY);
+            tokio::time::sleep(wait).await;
+            let mut headers = self.base_headers(&HeaderMap::new());
+            headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+            if let Ok(v) = HeaderValue::from_str(&last_id) {
+                headers.insert(HeaderName::from_static("last-event-id"), v);
+            }
+            let mut req = Request::new(Method::GET, self.url.clone());
+            req.headers = headers;
+            req.timeout = Some(EXCHANGE_DEADLINE);
+            let next = self.client.send(req).await.map_err(|e| {
+                let mut t = network(&e);
+                t.certainty = Certainty::MaybeApplied;
+                t
+            })?;
+            if !next.status().is_success() || !is_sse(&next) {
+                return Err(TransportError {
+                    kind: TransportErrorKind::Status {
+                        status: next.status().as_u16(),
+                        detail: "resuming the response stream failed".into(),
+                    },
+                    certainty: Certainty::MaybeApplied,
+                });
+            }
+            resp = next;
+        }
+    }
+
+    /// Resumption exists only in the stateful era (the modern era removed it).
+    fn has_session_or_legacy(&self) -> bool {
+        self.protocol
+            .lock()
+            .is_ok_and(|p| p.as_deref().is_some_and(|v| v < "2026-07-28"))
+    }
+
+    /// Handle one SSE event; `Some` when it is the awaited answer.
+    async fn on_event(
+        &self,
+        data: &str,
+        awaits: Option<&Id>,
+    ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
+        let msg = jsonrpc::parse_incoming(data.as_bytes())
+            .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
+        match msg {
+            Incoming::Response { id, outcome } => {
+                if awaits == Some(&id) {
+                    return Ok(Some(outcome));
+                }
+                Ok(None)
+            }
+            Incoming::Notification { method, .. } => {
+                if method.ends_with("/list_changed") {
+                    self.list_changed.store(true, Ordering::SeqCst);
+                }
+                Ok(None)
+            }
+            Incoming::Request { id, method, params } => {
+                let answer = self.handler.handle(&method, params).await;
+                let reply = jsonrpc::response(&id, answer);
+                // The answer travels on its own POST; its own reply is just an acknowledgement.
+                let post = Post {
+                    body: &reply,
+                    awaits: None,
+                    headers: HeaderMap::new(),
+                    adopt_session: false,
+                };
+                Box::pin(self.post(post)).await.map(|_| None)
+            }
+        }
+    }
+
+    async fn close(&self) {
+        if !self.has_session() {
+            return;
+        }
+        let mut req = Request::new(Method::DELETE, self.url.clone());
+        req.headers = self.base_headers(&HeaderMap::new());
+        req.timeout = Some(Duration::from_secs(5));
+        let _ = self.client.send(req).await;
+        self.clear_session();
+    }
+}
