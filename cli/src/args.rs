@@ -40,6 +40,34 @@ pub(crate) enum Mcp {
     Get(NameFormat),
     /// Remove one server.
     Remove(NameArg),
+    /// Connect, negotiate and list tools (never calls a tool).
+    Test(NameFormat),
+    /// Show servers; with --connect, probe each (bounded) for version and tool count.
+    Status(StatusArgs),
+    /// Check configuration, files, commands, variables and network settings.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Only this server.
+    pub(crate) name: Option<String>,
+    /// Probe the servers (starts stdio servers, contacts HTTP servers).
+    #[arg(long)]
+    pub(crate) connect: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Also probe every server.
+    #[arg(long)]
+    pub(crate) connect: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

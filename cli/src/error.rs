@@ -27,6 +27,8 @@ pub(crate) enum Exit {
     Conflict = 6,
     /// Another iteron process held the configuration lock too long.
     Busy = 7,
+    /// A server could not be reached, started or understood (test, status, doctor).
+    Server = 8,
 }
 
 impl From<Exit> for ExitCode {
@@ -48,6 +50,8 @@ pub(crate) enum CliError {
     Conflict(String),
     /// Writing the command's output failed.
     Output(std::io::Error),
+    /// A server probe failed (the text is already sanitized).
+    Server(String),
 }
 
 impl From<StoreError> for CliError {
@@ -65,6 +69,7 @@ impl fmt::Display for CliError {
                 f.write_str("no MCP server with that name (see: iteron mcp list)")
             }
             CliError::Output(e) => write!(f, "cannot write output: {e}"),
+            CliError::Server(why) => f.write_str(why),
         }
     }
 }
@@ -77,6 +82,7 @@ impl CliError {
             CliError::NotFound => Exit::NotFound,
             CliError::Conflict(_) => Exit::Conflict,
             CliError::Output(_) => Exit::Failure,
+            CliError::Server(_) => Exit::Server,
             CliError::Store(e) => match e {
                 StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
                 StoreError::NotPlain { .. }
@@ -114,6 +120,7 @@ mod tests {
             Exit::UnsafePermissions,
             Exit::Conflict,
             Exit::Busy,
+            Exit::Server,
         ];
         for e in all {
             match e {
@@ -124,7 +131,8 @@ mod tests {
                 | Exit::NotFound
                 | Exit::UnsafePermissions
                 | Exit::Conflict
-                | Exit::Busy => {}
+                | Exit::Busy
+                | Exit::Server => {}
             }
         }
         all.to_vec()

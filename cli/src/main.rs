@@ -5,6 +5,7 @@ mod args;
 mod demo;
 mod error;
 mod mcp;
+mod probe;
 
 use std::io::Write;
 use std::process::ExitCode;

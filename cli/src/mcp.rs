@@ -33,6 +33,9 @@ pub(crate) fn run(
         Mcp::List(f) => list(home, f.format, out),
         Mcp::Get(g) => get(home, &g.name, g.format, out),
         Mcp::Remove(r) => remove(home, &r.name, out),
+        Mcp::Test(t) => crate::probe::test(home, &t.name, t.format, out),
+        Mcp::Status(s) => crate::probe::status(home, s.name.as_deref(), s.connect, s.format, out),
+        Mcp::Doctor(d) => crate::probe::doctor(home, d.connect, d.format, out),
     }
 }
 

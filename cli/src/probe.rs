@@ -1,0 +1,356 @@
+//! `iteron mcp test|status|doctor`: connect and look, never act.
+//!
+//! `test` connects, negotiates and lists tools — it never calls a tool. `status` and `doctor`
+//! without `--connect` touch no network and start no process. Every probe is bounded by a
+//! deadline. Outputs name environment variables, never their values.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::time::Duration;
+
+use iteron_broker::mcp::client::Options;
+use iteron_broker::servers::{self, ConnectError};
+use iteron_broker::spawn::{SAFE_PATH, resolve_program};
+use iteron_broker::store::Home;
+use iteron_policy::config::{Config, ServerConfig, Transport};
+use iteron_policy::text;
+use serde_json::{Value, json};
+
+use crate::args::Format;
+use crate::error::CliError;
+
+/// Deadline of one probe (connect + negotiate + list).
+pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)
+}
+
+fn lookup(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+/// The result of probing one server, as shown.
+fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
+    let mut v = json!({"name": server.name.as_str(), "transport": server.transport.as_str()});
+    match outcome {
+        Ok(found) => {
+            if let (Some(obj), Some(more)) = (v.as_object_mut(), found.as_object()) {
+                for (k, x) in more {
+                    obj.insert(k.clone(), x.clone());
+                }
+            }
+        }
+        Err(why) => {
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("error".into(), Value::String(why));
+            }
+        }
+    }
+    v
+}
+
+/// Connect to one server and list its tools, within [`PROBE_DEADLINE`].
+async fn probe(config: &Config, server: &ServerConfig) -> Result<Value, String> {
+    let work = async {
+        let client = servers::connect(server, &config.network, &lookup, Options::default())
+            .await
+            .map_err(|e: ConnectError| e.to_string())?;
+        let listed = client.list_tools().await.map_err(|e| e.to_string());
+        let stderr = client.stderr_tail(3).await;
+        let era = client.era();
+        let info = client.server_info();
+        let dropped = client.dropped_tools();
+        client.close().await;
+        let tools = match listed {
+            Ok(t) => t,
+            Err(e) => {
+                let tail = if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (server stderr: {})", stderr.join(" | "))
+                };
+                return Err(format!("{e}{tail}"));
+            }
+        };
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        Ok(json!({
+            "protocol_version": era.version().as_str(),
+            "tool_count": tools.len(),
+            "tools": names,
+            "server": info.map(|(n, v)| json!({"name": n, "version": v})),
+            "dropped_tools": dropped.iter().map(|d| json!({"name": d.name, "reason": d.reason})).collect::<Vec<_>>(),
+        }))
+    };
+    match tokio::time::timeout(PROBE_DEADLINE, work).await {
+        Ok(r) => r.map_err(|e| text::single_line_capped(&e, 400)),
+        Err(_) => Err(format!("no answer within {} s", PROBE_DEADLINE.as_secs())),
+    }
+}
+
+fn find<'a>(config: &'a Config, raw: &str) -> Result<&'a ServerConfig, CliError> {
+    iteron_policy::names::ServerName::parse(raw)
+        .map_err(|e| CliError::Usage(format!("server name {e}")))?;
+    config.server(raw).ok_or(CliError::NotFound)
+}
+
+fn print(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
+    writeln!(out, "{s}").map_err(CliError::Output)
+}
+
+/// `iteron mcp test <name>`.
+pub(crate) fn test(
+    home: &Home,
+    raw: &str,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let config = home.load()?;
+    let server = find(&config, raw)?;
+    let result = runtime()?.block_on(probe(&config, server));
+    let v = probe_json(server, result.clone());
+    if format == Format::Json {
+        print(out, &v)?;
+    } else {
+        if let Ok(found) = &result {
+            {
+                writeln!(
+                    out,
+                    "{}: connected ({}), protocol {}, {} tools",
+                    server.name,
+                    server.transport.as_str(),
+                    found["protocol_version"].as_str().unwrap_or("?"),
+                    found["tool_count"]
+                )
+                .map_err(CliError::Output)?;
+                if let Some(tools) = found["tools"].as_array() {
+                    for t in tools.iter().filter_map(Value::as_str) {
+                        writeln!(out, "  {t}").map_err(CliError::Output)?;
+                    }
+                }
+                if let Some(dropped) = found["dropped_tools"].as_array() {
+                    for d in dropped {
+                        writeln!(
+                            out,
+                            "  dropped {}: {}",
+                            d["name"].as_str().unwrap_or(""),
+                            d["reason"].as_str().unwrap_or("")
+                        )
+                        .map_err(CliError::Output)?;
+                    }
+                }
+            }
+        }
+    }
+    match result {
+        Ok(_) => Ok(()),
+        Err(why) => Err(CliError::Server(why)),
+    }
+}
+
+/// `iteron mcp status [name] [--connect]`.
+pub(crate) fn status(
+    home: &Home,
+    name: Option<&str>,
+    connect: bool,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let config = home.load()?;
+    let chosen: Vec<&ServerConfig> = match name {
+        Some(n) => vec![find(&config, n)?],
+        None => config.mcp_servers.iter().collect(),
+    };
+    let mut rows = Vec::new();
+    if connect {
+        let rt = runtime()?;
+        for s in &chosen {
+            let r = rt.block_on(probe(&config, s));
+            let mut v = probe_json(s, r.clone());
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert(
+                    "state".into(),
+                    Value::from(if r.is_ok() { "reachable" } else { "failed" }),
+                );
+                obj.remove("tools");
+                obj.remove("dropped_tools");
+            }
+            rows.push(v);
+        }
+    } else {
+        for s in &chosen {
+            rows.push(json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}));
+        }
+    }
+    if format == Format::Json {
+        return print(out, &json!({"servers": rows}));
+    }
+    if rows.is_empty() {
+        return writeln!(out, "No MCP servers configured.").map_err(CliError::Output);
+    }
+    for r in &rows {
+        let mut line = format!(
+            "{}  {}  {}",
+            r["name"].as_str().unwrap_or(""),
+            r["transport"].as_str().unwrap_or(""),
+            r["state"].as_str().unwrap_or("")
+        );
+        if let Some(v) = r["protocol_version"].as_str() {
+            line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
+        }
+        if let Some(e) = r["error"].as_str() {
+            line.push_str(&format!("  {e}"));
+        }
+        writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)?;
+    }
+    Ok(())
+}
+
+/// Static checks of one server (no network, no process).
+fn check_server(s: &ServerConfig) -> Vec<Value> {
+    let mut checks = Vec::new();
+    match &s.transport {
+        Transport::Stdio(st) => {
+            let found = resolve_program(st.command.as_str(), SAFE_PATH);
+            let ok = found.as_ref().is_some_and(|p| {
+                std::fs::metadata(p).is_ok_and(|m| {
+                    use std::os::unix::fs::PermissionsExt;
+                    m.is_file() && m.permissions().mode() & 0o111 != 0
+                })
+            });
+            checks.push(json!({
+                "check": "command",
+                "ok": ok,
+                "detail": if ok { "found and executable".to_owned() } else { format!("{} is not an executable file on the server PATH ({SAFE_PATH})", st.command.as_str()) },
+            }));
+            for var in &st.env {
+                let set = std::env::var_os(var.as_str()).is_some();
+                checks.push(json!({
+                    "check": format!("env {var}"),
+                    "ok": set,
+                    "detail": if set { "set (value not shown)" } else { "not set in this environment: the server will not receive it" },
+                }));
+            }
+        }
+        Transport::Http(h) => {
+            let scheme = h.url.as_url().scheme();
+            checks.push(json!({"check": "url", "ok": true, "detail": format!("{scheme} endpoint {}", h.url.origin_display())}));
+            let vars = h.header_env.values().map(|v| v.as_str().to_owned()).chain(
+                h.oauth
+                    .iter()
+                    .flat_map(|o| o.access_token_env.iter().map(|v| v.as_str().to_owned())),
+            );
+            for var in vars {
+                let set = std::env::var_os(&var).is_some();
+                checks.push(json!({
+                    "check": format!("env {var}"),
+                    "ok": set,
+                    "detail": if set { "set (value not shown)" } else { "not set: connecting will fail" },
+                }));
+            }
+            if h.oauth
+                .as_ref()
+                .and_then(|o| o.access_token_env.as_ref())
+                .is_some()
+            {
+                checks.push(json!({"check": "credential", "ok": true, "detail": "external (bearer token from the environment)"}));
+            }
+        }
+    }
+    checks
+}
+
+/// `iteron mcp doctor [--connect]`.
+pub(crate) fn doctor(
+    home: &Home,
+    connect: bool,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let config = home.load()?;
+    let mut servers = Vec::new();
+    let rt = if connect { Some(runtime()?) } else { None };
+    let mut all_ok = true;
+    for s in &config.mcp_servers {
+        let mut checks = check_server(s);
+        if let Some(rt) = &rt {
+            let r = rt.block_on(probe(&config, s));
+            checks.push(match r {
+                Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
+                Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
+            });
+        }
+        all_ok &= checks.iter().all(|c| c["ok"] == Value::Bool(true));
+        servers.push(
+            json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "checks": checks}),
+        );
+    }
+    let network = json!({
+        "nameservers": if config.network.nameservers.is_empty() { Value::from("system resolv.conf and hosts file") } else { Value::from(config.network.nameservers.iter().map(|n| n.0.to_string()).collect::<Vec<_>>()) },
+        "ca_bundle": match &config.network.ca_bundle {
+            None => Value::from("none (built-in web PKI roots only)"),
+            Some(p) => match iteron_broker::net::NetConfig::from_operator(&config.network) {
+                Ok(_) => Value::from(format!("{} (readable)", p.as_str())),
+                Err(e) => { all_ok = false; Value::from(e.to_string()) }
+            },
+        },
+        "proxy_environment": "ignored",
+        "tls_environment": "ignored",
+    });
+    let report = json!({
+        "home": home.dir().display().to_string(),
+        "config": "valid",
+        "permissions": "private (0700 directory, 0600 file)",
+        "network": network,
+        "servers": servers,
+        "ok": all_ok,
+    });
+    if format == Format::Json {
+        print(out, &report)?;
+    } else {
+        let mut buf = String::new();
+        buf.push_str(&format!(
+            "home        {}\nconfig      valid, private\n",
+            text::single_line(&home.dir().display().to_string())
+        ));
+        buf.push_str(&format!(
+            "nameservers {}\n",
+            text::single_line(&report["network"]["nameservers"].to_string())
+        ));
+        buf.push_str(&format!(
+            "ca bundle   {}\n",
+            text::single_line(report["network"]["ca_bundle"].as_str().unwrap_or(""))
+        ));
+        buf.push_str("proxy/TLS environment variables: ignored\n");
+        for s in &servers {
+            buf.push_str(&format!(
+                "{} ({})\n",
+                s["name"].as_str().unwrap_or(""),
+                s["transport"].as_str().unwrap_or("")
+            ));
+            for c in s["checks"].as_array().into_iter().flatten() {
+                let mark = if c["ok"] == Value::Bool(true) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                };
+                buf.push_str(&format!(
+                    "  {mark} {}: {}\n",
+                    c["check"].as_str().unwrap_or(""),
+                    text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
+                ));
+            }
+        }
+        out.write_all(buf.as_bytes()).map_err(CliError::Output)?;
+    }
+    if all_ok {
+        Ok(())
+    } else {
+        Err(CliError::Server("doctor found problems (see above)".into()))
+    }
+}
