@@ -1,0 +1,166 @@
+//! `iteron mcp test|status|doctor` end to end: the built binary, a temporary ITERON_HOME, the
+//! stdio fixtures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const CANARY: &str = "CANARYprobe9c1e";
+
+struct Home(PathBuf);
+
+impl Home {
+    fn new(tag: &str) -> Home {
+        let p = std::env::temp_dir().join(format!("iteron-probe-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        Home(p)
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("ITERON_HOME", self.0.join("home"))
+            .env("PROBE_SECRET", CANARY)
+            .output()
+            .unwrap();
+        for s in [&out.stdout, &out.stderr] {
+            assert!(
+                !String::from_utf8_lossy(s).contains("CANARY"),
+                "{args:?} leaked"
+            );
+        }
+        out
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/stdio")
+        .join(name)
+        .canonicalize()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn test_negotiates_and_lists_tools_in_json() {
+    let h = Home::new("json");
+    let echo = fixture("echo_server.py");
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "echo",
+            "--stdio",
+            "/usr/bin/python3",
+            "--env",
+            "PROBE_SECRET",
+            "--",
+            &echo
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "test", "echo", "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], "echo");
+    assert_eq!(v["transport"], "stdio");
+    assert_eq!(v["protocol_version"], "2025-11-25");
+    assert_eq!(v["tool_count"], 1);
+    assert_eq!(v["tools"], serde_json::json!(["echo"]));
+    let text = String::from_utf8(h.run(&["mcp", "test", "echo"]).stdout).unwrap();
+    assert!(
+        text.starts_with("echo: connected (stdio), protocol 2025-11-25, 1 tools"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_failing_server_exits_8_with_one_line() {
+    let h = Home::new("fail");
+    assert!(
+        h.run(&["mcp", "add", "bad", "--stdio", "/bin/false"])
+            .status
+            .success()
+    );
+    let out = h.run(&["mcp", "test", "bad"]);
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("iteron: error: "), "{err}");
+    let out = h.run(&[
+        "mcp",
+        "add",
+        "old",
+        "--stdio",
+        "/usr/bin/python3",
+        "--",
+        &fixture("scripted_server.py"),
+        "old-version",
+    ]);
+    assert!(out.status.success());
+    let out = h.run(&["mcp", "test", "old"]);
+    assert_eq!(out.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2025-03-26"));
+    assert_eq!(h.run(&["mcp", "test", "nope"]).status.code(), Some(4));
+}
+
+#[test]
+fn status_without_connect_starts_nothing_and_doctor_shows_names_not_values() {
+    let h = Home::new("status");
+    let marker = h.0.join("started");
+    let script = format!("touch {}", marker.display());
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "marker",
+            "--stdio",
+            "/bin/sh",
+            "--env",
+            "PROBE_SECRET",
+            "--env",
+            "NOT_SET_ANYWHERE",
+            "--",
+            "-c",
+            &script
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "status", "--format", "json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["servers"][0]["state"], "not_probed");
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !marker.exists(),
+        "status and doctor without --connect start nothing"
+    );
+    let checks = v["servers"][0]["checks"].as_array().unwrap();
+    let by = |name: &str| checks.iter().find(|c| c["check"] == name).unwrap().clone();
+    assert_eq!(by("command")["ok"], true);
+    assert_eq!(by("env PROBE_SECRET")["ok"], true);
+    assert_eq!(by("env NOT_SET_ANYWHERE")["ok"], false);
+    assert_eq!(out.status.code(), Some(8), "a failed check fails doctor");
+    // --connect does start it (and the marker proves the difference is real).
+    let _ = h.run(&["mcp", "status", "marker", "--connect"]);
+    assert!(marker.exists());
+}
