@@ -1,0 +1,513 @@
+//! Black-box tests of the Streamable HTTP transport against a scripted server on loopback:
+//! SSE resumption with `Last-Event-ID` and `retry`, streams without ids, session loss,
+//! negotiation signals, refused versions and result-type rules.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use iteron_broker::mcp::client::{Client, McpError, Options};
+use iteron_broker::mcp::jsonrpc::Certainty;
+use iteron_broker::mcp::version::{Version, VersionPolicy};
+use iteron_broker::mcp::{TransportError, TransportErrorKind};
+use iteron_broker::net::{Net, NetConfig};
+use iteron_policy::url::EndpointUrl;
+use iteron_policy::zone::Zone;
+use reqwest::header::HeaderMap;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Option<Value>,
+    at: Instant,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn rpc_method(&self) -> Option<&str> {
+        self.body.as_ref()?.get("method")?.as_str()
+    }
+}
+
+enum Piece {
+    Data(String),
+    Sleep(Duration),
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    pieces: Vec<Piece>,
+}
+
+impl Reply {
+    fn json(v: Value) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("Content-Type", "application/json".into())],
+            pieces: vec![Piece::Data(v.to_string())],
+        }
+    }
+    fn status(status: u16, v: Value) -> Reply {
+        Reply {
+            status,
+            headers: vec![("Content-Type", "application/json".into())],
+            pieces: vec![Piece::Data(v.to_string())],
+        }
+    }
+    fn sse(pieces: Vec<Piece>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("Content-Type", "text/event-stream".into())],
+            pieces,
+        }
+    }
+    fn empty(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: vec![],
+            pieces: vec![],
+        }
+    }
+    fn with(mut self, k: &'static str, v: &str) -> Reply {
+        self.headers.push((k, v.into()));
+        self
+    }
+}
+
+type Script = Arc<dyn Fn(&Seen, &[Seen]) -> Reply + Send + Sync>;
+
+struct Server {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Server {
+    async fn start(script: Script) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let script = script.clone();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i;
+                        }
+                        let Ok(n) = stream.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                    let mut lines = head.split("\r\n");
+                    let method = lines
+                        .next()
+                        .unwrap_or("")
+                        .split(' ')
+                        .next()
+                        .unwrap_or("")
+                        .to_owned();
+                    let headers: Vec<(String, String)> = lines
+                        .filter_map(|l| {
+                            l.split_once(':')
+                                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                        })
+                        .collect();
+                    let len: usize = headers
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.parse().ok())
+                        .unwrap_or(0);
+                    let mut body = buf[head_end + 4..].to_vec();
+                    while body.len() < len {
+                        let Ok(n) = stream.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            break;
+                        }
+                        body.extend_from_slice(&chunk[..n]);
+                    }
+                    let req = Seen {
+                        method,
+                        headers,
+                        body: serde_json::from_slice(&body).ok(),
+                        at: Instant::now(),
+                    };
+                    let reply = {
+                        let mut all = log.lock().unwrap();
+                        all.push(req.clone());
+                        script(&req, &all)
+                    };
+                    let mut out = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", reply.status);
+                    for (k, v) in &reply.headers {
+                        out.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    out.push_str("\r\n");
+                    if stream.write_all(out.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    for p in reply.pieces {
+                        match p {
+                            Piece::Data(d) => {
+                                if stream.write_all(d.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                                let _ = stream.flush().await;
+                            }
+                            Piece::Sleep(t) => tokio::time::sleep(t).await,
+                        }
+                    }
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Server { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.addr.port())
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn count(&self, rpc: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.rpc_method() == Some(rpc))
+            .count()
+    }
+}
+
+fn id_of(req: &Seen) -> Value {
+    req.body
+        .as_ref()
+        .and_then(|b| b.get("id"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn ok(req: &Seen, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id_of(req), "result": result})
+}
+
+fn rpc_err(req: &Seen, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id_of(req), "error": {"code": code, "message": message}})
+}
+
+async fn connect(server: &Server, policy: VersionPolicy) -> Result<Client, McpError> {
+    let net = Net::new(NetConfig::default()).unwrap();
+    let client = net.client(Zone::Loopback).unwrap();
+    let opts = Options {
+        version: policy,
+        ..Options::default()
+    };
+    Client::connect_http(
+        client,
+        EndpointUrl::parse(&server.url()).unwrap(),
+        HeaderMap::new(),
+        opts,
+    )
+    .await
+}
+
+/// A stateful 2025-11-25 server: initialize answers with session `s1`; GET is 405 unless it
+/// carries Last-Event-ID; everything else goes to `rest`.
+fn legacy(rest: impl Fn(&Seen, &[Seen]) -> Reply + Send + Sync + 'static) -> Script {
+    Arc::new(
+        move |req: &Seen, all: &[Seen]| match (req.method.as_str(), req.rpc_method()) {
+            ("POST", Some("initialize")) => Reply::json(ok(
+                req,
+                json!({
+            "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+            "serverInfo": {"name": "scripted-http", "version": "1"}}),
+            ))
+            .with("Mcp-Session-Id", "s1"),
+            ("POST", Some("notifications/initialized")) => Reply::empty(202),
+            ("GET", _) if req.header("last-event-id").is_none() => Reply::empty(405),
+            ("DELETE", _) => Reply::empty(200),
+            _ => rest(req, all),
+        },
+    )
+}
+
+fn call_text(v: &str) -> Value {
+    json!({"content": [{"type": "text", "text": v}]})
+}
+
+#[tokio::test]
+async fn a_broken_stream_with_event_ids_is_resumed_with_last_event_id_after_the_retry_delay() {
+    let server = Server::start(legacy(|req, _| {
+        match (req.method.as_str(), req.rpc_method()) {
+            ("POST", Some("tools/call")) => Reply::sse(vec![
+                Piece::Data("id: ev-1\nretry: 300\ndata: \n\n".into()),
+                Piece::Sleep(Duration::from_millis(50)),
+            ]),
+            ("GET", _) => {
+                assert_eq!(req.header("last-event-id"), Some("ev-1"));
+                assert_eq!(req.header("mcp-session-id"), Some("s1"));
+                // The answer to the tools/call (id 1 was initialize; the call is id 2).
+                let id = json!(2);
+                Reply::sse(vec![Piece::Data(format!(
+                    "event: message\nid: ev-2\ndata: {}\n\n",
+                    json!({"jsonrpc": "2.0", "id": id, "result": call_text("resumed")})
+                ))])
+            }
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    let out = c.call_tool("echo", Map::new()).await.unwrap();
+    assert_eq!(out.text, "resumed");
+    let seen = server.seen();
+    let post = seen
+        .iter()
+        .find(|s| s.rpc_method() == Some("tools/call"))
+        .unwrap();
+    let get = seen
+        .iter()
+        .find(|s| s.method == "GET" && s.header("last-event-id").is_some())
+        .unwrap();
+    assert!(
+        get.at.duration_since(post.at) >= Duration::from_millis(300),
+        "retry honoured"
+    );
+    assert_eq!(server.count("tools/call"), 1, "never resent");
+}
+
+#[tokio::test]
+async fn a_broken_stream_without_event_ids_is_maybe_applied_and_not_resumed() {
+    let server = Server::start(legacy(|req, _| match req.rpc_method() {
+        Some("tools/call") => Reply::sse(vec![Piece::Data(": keep-alive\n\n".into())]),
+        _ => Reply::empty(500),
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    let e = c.call_tool("echo", Map::new()).await.unwrap_err();
+    assert_eq!(e.certainty(), Certainty::MaybeApplied, "{e}");
+    assert_eq!(server.count("tools/call"), 1);
+    assert!(
+        !server
+            .seen()
+            .iter()
+            .any(|s| s.header("last-event-id").is_some())
+    );
+}
+
+#[tokio::test]
+async fn a_lost_session_is_reported_and_the_next_request_starts_a_new_one_without_resending() {
+    let server = Server::start(legacy(|req, all| {
+        let calls = all
+            .iter()
+            .filter(|s| s.rpc_method() == Some("tools/call"))
+            .count();
+        let inits = all
+            .iter()
+            .filter(|s| s.rpc_method() == Some("initialize"))
+            .count();
+        match req.rpc_method() {
+            // The first session expires at the first tools/call; 404 with a text body.
+            Some("tools/call") if calls == 1 => Reply {
+                status: 404,
+                headers: vec![("Content-Type", "text/plain".into())],
+                pieces: vec![Piece::Data("Not Found: Session not found".into())],
+            },
+            Some("tools/list") if inits >= 2 => Reply::json(ok(req, json!({"tools": []}))),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    let e = c.call_tool("echo", Map::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            McpError::Transport(TransportError {
+                kind: TransportErrorKind::SessionLost,
+                certainty: Certainty::NotSent
+            })
+        ),
+        "{e}"
+    );
+    c.list_tools().await.unwrap();
+    assert_eq!(server.count("initialize"), 2, "re-initialized once");
+    assert_eq!(server.count("tools/call"), 1, "the call was not resent");
+}
+
+#[tokio::test]
+async fn a_server_that_negotiates_2024_11_05_over_http_is_refused() {
+    let server = Server::start(Arc::new(|req: &Seen, _: &[Seen]| match req.rpc_method() {
+        Some("initialize") => Reply::json(ok(req, json!({"protocolVersion": "2024-11-05", "capabilities": {}, "serverInfo": {"name": "old", "version": "1"}}))),
+        _ => Reply::empty(202),
+    }))
+    .await;
+    let e = connect(&server, VersionPolicy::Pin(Version::V2025_06_18))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e, McpError::UnsupportedVersion("2024-11-05".into()));
+}
+
+#[tokio::test]
+async fn a_legacy_http_signature_falls_back_but_an_auth_challenge_never_downgrades() {
+    // server-everything's answer to a modern probe: 400 -32000 "Server not initialized".
+    let server = Server::start(legacy(|req, _| match req.rpc_method() {
+        Some("server/discover") => Reply::status(
+            400,
+            rpc_err(req, -32000, "Bad Request: Server not initialized"),
+        ),
+        Some("tools/list") => Reply::json(ok(req, json!({"tools": []}))),
+        _ => Reply::empty(500),
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Auto).await.unwrap();
+    assert_eq!(c.era().version(), Version::V2025_11_25);
+    let discover = server
+        .seen()
+        .into_iter()
+        .find(|s| s.rpc_method() == Some("server/discover"))
+        .unwrap();
+    assert_eq!(discover.header("mcp-protocol-version"), Some("2026-07-28"));
+    assert_eq!(discover.header("mcp-method"), Some("server/discover"));
+
+    let guarded = Server::start(Arc::new(|_: &Seen, _: &[Seen]| {
+        Reply::empty(401).with("WWW-Authenticate", "Bearer error=\"invalid_token\", resource_metadata=\"http://x/.well-known/oauth-protected-resource\"")
+    }))
+    .await;
+    let e = connect(&guarded, VersionPolicy::Auto).await.err().unwrap();
+    assert!(
+        matches!(
+            e,
+            McpError::Transport(TransportError {
+                kind: TransportErrorKind::Unauthorized { status: 401, .. },
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        guarded.count("initialize"),
+        0,
+        "no downgrade on an auth challenge"
+    );
+
+    let modern_error = Server::start(Arc::new(|req: &Seen, _: &[Seen]| {
+        Reply::status(400, rpc_err(req, -32602, "missing _meta"))
+    }))
+    .await;
+    assert!(connect(&modern_error, VersionPolicy::Auto).await.is_err());
+    assert_eq!(
+        modern_error.count("initialize"),
+        0,
+        "a recognised modern error never downgrades"
+    );
+}
+
+fn modern(rest: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Script {
+    Arc::new(move |req: &Seen, _: &[Seen]| match req.rpc_method() {
+        Some("server/discover") => Reply::json(ok(
+            req,
+            json!({"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}, "resources": {}}, "resultType": "complete"}),
+        )),
+        _ => rest(req),
+    })
+}
+
+#[tokio::test]
+async fn input_required_outside_tools_call_and_unknown_result_types_are_protocol_errors() {
+    let server = Server::start(modern(|req| match req.rpc_method() {
+        Some("resources/read") => Reply::json(ok(
+            req,
+            json!({"resultType": "input_required", "requestState": "x"}),
+        )),
+        Some("prompts/get") => Reply::json(ok(
+            req,
+            json!({"resultType": "input_required", "inputRequests": {}}),
+        )),
+        Some("tools/call") => Reply::json(ok(req, json!({"resultType": "partial", "content": []}))),
+        _ => Reply::empty(500),
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Auto).await.unwrap();
+    assert_eq!(c.era().version(), Version::V2026_07_28);
+    for e in [
+        c.read_resource("file:///x").await.unwrap_err(),
+        c.get_prompt("p", Map::new()).await.unwrap_err(),
+        c.call_tool("t", Map::new()).await.unwrap_err(),
+    ] {
+        assert!(matches!(e, McpError::Protocol { .. }), "{e}");
+    }
+    let read = server
+        .seen()
+        .into_iter()
+        .find(|s| s.rpc_method() == Some("resources/read"))
+        .unwrap();
+    assert_eq!(read.header("mcp-name"), Some("file:///x"));
+    let meta = &read.body.as_ref().unwrap()["params"]["_meta"];
+    assert_eq!(
+        meta["io.modelcontextprotocol/protocolVersion"],
+        "2026-07-28"
+    );
+}
+
+#[tokio::test]
+async fn every_request_accepts_both_media_types_and_errors_never_adopt_a_session() {
+    let server = Server::start(Arc::new(|req: &Seen, all: &[Seen]| {
+        match req.rpc_method() {
+            // A first initialize that fails but hands out a session id: it must not be adopted.
+            Some("initialize")
+                if all
+                    .iter()
+                    .filter(|s| s.rpc_method() == Some("initialize"))
+                    .count()
+                    == 1 =>
+            {
+                Reply::status(406, rpc_err(req, -32000, "Not Acceptable"))
+                    .with("Mcp-Session-Id", "bogus")
+            }
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    assert!(
+        connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+            .await
+            .is_err()
+    );
+    let seen = server.seen();
+    assert!(
+        seen.iter()
+            .all(|s| s.header("accept") == Some("application/json, text/event-stream"))
+    );
+    assert!(seen.iter().all(|s| s.header("mcp-session-id").is_none()));
+}
