@@ -165,9 +165,23 @@ async fn a_server_that_dies_during_a_call_yields_maybe_applied_and_no_retry() {
         .filter(|l| l.contains("tools/call"))
         .count();
     assert_eq!(calls, 1, "the call was sent exactly once");
-    // The connection is gone: a later request is refused as not sent.
-    let again = c.list_tools().await.unwrap_err();
-    assert_eq!(again.certainty(), Certainty::NotSent, "{again}");
+    // The next request starts the server again (supervised restart) — it does not resend
+    // the call.
+    assert_eq!(c.list_tools().await.unwrap().len(), 1);
+    assert_eq!(c.restarts(), 1);
+    // Every call kills it; restarts stop at the cap.
+    for _ in 0..3 {
+        let _ = c.call_tool("echo", text_args("boom")).await;
+    }
+    let e = c.call_tool("echo", text_args("boom")).await.unwrap_err();
+    assert_eq!(e.certainty(), Certainty::NotSent, "{e}");
+    assert!(e.to_string().contains("restarted 3 times"), "{e}");
+    let calls = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("tools/call"))
+        .count();
+    assert_eq!(calls, 4, "one call per live server, none resent");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

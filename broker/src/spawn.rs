@@ -75,7 +75,9 @@ pub fn resolve_program(command: &str, path: &str) -> Option<PathBuf> {
         })
 }
 
-/// What to start.
+/// What to start. Cloning copies the environment values (the client keeps one copy to restart
+/// a server that died); they never leave memory except into the child.
+#[derive(Clone)]
 pub struct ChildSpec {
     /// The program (absolute, or bare to be found on the child's `PATH`).
     pub command: String,

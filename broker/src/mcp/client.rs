@@ -52,6 +52,20 @@ pub const MAX_LIST_ITEMS: usize = 10_000;
 pub const MAX_TOOLS: usize = 1_000;
 /// Most entries in the private list cache.
 pub const MAX_CACHE_ENTRIES: usize = 256;
+/// Most restarts of a stdio server that died, per client.
+pub const MAX_RESTARTS: usize = 3;
+/// First pause before a restart; it doubles each time.
+pub const RESTART_BACKOFF: Duration = Duration::from_millis(200);
+/// Longest pause before a restart.
+pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What is needed to start a stdio server again.
+struct Restart {
+    spec: ChildSpec,
+    handler: Arc<dyn Handler>,
+    done: AtomicUsize,
+}
+
 /// Most automatic repeats of a rejected request.
 const MAX_REJECTION_RETRIES: usize = 2;
 
@@ -370,7 +384,9 @@ struct CacheEntry {
 
 /// A connected MCP client.
 pub struct Client {
-    transport: Transport,
+    transport: Mutex<Arc<Transport>>,
+    /// For stdio: how to start the server again after it died (bounded, with backoff).
+    restart: Option<Restart>,
     era: Mutex<Era>,
     next_id: AtomicU64,
     opts: Options,
@@ -404,12 +420,18 @@ fn capabilities(opts: &Options, era: Era, http: bool) -> Value {
 impl Client {
     /// Start a stdio server and connect to it.
     pub async fn connect_stdio(spec: ChildSpec, opts: Options) -> Result<Client, McpError> {
+        let spec_copy = spec.clone();
         let child = crate::spawn::spawn(spec).await.map_err(McpError::Spawn)?;
         let handler = Arc::new(ServerRequests {
             elicitor: opts.elicitor.clone(),
         });
+        let restart = Restart {
+            spec: spec_copy,
+            handler: handler.clone(),
+            done: AtomicUsize::new(0),
+        };
         let t = StdioTransport::start(child, handler);
-        Client::connect(Transport::Stdio(t), opts).await
+        Client::connect(Transport::Stdio(t), opts, Some(restart)).await
     }
 
     /// Connect to a Streamable HTTP endpoint through a zone-bound client.
@@ -423,10 +445,14 @@ impl Client {
             elicitor: opts.elicitor.clone(),
         });
         let t = HttpTransport::new(client, url, fixed_headers, handler);
-        Client::connect(Transport::Http(t), opts).await
+        Client::connect(Transport::Http(t), opts, None).await
     }
 
-    async fn connect(transport: Transport, opts: Options) -> Result<Client, McpError> {
+    async fn connect(
+        transport: Transport,
+        opts: Options,
+        restart: Option<Restart>,
+    ) -> Result<Client, McpError> {
         let http = matches!(transport, Transport::Http(_));
         let start = match opts.version {
             VersionPolicy::Pin(v) if v.is_modern() => Era::Modern(v),
@@ -434,7 +460,8 @@ impl Client {
             VersionPolicy::Auto => Era::Modern(Version::LATEST),
         };
         let client = Client {
-            transport,
+            transport: Mutex::new(Arc::new(transport)),
+            restart,
             era: Mutex::new(start),
             next_id: AtomicU64::new(1),
             opts,
@@ -452,6 +479,68 @@ impl Client {
             (VersionPolicy::Auto, _) => client.negotiate().await?,
         }
         Ok(client)
+    }
+
+    fn transport(&self) -> Arc<Transport> {
+        match self.transport.lock() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// A stdio server that died is started again before the next request — at most
+    /// [`MAX_RESTARTS`] times per client, each after a growing pause — and negotiated afresh.
+    /// Requests that were in flight when it died already failed as `maybe_applied`; none is
+    /// resent.
+    async fn revive(&self) -> Result<(), McpError> {
+        let closed = matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed());
+        let Some(restart) = self.restart.as_ref().filter(|_| closed) else {
+            return Ok(());
+        };
+        let n = restart.done.fetch_add(1, Ordering::SeqCst);
+        if n >= MAX_RESTARTS {
+            return Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::Closed(format!(
+                    "the server exited and was already restarted {MAX_RESTARTS} times"
+                )),
+                certainty: Certainty::NotSent,
+            }));
+        }
+        let pause = RESTART_BACKOFF
+            .saturating_mul(1 << n.min(4))
+            .min(MAX_RESTART_BACKOFF);
+        tokio::time::sleep(pause).await;
+        if let Transport::Stdio(old) = &*self.transport() {
+            old.close().await;
+        }
+        let child = crate::spawn::spawn(restart.spec.clone())
+            .await
+            .map_err(McpError::Spawn)?;
+        let fresh = Arc::new(Transport::Stdio(StdioTransport::start(
+            child,
+            restart.handler.clone(),
+        )));
+        if let Ok(mut t) = self.transport.lock() {
+            *t = fresh;
+        }
+        if let Ok(mut c) = self.cache.lock() {
+            c.clear();
+        }
+        match self.opts.version {
+            VersionPolicy::Pin(v) if !v.is_modern() => self.initialize(v).await,
+            VersionPolicy::Pin(v) => {
+                self.set_era(Era::Modern(v));
+                Ok(())
+            }
+            VersionPolicy::Auto => Box::pin(self.negotiate()).await,
+        }
+    }
+
+    /// Restarts performed so far (stdio).
+    pub fn restarts(&self) -> usize {
+        self.restart
+            .as_ref()
+            .map_or(0, |r| r.done.load(Ordering::SeqCst).min(MAX_RESTARTS))
     }
 
     /// The era and version in use.
@@ -569,7 +658,7 @@ impl Client {
     async fn initialize(&self, offer: Version) -> Result<(), McpError> {
         let era = Era::Legacy(offer);
         self.set_era(era);
-        if let Transport::Http(h) = &self.transport {
+        if let Transport::Http(h) = &*self.transport() {
             h.set_protocol_header(None);
             h.clear_session();
         }
@@ -619,11 +708,11 @@ impl Client {
         };
         self.record_server_info(result.get("serverInfo"));
         self.set_era(Era::Legacy(v));
-        if let Transport::Http(h) = &self.transport {
+        if let Transport::Http(h) = &*self.transport() {
             h.set_protocol_header(Some(v.as_str()));
         }
         self.notify("notifications/initialized").await?;
-        if let Transport::Http(h) = &self.transport {
+        if let Transport::Http(h) = &*self.transport() {
             h.open_listener();
         }
         self.session_lost.store(false, Ordering::SeqCst);
@@ -635,7 +724,7 @@ impl Client {
     }
 
     async fn notify(&self, method: &str) -> Result<(), McpError> {
-        match &self.transport {
+        match &*self.transport() {
             Transport::Stdio(t) => t.notify(method, None).await.map_err(McpError::from),
             Transport::Http(t) => {
                 let body = super::jsonrpc::notification(method, None);
@@ -663,7 +752,7 @@ impl Client {
         adopt_session: bool,
     ) -> Result<Result<Value, RpcError>, McpError> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let out = match &self.transport {
+        let out = match &*self.transport() {
             Transport::Stdio(t) => t.request(id, method, params, deadline).await,
             Transport::Http(t) => {
                 let body = super::jsonrpc::request(id, method, params);
@@ -710,6 +799,7 @@ impl Client {
         deadline: Duration,
         allow_header_retry: bool,
     ) -> Result<Value, McpError> {
+        self.revive().await?;
         self.recover_session().await?;
         let mut rejections = 0;
         let mut header_retry = allow_header_retry;
@@ -860,7 +950,7 @@ impl Client {
     }
 
     fn list_changed(&self) -> bool {
-        match &self.transport {
+        match &*self.transport() {
             Transport::Stdio(t) => t.take_list_changed(),
             Transport::Http(t) => t.take_list_changed(),
         }
@@ -1126,7 +1216,7 @@ impl Client {
 
     /// The last stderr lines of a stdio server (sanitized), for diagnostics.
     pub async fn stderr_tail(&self, lines: usize) -> Vec<String> {
-        match &self.transport {
+        match &*self.transport() {
             Transport::Stdio(t) => t.stderr_tail(lines).await,
             Transport::Http(_) => Vec::new(),
         }
@@ -1134,7 +1224,7 @@ impl Client {
 
     /// Close: DELETE the session (stateful HTTP), or stop the child (stdio).
     pub async fn close(&self) {
-        match &self.transport {
+        match &*self.transport() {
             Transport::Stdio(t) => {
                 t.close().await;
             }
