@@ -252,3 +252,48 @@ async fn a_server_that_ignores_stdin_eof_and_term_is_still_reaped() {
     // close() walks EOF → TERM → KILL; it returns only once the child is reaped.
     c.close().await;
 }
+
+#[tokio::test]
+async fn a_call_past_its_deadline_is_cancelled_and_reported_maybe_applied() {
+    let dir = std::env::temp_dir().join(format!("iteron-hang-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("hang.log");
+    let env = vec![(OsString::from("SCRIPT_LOG"), log.clone().into_os_string())];
+    let opts = Options {
+        tool_call_deadline: std::time::Duration::from_millis(300),
+        ..Options::default()
+    };
+    let c = Client::connect_stdio(spec("scripted_server.py", &["hang"], env), opts)
+        .await
+        .unwrap();
+    let e = c.call_tool("echo", text_args("slow")).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            McpError::Transport(TransportError {
+                kind: TransportErrorKind::Timeout,
+                certainty: Certainty::MaybeApplied
+            })
+        ),
+        "{e}"
+    );
+    // The server is told, with the id of the abandoned call; nothing is resent.
+    c.list_tools().await.unwrap();
+    let seen: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let call = seen.iter().find(|m| m["method"] == "tools/call").unwrap();
+    let cancel = seen
+        .iter()
+        .find(|m| m["method"] == "notifications/cancelled")
+        .expect("a cancellation notification");
+    assert_eq!(cancel["params"]["requestId"], call["id"]);
+    assert_eq!(
+        seen.iter().filter(|m| m["method"] == "tools/call").count(),
+        1
+    );
+    c.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -511,3 +511,42 @@ async fn every_request_accepts_both_media_types_and_errors_never_adopt_a_session
     );
     assert!(seen.iter().all(|s| s.header("mcp-session-id").is_none()));
 }
+
+#[tokio::test]
+async fn list_results_are_cached_privately_for_their_ttl_only() {
+    let server = Server::start(modern(|req| match req.rpc_method() {
+        Some("tools/list") => Reply::json(ok(req, json!({"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "resultType": "complete", "ttlMs": 60000, "cacheScope": "private"}))),
+        Some("prompts/list") => Reply::json(ok(req, json!({"prompts": [], "resultType": "complete", "ttlMs": 0, "cacheScope": "public"}))),
+        _ => Reply::empty(500),
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Auto).await.unwrap();
+    c.list_tools().await.unwrap();
+    c.list_tools().await.unwrap();
+    assert_eq!(server.count("tools/list"), 1, "fresh for 60 s");
+    c.list_prompts().await.unwrap();
+    c.list_prompts().await.unwrap();
+    assert_eq!(server.count("prompts/list"), 2, "ttlMs 0 is never cached");
+}
+
+#[tokio::test]
+async fn pagination_is_bounded_and_a_repeated_cursor_is_refused() {
+    let server = Server::start(modern(|req| {
+        let cursor = req.body.as_ref().and_then(|b| b["params"]["cursor"].as_str()).unwrap_or("0");
+        let n: u64 = cursor.parse().unwrap_or(0);
+        match req.rpc_method() {
+            // An endless listing: every page points at a new one.
+            Some("tools/list") => Reply::json(ok(req, json!({"tools": [], "resultType": "complete", "nextCursor": (n + 1).to_string()}))),
+            // A listing that loops back to its first page.
+            Some("prompts/list") => Reply::json(ok(req, json!({"prompts": [], "resultType": "complete", "nextCursor": if n == 0 { "1" } else { "1" }}))),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Auto).await.unwrap();
+    let e = c.list_tools().await.unwrap_err();
+    assert!(matches!(e, McpError::Limit { max: 64, .. }), "{e}");
+    assert_eq!(server.count("tools/list"), 64);
+    let e = c.list_prompts().await.unwrap_err();
+    assert!(matches!(e, McpError::Protocol { .. }), "{e}");
+}

@@ -182,6 +182,10 @@ pub struct Options {
     /// Identity of the authorization context, for the private list cache (never a secret:
     /// callers pass a digest or a label).
     pub auth_context: String,
+    /// Deadline of ordinary requests.
+    pub request_deadline: Duration,
+    /// Deadline of a tool call.
+    pub tool_call_deadline: Duration,
 }
 
 impl Default for Options {
@@ -192,6 +196,8 @@ impl Default for Options {
             version_string: env!("CARGO_PKG_VERSION").into(),
             elicitor: None,
             auth_context: String::new(),
+            request_deadline: REQUEST_DEADLINE,
+            tool_call_deadline: TOOL_CALL_DEADLINE,
         }
     }
 }
@@ -579,7 +585,13 @@ impl Client {
     /// Probe 2026-07-28 with `server/discover`; fall back only on an explicit legacy signal.
     async fn negotiate(&self) -> Result<(), McpError> {
         let outcome = self
-            .exchange("server/discover", Map::new(), None, REQUEST_DEADLINE, false)
+            .exchange(
+                "server/discover",
+                Map::new(),
+                None,
+                self.opts.request_deadline,
+                false,
+            )
             .await;
         match outcome {
             Ok(result) => {
@@ -674,7 +686,7 @@ impl Client {
                 "initialize",
                 Some(params),
                 HeaderMap::new(),
-                REQUEST_DEADLINE,
+                self.opts.request_deadline,
                 true,
             )
             .await?
@@ -786,7 +798,46 @@ impl Client {
         {
             self.session_lost.store(true, Ordering::SeqCst);
         }
+        if let Err(TransportError {
+            kind: TransportErrorKind::Timeout,
+            ..
+        }) = &out
+        {
+            self.cancel(id).await;
+        }
         out.map_err(McpError::from)
+    }
+
+    /// Tell the server we gave up on a request. In the stateful era and on stdio that is
+    /// `notifications/cancelled`; in the modern era on HTTP, dropping the response stream (which
+    /// the timeout already did) is the cancellation. Best effort: the outcome stays unknown.
+    async fn cancel(&self, id: &Id) {
+        let modern_http = self.http_transport && self.era().version().is_modern();
+        if modern_http {
+            return;
+        }
+        let params = json!({"requestId": id.to_value(), "reason": "deadline exceeded"});
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            match &*self.transport() {
+                Transport::Stdio(t) => t
+                    .notify("notifications/cancelled", Some(params))
+                    .await
+                    .is_ok(),
+                Transport::Http(t) => {
+                    let body =
+                        super::jsonrpc::notification("notifications/cancelled", Some(params));
+                    t.post(Post {
+                        body: &body,
+                        awaits: None,
+                        headers: HeaderMap::new(),
+                        adopt_session: false,
+                    })
+                    .await
+                    .is_ok()
+                }
+            }
+        })
+        .await;
     }
 
     /// Build params (the 2026 envelope where needed) and headers, send, and repeat only what
@@ -981,7 +1032,7 @@ impl Client {
                 Some(v) => v,
                 None => {
                     let v = self
-                        .exchange(method, params, None, REQUEST_DEADLINE, false)
+                        .exchange(method, params, None, self.opts.request_deadline, false)
                         .await?;
                     self.check_result_type(&v, false)?;
                     self.cache_put(key, &v);
@@ -1116,7 +1167,7 @@ impl Client {
                     "tools/call",
                     params.clone(),
                     Some(name),
-                    TOOL_CALL_DEADLINE,
+                    self.opts.tool_call_deadline,
                     true,
                 )
                 .await?;
@@ -1187,7 +1238,13 @@ impl Client {
         let mut params = Map::new();
         params.insert("uri".into(), uri.into());
         let v = self
-            .exchange("resources/read", params, Some(uri), REQUEST_DEADLINE, false)
+            .exchange(
+                "resources/read",
+                params,
+                Some(uri),
+                self.opts.request_deadline,
+                false,
+            )
             .await?;
         self.check_result_type(&v, false)?;
         Ok(v)
@@ -1208,7 +1265,13 @@ impl Client {
         params.insert("name".into(), name.into());
         params.insert("arguments".into(), Value::Object(arguments));
         let v = self
-            .exchange("prompts/get", params, Some(name), REQUEST_DEADLINE, false)
+            .exchange(
+                "prompts/get",
+                params,
+                Some(name),
+                self.opts.request_deadline,
+                false,
+            )
             .await?;
         self.check_result_type(&v, false)?;
         Ok(v)
