@@ -532,13 +532,23 @@ async fn list_results_are_cached_privately_for_their_ttl_only() {
 #[tokio::test]
 async fn pagination_is_bounded_and_a_repeated_cursor_is_refused() {
     let server = Server::start(modern(|req| {
-        let cursor = req.body.as_ref().and_then(|b| b["params"]["cursor"].as_str()).unwrap_or("0");
+        let cursor = req
+            .body
+            .as_ref()
+            .and_then(|b| b["params"]["cursor"].as_str())
+            .unwrap_or("0");
         let n: u64 = cursor.parse().unwrap_or(0);
         match req.rpc_method() {
             // An endless listing: every page points at a new one.
-            Some("tools/list") => Reply::json(ok(req, json!({"tools": [], "resultType": "complete", "nextCursor": (n + 1).to_string()}))),
-            // A listing that loops back to its first page.
-            Some("prompts/list") => Reply::json(ok(req, json!({"prompts": [], "resultType": "complete", "nextCursor": if n == 0 { "1" } else { "1" }}))),
+            Some("tools/list") => Reply::json(ok(
+                req,
+                json!({"tools": [], "resultType": "complete", "nextCursor": (n + 1).to_string()}),
+            )),
+            // A listing whose every page points at the same next page.
+            Some("prompts/list") => Reply::json(ok(
+                req,
+                json!({"prompts": [], "resultType": "complete", "nextCursor": "1"}),
+            )),
             _ => Reply::empty(500),
         }
     }))
