@@ -12,7 +12,7 @@ use iteron_broker::mcp::elicit::AcceptDefaults;
 use iteron_broker::mcp::jsonrpc::Certainty;
 use iteron_broker::mcp::version::Version;
 use iteron_broker::mcp::{TransportError, TransportErrorKind};
-use iteron_broker::spawn::{ChildSpec, child_env};
+use iteron_broker::spawn::{ChildSpec, EnvValue, child_env};
 use iteron_policy::names::EnvName;
 use serde_json::{Map, Value, json};
 
@@ -30,7 +30,7 @@ fn spec(script: &str, args: &[&str], env: Vec<(OsString, OsString)>) -> ChildSpe
     let mut full = vec![fixture(script)];
     full.extend(args.iter().map(|a| (*a).to_owned()));
     let (mut base, _) = child_env(&[], None, |_| None);
-    base.extend(env);
+    base.extend(env.into_iter().map(|(k, v)| (k, EnvValue::new(v))));
     ChildSpec {
         command: "/usr/bin/python3".into(),
         args: full,
@@ -201,6 +201,24 @@ async fn a_line_over_the_limit_ends_the_connection() {
     );
 }
 
+/// Accepts with defaults and counts how often the operator was asked.
+#[derive(Default)]
+struct Counting {
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl iteron_broker::mcp::elicit::Elicitor for Counting {
+    fn ask(
+        &self,
+        request: iteron_broker::mcp::elicit::FormRequest,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = iteron_broker::mcp::elicit::FormAnswer> + Send>,
+    > {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        AcceptDefaults.ask(request)
+    }
+}
+
 #[tokio::test]
 async fn mrtr_answers_through_the_elicitor_echo_state_and_bound_rounds() {
     let opts = Options {
@@ -221,13 +239,20 @@ async fn mrtr_answers_through_the_elicitor_echo_state_and_bound_rounds() {
         json!({"confirm": {"action": "accept", "content": {"ok": true}}})
     );
     c.close().await;
-    // Five rounds asked, four allowed.
-    let c = Client::connect_stdio(spec("scripted_server.py", &["mrtr", "5"], vec![]), opts)
+    // Five rounds asked, four allowed: the operator is asked exactly four times.
+    let counter = Arc::new(Counting::default());
+    let counted = Options {
+        elicitor: Some(counter.clone()),
+        ..Options::default()
+    };
+    let c = Client::connect_stdio(spec("scripted_server.py", &["mrtr", "5"], vec![]), counted)
         .await
         .unwrap();
     let e = c.call_tool("echo", Map::new()).await.unwrap_err();
     assert!(matches!(e, McpError::Limit { max: 4, .. }), "{e}");
+    assert_eq!(counter.asked.load(std::sync::atomic::Ordering::SeqCst), 4);
     c.close().await;
+    let _ = opts;
     // Noninteractive: fails closed.
     let c = Client::connect_stdio(
         spec("scripted_server.py", &["mrtr", "1"], vec![]),
@@ -249,8 +274,8 @@ async fn a_server_that_ignores_stdin_eof_and_term_is_still_reaped() {
     .await
     .unwrap();
     c.list_tools().await.unwrap();
-    // close() walks EOF → TERM → KILL; it returns only once the child is reaped.
-    c.close().await;
+    // close() walks EOF → TERM → KILL and reports the rung that ended the child.
+    assert_eq!(c.close().await, Some(iteron_broker::spawn::Ended::OnKill));
 }
 
 #[tokio::test]

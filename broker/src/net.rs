@@ -499,8 +499,12 @@ impl Net {
             .dns_resolver(resolver.clone())
             .connect_timeout(self.config.connect_timeout)
             .timeout(self.config.request_timeout)
-            .read_timeout(self.config.idle_timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // reqwest's default policy resends a request (body included) that an HTTP/2
+            // server refused or dropped at GOAWAY; a broker never resends anything on its own.
+            .retry(reqwest::retry::never())
+            // Shorter than common server keep-alive timeouts (Node: 5 s), so a request never
+            // races a server closing an idle connection (which would make it maybe_applied).
+            .pool_idle_timeout(Duration::from_secs(4))
             .user_agent(concat!("iteron/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| NetError::Http {
@@ -656,6 +660,12 @@ impl Response {
     /// The headers.
     pub fn headers(&self) -> &HeaderMap {
         self.inner.headers()
+    }
+
+    /// Change the idle deadline of this body (long-lived streams whose server may be silent
+    /// while it works; the whole-request deadline still applies).
+    pub fn set_idle_timeout(&mut self, idle: Duration) {
+        self.idle_timeout = idle;
     }
 
     /// The next piece of the body, waiting at most the idle deadline; `None` at the end.

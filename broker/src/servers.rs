@@ -15,7 +15,7 @@ use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 use iteron_policy::zone::Zone;
 
 use crate::mcp::client::{Client, McpError, Options};
-use crate::net::{Net, NetConfig, NetError, PinnedResolver, TargetHost, judge_answer, target_host};
+use crate::net::{Net, NetConfig, NetError, TargetHost, judge_answer, target_host};
 use crate::spawn::{ChildSpec, child_env};
 
 /// Why a configured server could not be connected.
@@ -53,28 +53,81 @@ impl fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {}
 
 fn secret_header(value: OsString, name: &str) -> Result<HeaderValue, ConnectError> {
-    let s = value
-        .into_string()
+    let s = zeroize::Zeroizing::new(
+        value
+            .into_string()
+            .map_err(|_| ConnectError::BadHeaderValue(name.to_owned()))?,
+    );
+    let mut v = HeaderValue::from_str(s.as_str())
         .map_err(|_| ConnectError::BadHeaderValue(name.to_owned()))?;
-    let mut v =
-        HeaderValue::from_str(&s).map_err(|_| ConnectError::BadHeaderValue(name.to_owned()))?;
     v.set_sensitive(true);
     Ok(v)
 }
 
-/// The zone an HTTP server's endpoint is in now: a literal is classified; a name is resolved
-/// once and judged whole. (The binding recorded at first login arrives with OAuth.)
-pub async fn endpoint_zone(
-    server_url: &iteron_policy::url::EndpointUrl,
-    network: &NetworkConfig,
-) -> Result<Zone, NetError> {
+/// The secret values a server's configuration names (forwarded variables, header values,
+/// bearer tokens), held only to scrub them from any text a server sends back — a server that
+/// echoes an API key in an error must not get it printed.
+pub struct KnownSecrets(Vec<zeroize::Zeroizing<String>>);
+
+impl KnownSecrets {
+    /// Collect the values of every variable `server` names (values shorter than 4 bytes are
+    /// ignored: scrubbing them would mangle ordinary text and they protect nothing).
+    pub fn of(server: &ServerConfig, lookup: &dyn Fn(&str) -> Option<OsString>) -> KnownSecrets {
+        let names: Vec<String> = match &server.transport {
+            Transport::Stdio(st) => st.env.iter().map(|n| n.as_str().to_owned()).collect(),
+            Transport::Http(h) => h
+                .header_env
+                .values()
+                .map(|v| v.as_str().to_owned())
+                .chain(h.oauth.iter().flat_map(|o| {
+                    [
+                        o.access_token_env.as_ref(),
+                        o.refresh_token_env.as_ref(),
+                        o.client_secret_env.as_ref(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().to_owned())
+                }))
+                .collect(),
+        };
+        KnownSecrets(
+            names
+                .iter()
+                .filter_map(|n| lookup(n))
+                .filter_map(|v| v.into_string().ok())
+                .filter(|v| v.len() >= 4)
+                .map(zeroize::Zeroizing::new)
+                .collect(),
+        )
+    }
+
+    /// `text` with every known secret value replaced by `[REDACTED]`.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for secret in &self.0 {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "[REDACTED]");
+            }
+        }
+        out
+    }
+}
+
+/// The binding zone of an HTTP server's endpoint: an IP literal is in its own zone, and
+/// `localhost` is loopback; any other host name is bound to `public`, whatever its DNS answer
+/// says today — so DNS can never move a server into a more privileged zone. (A binding recorded
+/// at first login, or chosen by the operator, arrives with the credential store.)
+pub fn endpoint_zone(server_url: &iteron_policy::url::EndpointUrl) -> Result<Zone, NetError> {
     match target_host(server_url) {
         TargetHost::Literal(ip) => judge_answer(&ip.to_string(), Zone::Loopback, &[ip]),
         TargetHost::Name(name) => {
-            let cfg = NetConfig::from_operator(network)?;
-            let resolver = PinnedResolver::new(&cfg.dns, Zone::Loopback)?;
-            let addrs = resolver.resolve_checked(&name).await?;
-            judge_answer(&name, Zone::Loopback, &addrs)
+            let bare = name.strip_suffix('.').unwrap_or(&name);
+            Ok(if bare.eq_ignore_ascii_case("localhost") {
+                Zone::Loopback
+            } else {
+                Zone::Public
+            })
         }
         TargetHost::Missing => Err(NetError::Url("the URL has no host".into())),
     }
@@ -113,11 +166,10 @@ pub async fn connect(
                     .ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
                 let mut bearer = OsString::from("Bearer ");
                 bearer.push(token);
+                // secret_header takes ownership and zeroizes its working copy.
                 headers.insert(AUTHORIZATION, secret_header(bearer, var.as_str())?);
             }
-            let zone = endpoint_zone(&h.url, network)
-                .await
-                .map_err(ConnectError::Net)?;
+            let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
             let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
                 .map_err(ConnectError::Net)?;
             let client = net.client(zone).map_err(ConnectError::Net)?;
@@ -125,5 +177,23 @@ pub async fn connect(
                 .await
                 .map_err(ConnectError::Mcp)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iteron_policy::url::EndpointUrl;
+
+    #[test]
+    fn dns_never_chooses_the_binding_zone() {
+        let z = |u: &str| endpoint_zone(&EndpointUrl::parse(u).unwrap()).unwrap();
+        assert_eq!(z("https://mcp.example.com/mcp"), Zone::Public);
+        assert_eq!(z("http://localhost:3000/mcp"), Zone::Loopback);
+        assert_eq!(z("http://LOCALHOST./mcp"), Zone::Loopback);
+        assert_eq!(z("http://127.0.0.1:8080/mcp"), Zone::Loopback);
+        assert_eq!(z("https://10.0.0.5/mcp"), Zone::Private);
+        assert_eq!(z("https://169.254.169.254/"), Zone::LinkLocal);
+        assert!(endpoint_zone(&EndpointUrl::parse("https://224.0.0.1/").unwrap()).is_err());
     }
 }

@@ -35,6 +35,48 @@ pub const STDERR_KEEP: usize = 16 * 1024;
 /// Default wait at each rung of the shutdown ladder.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// The value of an environment variable given to a child: possibly a secret, so it lives in a
+/// zeroizing box, is never `Debug`-printed, and is exposed only to `exec`.
+pub struct EnvValue(secrecy::SecretBox<Vec<u8>>);
+
+impl EnvValue {
+    /// Take ownership of a value.
+    pub fn new(value: OsString) -> EnvValue {
+        use std::os::unix::ffi::OsStringExt;
+        EnvValue(secrecy::SecretBox::new(Box::new(value.into_vec())))
+    }
+
+    /// The value, for `exec` (and tests).
+    pub fn expose(&self) -> &OsStr {
+        use secrecy::ExposeSecret;
+        OsStr::from_bytes(self.0.expose_secret())
+    }
+}
+
+impl Clone for EnvValue {
+    fn clone(&self) -> Self {
+        use secrecy::ExposeSecret;
+        EnvValue(secrecy::SecretBox::new(Box::new(
+            self.0.expose_secret().clone(),
+        )))
+    }
+}
+
+impl fmt::Debug for EnvValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[value not shown]")
+    }
+}
+
+impl From<&str> for EnvValue {
+    fn from(s: &str) -> Self {
+        EnvValue::new(OsString::from(s))
+    }
+}
+
+/// An environment variable for a child: its name and its (secret) value.
+pub type EnvVar = (OsString, EnvValue);
+
 /// Build a child's environment from nothing: `PATH` (the operator's, else [`SAFE_PATH`]),
 /// `LANG`, then each named variable that is set in `lookup` (the broker's environment). Names
 /// not set are reported back so diagnostics can say so; their absence is not an error.
@@ -43,8 +85,8 @@ pub fn child_env(
     named: &[EnvName],
     path: Option<&str>,
     lookup: impl Fn(&str) -> Option<OsString>,
-) -> (Vec<(OsString, OsString)>, Vec<EnvName>) {
-    let mut env: Vec<(OsString, OsString)> = vec![
+) -> (Vec<EnvVar>, Vec<EnvName>) {
+    let mut env: Vec<EnvVar> = vec![
         ("PATH".into(), path.unwrap_or(SAFE_PATH).into()),
         ("LANG".into(), CHILD_LANG.into()),
     ];
@@ -54,7 +96,7 @@ pub fn child_env(
             Some(value) => {
                 // A named variable replaces a base one (the operator chose it explicitly).
                 env.retain(|(k, _)| k.as_os_str() != OsStr::new(name.as_str()));
-                env.push((name.as_str().into(), value));
+                env.push((name.as_str().into(), EnvValue::new(value)));
             }
             None => missing.push(name.clone()),
         }
@@ -84,7 +126,7 @@ pub struct ChildSpec {
     /// Its arguments.
     pub args: Vec<String>,
     /// The complete environment (from [`child_env`]).
-    pub env: Vec<(OsString, OsString)>,
+    pub env: Vec<EnvVar>,
 }
 
 impl fmt::Debug for ChildSpec {
@@ -203,6 +245,8 @@ pub struct ChildProcess {
     pub stdout: Option<tokio::process::ChildStdout>,
     stderr: Arc<Mutex<Ring>>,
     exit: watch::Receiver<Option<Exit>>,
+    /// Tells the reaper to kill what is left of the group and reap the leader.
+    reap: Option<mpsc::Sender<()>>,
 }
 
 impl fmt::Debug for ChildProcess {
@@ -219,7 +263,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         .env
         .iter()
         .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .map(|(_, v)| v.expose().to_string_lossy().into_owned())
         .unwrap_or_else(|| SAFE_PATH.to_owned());
     let shown = text::single_line_capped(&spec.command, 200);
     let program = resolve_program(&spec.command, &path_value)
@@ -227,7 +271,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
     let mut cmd = Command::new(&program);
     cmd.args(&spec.args)
         .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .envs(spec.env.iter().map(|(k, v)| (k, v.expose())))
         .current_dir("/")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -278,20 +322,31 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         });
     }
     let (exit_tx, exit_rx) = watch::channel(None);
+    let (reap_tx, reap_rx) = mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("iteron-reaper".into())
         .spawn(move || {
-            use std::os::unix::process::ExitStatusExt;
-            let status = child.wait();
-            let exit = match status {
-                Ok(s) => match (s.code(), s.signal()) {
-                    (Some(c), _) => Exit::Code(c),
-                    (None, Some(sig)) => Exit::Signal(sig),
-                    (None, None) => Exit::Code(-1),
-                },
-                Err(_) => Exit::Code(-1),
+            use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+            // Observe the exit without reaping (WNOWAIT): while the leader is an unreaped
+            // zombie its pid — and so its process-group id — cannot be reused, which makes the
+            // final group kill below safe.
+            let exit = loop {
+                match waitid(
+                    Id::Pid(Pid::from_raw(pid)),
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+                ) {
+                    Ok(WaitStatus::Exited(_, code)) => break Exit::Code(code),
+                    Ok(WaitStatus::Signaled(_, sig, _)) => break Exit::Signal(sig as i32),
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => break Exit::Code(-1),
+                }
             };
             let _ = exit_tx.send(Some(exit));
+            // Wait until the owner is done with the group (or gone), then kill whatever is left
+            // of it — a server's own children included — and reap the leader.
+            let _ = reap_rx.recv();
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = child.wait();
         })
         .map_err(|e| SpawnError::Start {
             command: spec.command.clone(),
@@ -303,6 +358,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         stdout,
         stderr: ring,
         exit: exit_rx,
+        reap: Some(reap_tx),
     })
 }
 
@@ -356,16 +412,27 @@ impl ChildProcess {
     /// `grace`; SIGKILL the group and wait for the reaper. Returns the rung that ended it.
     pub async fn shutdown(&mut self, grace: Duration) -> Ended {
         self.stdin = None;
-        if self.wait_for(grace).await {
-            return Ended::OnEof;
+        let ended = if self.wait_for(grace).await {
+            Ended::OnEof
+        } else {
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGTERM);
+            if self.wait_for(grace).await {
+                Ended::OnTerm
+            } else {
+                let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+                let _ = self.wait_for(Duration::from_secs(30)).await;
+                Ended::OnKill
+            }
+        };
+        // The leader is gone; anything it left behind in its group goes too.
+        self.release();
+        ended
+    }
+
+    fn release(&mut self) {
+        if let Some(tx) = self.reap.take() {
+            let _ = tx.send(());
         }
-        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGTERM);
-        if self.wait_for(grace).await {
-            return Ended::OnTerm;
-        }
-        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
-        let _ = self.wait_for(Duration::from_secs(30)).await;
-        Ended::OnKill
     }
 
     /// Signal the whole group at once (used when the broker stops).
@@ -379,11 +446,12 @@ impl Drop for ChildProcess {
         if self.exit.borrow().is_none() {
             self.kill_group();
         }
+        self.release();
     }
 }
 
 /// Render an environment variable name list for diagnostics.
-pub fn names_of(env: &[(OsString, OsString)]) -> Vec<String> {
+pub fn names_of(env: &[EnvVar]) -> Vec<String> {
     env.iter()
         .map(|(k, _)| String::from_utf8_lossy(k.as_bytes()).into_owned())
         .collect()
@@ -406,20 +474,25 @@ mod tests {
             _ => None,
         };
         let (env, missing) = child_env(&[name("API_TOKEN"), name("NOT_SET")], None, lookup);
+        let plain: Vec<(OsString, OsString)> = env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.expose().to_os_string()))
+            .collect();
         assert_eq!(
-            env,
+            plain,
             vec![
                 ("PATH".into(), SAFE_PATH.into()),
                 ("LANG".into(), CHILD_LANG.into()),
                 ("API_TOKEN".into(), "secret-value".into()),
             ]
         );
+        assert_eq!(format!("{:?}", env[2].1), "[value not shown]");
         assert_eq!(missing, vec![name("NOT_SET")]);
         let (env, _) = child_env(&[], Some("/opt/tools/bin"), lookup);
-        assert_eq!(env[0], ("PATH".into(), "/opt/tools/bin".into()));
+        assert_eq!(env[0].1.expose(), "/opt/tools/bin");
         let (env, _) = child_env(&[name("PATH")], None, lookup);
         assert_eq!(env.iter().filter(|(k, _)| k == "PATH").count(), 1);
-        assert_eq!(env.last().unwrap().1, OsString::from("/evil/bin"));
+        assert_eq!(env.last().unwrap().1.expose(), "/evil/bin");
     }
 
     #[test]

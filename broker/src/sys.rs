@@ -41,7 +41,18 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32) {
             )
         };
         if rc != 0 {
-            return Err(std::io::Error::last_os_error());
+            // Older kernels (before 5.11) or a seccomp profile without close_range: mark each
+            // descriptor up to the soft RLIMIT_NOFILE (bounded) close-on-exec one by one.
+            let (soft, _) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE)
+                .map_err(std::io::Error::from)?;
+            let top = soft.min(65_536) as nix::libc::c_int;
+            for fd in 3..top {
+                // SAFETY: fcntl(F_SETFD) on an integer descriptor touches no memory; on a
+                // descriptor that is not open it fails with EBADF, which is ignored.
+                unsafe {
+                    nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
+                }
+            }
         }
         Ok(())
     };

@@ -483,19 +483,17 @@ async fn input_required_outside_tools_call_and_unknown_result_types_are_protocol
 #[tokio::test]
 async fn every_request_accepts_both_media_types_and_errors_never_adopt_a_session() {
     let server = Server::start(Arc::new(|req: &Seen, all: &[Seen]| {
+        let inits = all.iter().filter(|s| s.rpc_method() == Some("initialize")).count();
         match req.rpc_method() {
             // A first initialize that fails but hands out a session id: it must not be adopted.
-            Some("initialize")
-                if all
-                    .iter()
-                    .filter(|s| s.rpc_method() == Some("initialize"))
-                    .count()
-                    == 1 =>
-            {
-                Reply::status(406, rpc_err(req, -32000, "Not Acceptable"))
-                    .with("Mcp-Session-Id", "bogus")
+            Some("initialize") if inits == 1 => {
+                Reply::status(406, rpc_err(req, -32000, "Not Acceptable")).with("Mcp-Session-Id", "bogus")
             }
-            _ => Reply::empty(500),
+            // The second succeeds without any session (stateless).
+            Some("initialize") => Reply::json(ok(req, json!({"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "s", "version": "1"}}))),
+            Some("notifications/initialized") => Reply::empty(202),
+            Some("tools/list") => Reply::json(ok(req, json!({"tools": []}))),
+            _ => Reply::empty(405),
         }
     }))
     .await;
@@ -504,12 +502,72 @@ async fn every_request_accepts_both_media_types_and_errors_never_adopt_a_session
             .await
             .is_err()
     );
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    c.list_tools().await.unwrap();
     let seen = server.seen();
+    assert!(seen.len() >= 4, "{seen:?}");
     assert!(
         seen.iter()
+            .filter(|s| s.method == "POST")
             .all(|s| s.header("accept") == Some("application/json, text/event-stream"))
     );
-    assert!(seen.iter().all(|s| s.header("mcp-session-id").is_none()));
+    assert!(
+        seen.iter().all(|s| s.header("mcp-session-id").is_none()),
+        "the error's session id was never used"
+    );
+}
+
+#[tokio::test]
+async fn a_tools_call_whose_answer_post_fails_mid_stream_is_maybe_applied() {
+    // The server sends a request on the call's stream; answering it fails (404), so the call's
+    // outcome is unknown — never "not sent".
+    let server = Server::start(legacy(|req, _| {
+        match (req.method.as_str(), req.rpc_method()) {
+            ("POST", Some("tools/call")) => Reply::sse(vec![Piece::Data(format!(
+                "event: message\ndata: {}\n\n",
+                json!({"jsonrpc": "2.0", "id": 77, "method": "ping"})
+            ))]),
+            ("POST", None) => Reply::empty(404),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    let e = c.call_tool("echo", Map::new()).await.unwrap_err();
+    assert_eq!(e.certainty(), Certainty::MaybeApplied, "{e}");
+    assert_eq!(server.count("tools/call"), 1);
+}
+
+#[tokio::test]
+async fn a_redirect_answer_to_a_call_is_maybe_applied_and_not_followed() {
+    let server = Server::start(legacy(|req, _| match req.rpc_method() {
+        Some("tools/call") => Reply::empty(303).with("Location", "http://127.0.0.1:1/elsewhere"),
+        _ => Reply::empty(500),
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+        .await
+        .unwrap();
+    let e = c.call_tool("echo", Map::new()).await.unwrap_err();
+    assert_eq!(e.certainty(), Certainty::MaybeApplied, "{e}");
+    assert!(e.to_string().contains("redirect"), "{e}");
+}
+
+#[tokio::test]
+async fn an_unrelated_error_to_the_probe_never_downgrades() {
+    // -32603 in a 500 or a 200 is a failure, not a legacy signal.
+    for status in [200u16, 500] {
+        let server = Server::start(Arc::new(move |req: &Seen, _: &[Seen]| {
+            Reply::status(status, rpc_err(req, -32603, "internal error"))
+        }))
+        .await;
+        assert!(connect(&server, VersionPolicy::Auto).await.is_err());
+        assert_eq!(server.count("initialize"), 0, "status {status}");
+    }
 }
 
 #[tokio::test]

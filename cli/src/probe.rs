@@ -86,8 +86,9 @@ async fn probe(config: &Config, server: &ServerConfig) -> Result<Value, String> 
             "dropped_tools": dropped.iter().map(|d| json!({"name": d.name, "reason": d.reason})).collect::<Vec<_>>(),
         }))
     };
+    let secrets = servers::KnownSecrets::of(server, &lookup);
     match tokio::time::timeout(PROBE_DEADLINE, work).await {
-        Ok(r) => r.map_err(|e| text::single_line_capped(&e, 400)),
+        Ok(r) => r.map_err(|e| text::single_line_capped(&secrets.scrub(&e), 400)),
         Err(_) => Err(format!("no answer within {} s", PROBE_DEADLINE.as_secs())),
     }
 }

@@ -44,6 +44,12 @@ pub const TOOL_CALL_DEADLINE: Duration = Duration::from_secs(300);
 pub const MAX_MRTR_ROUNDS: usize = 4;
 /// Most bytes of input responses in one MRTR round.
 pub const MAX_MRTR_INPUT_BYTES: usize = 64 * 1024;
+/// Most input requests in one MRTR round.
+pub const MAX_MRTR_INPUT_REQUESTS: usize = 4;
+/// Most bytes of one listing (all pages).
+pub const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+/// Most bytes held by the private list cache.
+pub const MAX_CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Most pages in one listing.
 pub const MAX_LIST_PAGES: usize = 64;
 /// Most items in one listing.
@@ -223,11 +229,11 @@ async fn ask(elicitor: &Arc<dyn Elicitor>, params: &Value) -> Result<Value, (i64
         ));
     }
     elicit::check_form_schema(&schema).map_err(|e| (codes::INVALID_PARAMS, e))?;
-    let message = params
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+    let message = params.get("message").and_then(Value::as_str).unwrap_or("");
+    if message.len() > elicit::MAX_MESSAGE_BYTES {
+        return Err((codes::INVALID_PARAMS, "the form message is too long".into()));
+    }
+    let message = message.to_owned();
     let answer = elicitor
         .ask(FormRequest {
             message,
@@ -385,6 +391,7 @@ pub fn project(result: &Value) -> Projected {
 struct CacheEntry {
     key: String,
     value: Value,
+    bytes: usize,
     expires: Instant,
 }
 
@@ -403,6 +410,25 @@ pub struct Client {
     cache: Mutex<VecDeque<CacheEntry>>,
     in_flight: AtomicUsize,
     session_lost: AtomicBool,
+    /// Serializes restarts: two requests that both find the server dead start it once.
+    revive_lock: tokio::sync::Mutex<()>,
+}
+
+/// Counts a request as in flight for exactly as long as it lives (also when its future is
+/// dropped), so session recovery never waits on a count that cannot come down.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn capabilities(opts: &Options, era: Era, http: bool) -> Value {
@@ -478,6 +504,7 @@ impl Client {
             cache: Mutex::new(VecDeque::new()),
             in_flight: AtomicUsize::new(0),
             session_lost: AtomicBool::new(false),
+            revive_lock: tokio::sync::Mutex::new(()),
         };
         match (client.opts.version, start) {
             (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
@@ -499,6 +526,11 @@ impl Client {
     /// Requests that were in flight when it died already failed as `maybe_applied`; none is
     /// resent.
     async fn revive(&self) -> Result<(), McpError> {
+        if !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed()) {
+            return Ok(());
+        }
+        let _one_at_a_time = self.revive_lock.lock().await;
+        // Whoever held the lock may have revived it already.
         let closed = matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed());
         let Some(restart) = self.restart.as_ref().filter(|_| closed) else {
             return Ok(());
@@ -639,9 +671,13 @@ impl Client {
                     codes::HEADER_MISMATCH | codes::MISSING_CAPABILITY | codes::INVALID_PARAMS => {
                         false
                     }
-                    // On HTTP any other JSON-RPC error to the probe (e.g. -32000 "Server not
-                    // initialized", -32600 "Missing session ID") is the legacy signature.
-                    _ => self.http_transport,
+                    // On HTTP any other JSON-RPC error to the probe that came with a 4xx (e.g.
+                    // -32000 "Server not initialized", -32600 "Missing session ID") is the
+                    // legacy signature; errors in a 2xx or a 5xx are unrelated failures.
+                    _ => {
+                        self.http_transport
+                            && error.http_status.is_some_and(|s| (400..500).contains(&s))
+                    }
                 };
                 if legacy {
                     self.initialize(Version::LATEST_LEGACY).await
@@ -763,7 +799,7 @@ impl Client {
         deadline: Duration,
         adopt_session: bool,
     ) -> Result<Result<Value, RpcError>, McpError> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let in_flight = InFlight::new(&self.in_flight);
         let out = match &*self.transport() {
             Transport::Stdio(t) => t.request(id, method, params, deadline).await,
             Transport::Http(t) => {
@@ -790,7 +826,7 @@ impl Client {
                 }
             }
         };
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        drop(in_flight);
         if let Err(TransportError {
             kind: TransportErrorKind::SessionLost,
             ..
@@ -816,7 +852,14 @@ impl Client {
         if modern_http {
             return;
         }
-        let params = json!({"requestId": id.to_value(), "reason": "deadline exceeded"});
+        let mut params = json!({"requestId": id.to_value(), "reason": "deadline exceeded"});
+        if let Era::Modern(v) = self.era() {
+            params["_meta"] = json!({
+                META_VERSION: v.as_str(),
+                META_CAPS: capabilities(&self.opts, self.era(), self.http_transport),
+                META_INFO: {"name": self.opts.name, "version": self.opts.version_string},
+            });
+        }
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             match &*self.transport() {
                 Transport::Stdio(t) => t
@@ -987,14 +1030,23 @@ impl Client {
             return;
         }
         let ttl = Duration::from_millis(ttl.min(86_400_000.0) as u64);
+        let bytes = serde_json::to_vec(value).map_or(usize::MAX, |v| v.len());
+        if bytes > MAX_CACHE_BYTES / 4 {
+            return;
+        }
         if let Ok(mut cache) = self.cache.lock() {
-            cache.retain(|e| e.key != key);
-            if cache.len() >= MAX_CACHE_ENTRIES {
-                cache.pop_front();
+            cache.retain(|e| e.key != key && Instant::now() < e.expires);
+            while cache.len() >= MAX_CACHE_ENTRIES
+                || cache.iter().map(|e| e.bytes).sum::<usize>() + bytes > MAX_CACHE_BYTES
+            {
+                if cache.pop_front().is_none() {
+                    break;
+                }
             }
             cache.push_back(CacheEntry {
                 key,
                 value: value.clone(),
+                bytes,
                 expires: Instant::now() + ttl,
             });
         }
@@ -1015,6 +1067,7 @@ impl Client {
             c.clear();
         }
         let mut items = Vec::new();
+        let mut listed_bytes = 0usize;
         let mut cursor: Option<String> = None;
         let mut seen_cursors = std::collections::HashSet::new();
         for _ in 0..MAX_LIST_PAGES {
@@ -1045,6 +1098,13 @@ impl Client {
                     Certainty::Applied,
                 )
             })?;
+            listed_bytes += serde_json::to_vec(list).map_or(usize::MAX, |v| v.len());
+            if listed_bytes > MAX_LIST_BYTES {
+                return Err(McpError::Limit {
+                    what: "bytes in one listing",
+                    max: MAX_LIST_BYTES,
+                });
+            }
             if items.len() + list.len() > MAX_LIST_ITEMS {
                 return Err(McpError::Limit {
                     what: "items in one listing",
@@ -1161,7 +1221,7 @@ impl Client {
         let mut params = Map::new();
         params.insert("name".into(), name.into());
         params.insert("arguments".into(), Value::Object(arguments));
-        for _round in 0..=MAX_MRTR_ROUNDS {
+        for round in 0..=MAX_MRTR_ROUNDS {
             let result = self
                 .exchange(
                     "tools/call",
@@ -1173,6 +1233,10 @@ impl Client {
                 .await?;
             if !self.check_result_type(&result, true)? {
                 return Ok(project(&result));
+            }
+            if round == MAX_MRTR_ROUNDS {
+                // Never ask the operator for input that could not be sent.
+                break;
             }
             let responses = self.answer_input_requests(&result).await?;
             // The retry carries exactly this round's answers and state; nothing else.
@@ -1198,6 +1262,12 @@ impl Client {
         let requests = requests
             .as_object()
             .ok_or_else(|| protocol_error("inputRequests is not an object", Certainty::Applied))?;
+        if requests.len() > MAX_MRTR_INPUT_REQUESTS {
+            return Err(McpError::Limit {
+                what: "input requests in one round",
+                max: MAX_MRTR_INPUT_REQUESTS,
+            });
+        }
         let Some(elicitor) = self.opts.elicitor.clone() else {
             return Err(McpError::InputRefused(
                 "this client is noninteractive, so the call fails closed".into(),
@@ -1285,13 +1355,15 @@ impl Client {
         }
     }
 
-    /// Close: DELETE the session (stateful HTTP), or stop the child (stdio).
-    pub async fn close(&self) {
+    /// Close: DELETE the session (stateful HTTP), or stop the child (stdio; returns the rung of
+    /// the shutdown ladder that ended it).
+    pub async fn close(&self) -> Option<crate::spawn::Ended> {
         match &*self.transport() {
-            Transport::Stdio(t) => {
+            Transport::Stdio(t) => Some(t.close().await),
+            Transport::Http(t) => {
                 t.close().await;
+                None
             }
-            Transport::Http(t) => t.close().await,
         }
     }
 }

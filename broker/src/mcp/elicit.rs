@@ -19,6 +19,12 @@ use serde_json::{Map, Value};
 pub const MAX_FIELDS: usize = 32;
 /// Largest serialized answer set, in bytes (per request).
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// Most choices in one enum or `oneOf`.
+pub const MAX_CHOICES: usize = 64;
+/// Largest serialized form schema, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// Longest message shown with a form, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 
 /// A form request, as checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +56,15 @@ fn field_ok(field: &Value) -> Result<(), String> {
     let Some(obj) = field.as_object() else {
         return Err("a field is not an object".into());
     };
+    for key in ["enum", "oneOf"] {
+        if obj
+            .get(key)
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.len() > MAX_CHOICES)
+        {
+            return Err(format!("a field offers more than {MAX_CHOICES} choices"));
+        }
+    }
     if let Some(options) = obj.get("oneOf") {
         let Some(options) = options.as_array() else {
             return Err("oneOf is not a list".into());
@@ -117,6 +132,9 @@ fn field_ok(field: &Value) -> Result<(), String> {
 /// Whether this client can render the form faithfully. Refused schemas are refused before any
 /// answer is collected.
 pub fn check_form_schema(schema: &Value) -> Result<(), String> {
+    if serde_json::to_vec(schema).map_or(usize::MAX, |v| v.len()) > MAX_SCHEMA_BYTES {
+        return Err("the requested schema is too large".into());
+    }
     let Some(obj) = schema.as_object() else {
         return Err("the requested schema is not an object".into());
     };
@@ -186,7 +204,25 @@ pub fn check_answers(schema: &Value, answers: &Map<String, Value>) -> Result<(),
             "number" => v.is_number(),
             "integer" => v.is_i64() || v.is_u64(),
             "boolean" => v.is_boolean(),
-            "array" => v.as_array().is_some_and(|a| a.iter().all(Value::is_string)),
+            "array" => v.as_array().is_some_and(|a| {
+                let allowed: Vec<&str> = field
+                    .get("items")
+                    .and_then(|it| {
+                        it.get("enum")
+                            .and_then(Value::as_array)
+                            .map(|e| e.iter().filter_map(Value::as_str).collect())
+                            .or_else(|| {
+                                it.get("anyOf").and_then(Value::as_array).map(|o| {
+                                    o.iter()
+                                        .filter_map(|x| x.get("const").and_then(Value::as_str))
+                                        .collect()
+                                })
+                            })
+                    })
+                    .unwrap_or_default();
+                a.iter()
+                    .all(|x| x.as_str().is_some_and(|s| allowed.contains(&s)))
+            }),
             _ => false,
         };
         if !ok {

@@ -36,6 +36,8 @@ pub const MAX_RESUMPTIONS: u32 = 3;
 pub const DEFAULT_RETRY: Duration = Duration::from_millis(1000);
 /// Longest reconnect delay honoured.
 pub const MAX_RETRY: Duration = Duration::from_secs(10);
+/// Most reopenings of the standalone GET stream per session.
+pub const LISTENER_REOPENS: u32 = 100;
 /// Deadline of one exchange (a tool call may stream for a while).
 pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(300);
 
@@ -73,10 +75,16 @@ pub struct Post<'a> {
     pub adopt_session: bool,
 }
 
+/// Largest body read (and discarded) in reply to one of our answers or notifications.
+const MAX_ACK_BODY: usize = 64 * 1024;
+
 fn network(e: &NetError) -> TransportError {
     let certainty = match e {
         NetError::Timeout { phase } if *phase != "connecting" => Certainty::MaybeApplied,
-        NetError::Http { .. } | NetError::BodyTooLarge { .. } => Certainty::MaybeApplied,
+        // A redirect is an answer: the server had the request (and may have acted on it).
+        NetError::Http { .. } | NetError::BodyTooLarge { .. } | NetError::Redirect { .. } => {
+            Certainty::MaybeApplied
+        }
         _ => Certainty::NotSent,
     };
     TransportError {
@@ -185,15 +193,24 @@ impl HttpTransport {
         self.stop_listener();
         let inner = self.inner.clone();
         let task = tokio::spawn(async move {
-            let mut headers = inner.base_headers(&HeaderMap::new());
-            headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-            let mut req = Request::new(Method::GET, inner.url.clone());
-            req.headers = headers;
-            req.timeout = Some(Duration::from_secs(24 * 3600));
-            let Ok(resp) = inner.client.send(req).await else {
-                return;
-            };
-            if resp.status().is_success() && is_sse(&resp) {
+            // Reopened when it ends (servers close idle streams), a bounded number of times,
+            // with a pause; a 405 or any non-stream answer ends listening for good.
+            for attempt in 0..LISTENER_REOPENS {
+                if attempt > 0 {
+                    tokio::time::sleep(DEFAULT_RETRY).await;
+                }
+                let mut headers = inner.base_headers(&HeaderMap::new());
+                headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+                let mut req = Request::new(Method::GET, inner.url.clone());
+                req.headers = headers;
+                req.timeout = Some(Duration::from_secs(24 * 3600));
+                let Ok(mut resp) = inner.client.send(req).await else {
+                    return;
+                };
+                if !(resp.status().is_success() && is_sse(&resp)) {
+                    return;
+                }
+                resp.set_idle_timeout(Duration::from_secs(24 * 3600));
                 let _ = inner.read_stream(resp, None).await;
             }
         });
@@ -295,6 +312,12 @@ impl HttpInner {
         if status.as_u16() == 202 {
             return Ok(None);
         }
+        if status.is_success() && post.awaits.is_none() {
+            // Our notification or answer was taken. Whatever body comes back is read bounded
+            // and dropped — never parsed as a stream that could carry further server requests.
+            let _ = resp.body(MAX_ACK_BODY).await;
+            return Ok(None);
+        }
         if status.is_success() {
             if is_sse(&resp) {
                 return self.read_stream(resp, post.awaits).await;
@@ -334,8 +357,12 @@ impl HttpInner {
         let bytes = resp.body(MAX_ERROR_BODY).await.unwrap_or_default();
         let rpc = jsonrpc::parse_incoming(&bytes).ok().and_then(|m| match m {
             Incoming::Response {
-                outcome: Err(e), ..
-            } => Some(e),
+                outcome: Err(mut e),
+                ..
+            } => {
+                e.http_status = Some(code);
+                Some(e)
+            }
             _ => None,
         });
         let text_body = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
@@ -378,6 +405,8 @@ impl HttpInner {
         let mut parser = SseParser::new(self.limits);
         let mut resumptions = 0;
         loop {
+            // A server may stay silent while a tool runs; the exchange deadline still applies.
+            resp.set_idle_timeout(EXCHANGE_DEADLINE);
             let mut events = Vec::new();
             let ended = loop {
                 match resp.next_chunk().await {
@@ -385,8 +414,22 @@ impl HttpInner {
                         parser
                             .feed(&chunk, &mut events)
                             .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
+                        if !events.is_empty() {
+                            // Progress: a polling server may close and be resumed again.
+                            resumptions = 0;
+                        }
                         for ev in events.drain(..) {
-                            if let Some(done) = self.on_event(&ev.data, awaits).await? {
+                            if ev.event.as_deref().is_some_and(|t| t != "message") {
+                                continue;
+                            }
+                            // Once our request is on the wire, any failure here (including
+                            // one while answering a server request) leaves its effect unknown.
+                            let handled =
+                                self.on_event(&ev.data, awaits).await.map_err(|mut e| {
+                                    e.certainty = Certainty::MaybeApplied;
+                                    e
+                                })?;
+                            if let Some(done) = handled {
                                 return Ok(Some(done));
                             }
                         }
@@ -477,6 +520,11 @@ impl HttpInner {
                 Ok(None)
             }
             Incoming::Request { id, method, params } => {
+                // The modern era forbids server requests on streams (MRTR replaces them); such a
+                // request is ignored rather than answered.
+                if !self.has_session_or_legacy() {
+                    return Ok(None);
+                }
                 let answer = self.handler.handle(&method, params).await;
                 let reply = jsonrpc::response(&id, answer);
                 // The answer travels on its own POST; its own reply is just an acknowledgement.

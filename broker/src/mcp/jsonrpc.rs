@@ -77,6 +77,8 @@ pub struct RpcError {
     pub message: String,
     /// `data`, kept for the protocol layer (never shown verbatim).
     pub data: Option<Value>,
+    /// The HTTP status it came with, when it came over HTTP with an error status.
+    pub http_status: Option<u16>,
 }
 
 impl fmt::Display for RpcError {
@@ -95,6 +97,7 @@ impl RpcError {
             code,
             message: text::single_line_capped(message, MAX_ERROR_MESSAGE),
             data: obj.get("data").cloned(),
+            http_status: None,
         })
     }
 

@@ -22,6 +22,10 @@ use crate::spawn::{ChildProcess, Ended, SHUTDOWN_GRACE};
 
 /// Longest line accepted from a server, in bytes (DESIGN §11).
 pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
+/// Most server→client requests handled at once; one more ends the connection.
+pub const MAX_SERVER_REQUESTS: usize = 8;
+/// Longest wait to write one message to a server that stopped reading.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 type Pending = Arc<Mutex<HashMap<Id, oneshot::Sender<Result<Value, RpcError>>>>>;
 
@@ -41,12 +45,22 @@ async fn write_line(
 ) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
     line.push(b'\n');
-    let mut guard = stdin.lock().await;
-    let Some(w) = guard.as_mut() else {
-        return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+    let write = async {
+        let mut guard = stdin.lock().await;
+        let Some(w) = guard.as_mut() else {
+            return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        };
+        w.write_all(&line).await?;
+        w.flush().await
     };
-    w.write_all(&line).await?;
-    w.flush().await
+    tokio::time::timeout(WRITE_DEADLINE, write)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the server stopped reading its input",
+            )
+        })?
 }
 
 /// Read one line of at most `max` bytes (without the newline). `Ok(None)` at end of stream.
@@ -84,6 +98,19 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
+struct PendingGuard<'a> {
+    pending: &'a Pending,
+    id: &'a Id,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.remove(self.id);
+        }
+    }
+}
+
 impl StdioTransport {
     /// Take over a spawned child's pipes and start routing its messages.
     pub fn start(mut child: ChildProcess, handler: Arc<dyn Handler>) -> StdioTransport {
@@ -93,6 +120,7 @@ impl StdioTransport {
         let closed = Arc::new(AtomicBool::new(false));
         let close_reason = Arc::new(Mutex::new(None));
         let list_changed = Arc::new(AtomicBool::new(false));
+        let requests = Arc::new(tokio::sync::Semaphore::new(MAX_SERVER_REQUESTS));
         let t = StdioTransport {
             child: tokio::sync::Mutex::new(child),
             stdin: stdin.clone(),
@@ -131,9 +159,16 @@ impl StdioTransport {
                                 }
                             }
                             Ok(Incoming::Request { id, method, params }) => {
+                                // A server may ask several things at once, not without limit.
+                                let Ok(permit) = requests.clone().try_acquire_owned() else {
+                                    break format!(
+                                        "the server sent more than {MAX_SERVER_REQUESTS} concurrent requests"
+                                    );
+                                };
                                 let handler = handler.clone();
                                 let stdin = stdin.clone();
                                 tokio::spawn(async move {
+                                    let _permit = permit;
                                     let answer = handler.handle(&method, params).await;
                                     let msg = jsonrpc::response(&id, answer);
                                     let _ = write_line(&stdin, &msg).await;
@@ -183,6 +218,12 @@ impl StdioTransport {
         if let Ok(mut p) = self.pending.lock() {
             p.insert(id.clone(), tx);
         }
+        // Removes the waiter however this request ends (answer, error, timeout, or the caller
+        // dropping the future), so the pending table cannot grow.
+        let _waiter = PendingGuard {
+            pending: &self.pending,
+            id,
+        };
         let msg = jsonrpc::request(id, method, params);
         if let Err(e) = write_line(&self.stdin, &msg).await {
             if let Ok(mut p) = self.pending.lock() {
@@ -236,7 +277,11 @@ impl StdioTransport {
 
     /// Close: stdin EOF, then TERM, then KILL (see [`ChildProcess::shutdown`]).
     pub async fn close(&self) -> Ended {
-        *self.stdin.lock().await = None;
+        // A writer stuck on a server that stopped reading must not keep the child alive: if
+        // stdin is busy, the ladder goes on without the EOF rung's help.
+        if let Ok(mut stdin) = self.stdin.try_lock() {
+            *stdin = None;
+        }
         self.child.lock().await.shutdown(SHUTDOWN_GRACE).await
     }
 }
