@@ -13,16 +13,130 @@
     reason = "a test driver: any failure is reported and exits non-zero"
 )]
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use iteron_broker::mcp::client::{Client, Options};
+use iteron_broker::mcp::client::{Client, McpError, Options};
 use iteron_broker::mcp::elicit::AcceptDefaults;
 use iteron_broker::mcp::version::{Version, VersionPolicy};
-use iteron_broker::net::{Net, NetConfig};
+use iteron_broker::mcp::{TransportError, TransportErrorKind};
+use iteron_broker::net::{Net, NetConfig, ZoneClient};
+use iteron_broker::oauth::flow::{self, ClientSettings, Mode, OAuthClient};
+use iteron_broker::oauth::metadata;
+use iteron_broker::oauth::{Challenge, ExposeSecret, SecretString};
 use iteron_policy::url::EndpointUrl;
 use iteron_policy::zone::Zone;
-use reqwest::header::HeaderMap;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
+
+/// The redirect URI the suite's mock authorization servers accept; nothing listens on it: the
+/// headless login below reads the authorization redirect's `Location` instead of following it.
+const REDIRECT_URI: &str = "http://localhost:3000/callback";
+/// The client ID metadata document URL the suite expects (hard-coded in the suite).
+const CIMD_URL: &str = "https://conformance-test.local/client-metadata.json";
+/// Most authorizations in one run (the suite's retry-limit scenario allows three).
+const MAX_AUTHORIZATIONS: usize = 3;
+
+/// The conformance client plays the operator: when a server asks for authorization it logs in
+/// (an explicit login each time — the operator CLI never does this on its own). Clients are kept
+/// per issuer and never reused across issuers; from 2026-07-28 on, a re-authorization asks for
+/// the union of the scopes requested before and the challenged ones.
+struct Login {
+    http: ZoneClient,
+    server: EndpointUrl,
+    settings: ClientSettings,
+    clients: HashMap<String, OAuthClient>,
+    requested: Vec<String>,
+    union: bool,
+    attempts: usize,
+}
+
+impl Login {
+    async fn login(&mut self, challenge: Option<&Challenge>) -> Result<SecretString, String> {
+        self.attempts += 1;
+        if self.attempts > MAX_AUTHORIZATIONS {
+            return Err(format!(
+                "still unauthorized after {MAX_AUTHORIZATIONS} authorizations"
+            ));
+        }
+        let prm = metadata::discover_resource(&self.http, &self.server, challenge, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let issuer = prm.authorization_servers[0].clone();
+        let meta = metadata::discover_server(&self.http, &issuer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = match self.clients.get(&issuer) {
+            Some(c) => c.clone(),
+            None => {
+                let c =
+                    flow::register(&self.http, &meta, &Mode::Auto, &self.settings, REDIRECT_URI)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                self.clients.insert(issuer.clone(), c.clone());
+                c
+            }
+        };
+        let chosen = flow::choose_scope(
+            None,
+            None,
+            challenge.and_then(|c| c.scope.as_deref()),
+            &prm.scopes_supported,
+            &meta.scopes_supported,
+        );
+        let mut scopes: Vec<String> = if self.union {
+            self.requested.clone()
+        } else {
+            Vec::new()
+        };
+        for s in chosen.iter().flat_map(|c| c.split(' ')) {
+            if !s.is_empty() && !scopes.iter().any(|x| x == s) {
+                scopes.push(s.to_owned());
+            }
+        }
+        for s in &scopes {
+            if !self.requested.contains(s) {
+                self.requested.push(s.clone());
+            }
+        }
+        let scope = (!scopes.is_empty()).then(|| scopes.join(" "));
+        let attempt = flow::start(&meta, &client, REDIRECT_URI, &prm.resource, scope)
+            .map_err(|e| e.to_string())?;
+        // Headless: ask the authorization endpoint, do not follow its redirect, read where it
+        // would send the browser.
+        let browser = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        let resp = browser
+            .get(&attempt.url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or("the authorization endpoint did not redirect")?
+            .to_owned();
+        let code = flow::finish(&attempt, &location).map_err(|e| e.to_string())?;
+        let tokens = flow::exchange(&self.http, &meta, &client, &attempt, code)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(tokens.access)
+    }
+}
+
+fn unauthorized(e: &McpError) -> Option<Option<Challenge>> {
+    match e {
+        McpError::Transport(TransportError {
+            kind: TransportErrorKind::Unauthorized { challenge, .. },
+            ..
+        }) => Some(challenge.clone()),
+        _ => None,
+    }
+}
 
 fn args(v: Value) -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
@@ -43,9 +157,59 @@ async fn run(
         elicitor: Some(Arc::new(AcceptDefaults)),
         ..Options::default()
     };
-    let mcp = Client::connect_http(client, url, HeaderMap::new(), opts)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let text = |k: &str| context.get(k).and_then(Value::as_str).map(str::to_owned);
+    let mut login = Login {
+        http: client.clone(),
+        server: url.clone(),
+        settings: ClientSettings {
+            client_id: text("client_id"),
+            client_secret: text("client_secret").map(SecretString::from),
+            cimd_url: Some(CIMD_URL.into()),
+            client_name: "iteron-conformance-client".into(),
+        },
+        clients: HashMap::new(),
+        requested: Vec::new(),
+        union: version.is_some_and(|v| v.is_modern()),
+        attempts: 0,
+    };
+    let mut bearer: Option<SecretString> = None;
+    let mcp = loop {
+        let mut headers = HeaderMap::new();
+        if let Some(b) = &bearer {
+            let mut v = HeaderValue::from_str(&format!("Bearer {}", b.expose_secret()))
+                .map_err(|e| e.to_string())?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        match Client::connect_http(client.clone(), url.clone(), headers, opts.clone()).await {
+            Ok(c) => break c,
+            Err(e) => match unauthorized(&e) {
+                Some(challenge) => bearer = Some(login.login(challenge.as_ref()).await?),
+                None => return Err(format!("connect: {e}")),
+            },
+        }
+    };
+    if let Some(b) = &bearer {
+        mcp.set_bearer(Some(b));
+    }
+    // Every operation: when the server asks for (more) authorization, log in and try again —
+    // a request that got a 401/403 was refused before it ran, so repeating it is safe.
+    macro_rules! authed {
+        ($op:expr) => {
+            loop {
+                match $op.await {
+                    Err(e) => match unauthorized(&e) {
+                        Some(challenge) => {
+                            let token = login.login(challenge.as_ref()).await?;
+                            mcp.set_bearer(Some(&token));
+                        }
+                        None => break Err(e),
+                    },
+                    Ok(v) => break Ok(v),
+                }
+            }
+        };
+    }
     let e = |what: &str| {
         let what = what.to_owned();
         move |err: iteron_broker::mcp::client::McpError| format!("{what}: {err}")
@@ -129,6 +293,17 @@ async fn run(
             mcp.call_tool("json_schema_echo", args(json!({"schema": schema})))
                 .await
                 .map_err(e("tools/call"))?;
+        }
+        s if s.starts_with("auth/") => {
+            let tools = authed!(mcp.list_tools()).map_err(e("tools/list"))?;
+            if let Some(t) = tools
+                .iter()
+                .find(|t| t.name == "test-tool")
+                .or(tools.first())
+            {
+                let name = t.name.clone();
+                authed!(mcp.call_tool(&name, Map::new())).map_err(e("tools/call"))?;
+            }
         }
         // request-metadata, json-schema-ref-no-deref and anything else: list the tools.
         _ => {

@@ -8,6 +8,7 @@
 
 pub mod mcp;
 pub mod net;
+pub mod oauth;
 pub mod servers;
 pub mod spawn;
 pub mod store;

@@ -581,6 +581,13 @@ impl Client {
             .map_or(0, |r| r.done.load(Ordering::SeqCst).min(MAX_RESTARTS))
     }
 
+    /// Authorize every later request with this bearer token (HTTP; no effect on stdio).
+    pub fn set_bearer(&self, token: Option<&crate::oauth::SecretString>) {
+        if let Transport::Http(t) = &*self.transport() {
+            t.set_bearer(token);
+        }
+    }
+
     /// The era and version in use.
     pub fn era(&self) -> Era {
         self.era.lock().map_or(Era::Modern(Version::LATEST), |e| *e)

@@ -58,6 +58,8 @@ struct HttpInner {
     fixed_headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<String>>,
+    /// `Authorization: Bearer …` from an OAuth login (sensitive; never shown).
+    bearer: Mutex<Option<HeaderValue>>,
     list_changed: AtomicBool,
     handler: Arc<dyn Handler>,
     limits: SseLimits,
@@ -148,11 +150,25 @@ impl HttpTransport {
                 fixed_headers,
                 session: Mutex::new(None),
                 protocol: Mutex::new(None),
+                bearer: Mutex::new(None),
                 list_changed: AtomicBool::new(false),
                 handler,
                 limits: SseLimits::default(),
             }),
             listener: Mutex::new(None),
+        }
+    }
+
+    /// Send this bearer token on every later request (or none). The value is marked sensitive.
+    pub fn set_bearer(&self, token: Option<&secrecy::SecretString>) {
+        use secrecy::ExposeSecret;
+        let value = token.and_then(|t| {
+            let mut v = HeaderValue::from_str(&format!("Bearer {}", t.expose_secret())).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        });
+        if let Ok(mut b) = self.inner.bearer.lock() {
+            *b = value;
         }
     }
 
@@ -261,6 +277,11 @@ impl HttpInner {
 
     fn base_headers(&self, extra: &HeaderMap) -> HeaderMap {
         let mut h = self.fixed_headers.clone();
+        if let Ok(b) = self.bearer.lock()
+            && let Some(v) = b.as_ref()
+        {
+            h.insert(reqwest::header::AUTHORIZATION, v.clone());
+        }
         h.insert(
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
@@ -346,10 +367,16 @@ impl HttpInner {
         let code = status.as_u16();
         if code == 401 || code == 403 {
             let detail = challenge_summary(resp.headers());
+            let challenge = resp
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(crate::oauth::parse_challenge);
             return Err(TransportError {
                 kind: TransportErrorKind::Unauthorized {
                     status: code,
                     detail,
+                    challenge,
                 },
                 certainty: Certainty::NotSent,
             });

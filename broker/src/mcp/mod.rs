@@ -61,6 +61,8 @@ pub enum TransportErrorKind {
         status: u16,
         /// The `WWW-Authenticate` challenge parameters worth showing (error, scope), sanitized.
         detail: String,
+        /// The parsed Bearer challenge (no secret in it), for the OAuth layer.
+        challenge: Option<crate::oauth::Challenge>,
     },
 }
 
@@ -86,7 +88,7 @@ impl fmt::Display for TransportError {
             TransportErrorKind::SessionLost => {
                 f.write_str("the server no longer knows the session")
             }
-            TransportErrorKind::Unauthorized { status, detail } => {
+            TransportErrorKind::Unauthorized { status, detail, .. } => {
                 write!(
                     f,
                     "the server requires authorization (HTTP {status}): {detail}"

@@ -1,0 +1,227 @@
+//! OAuth for MCP servers: discovery (RFC 9728 protected-resource metadata, RFC 8414 and OpenID
+//! discovery), client registration (pre-registered, client ID metadata document, RFC 7591
+//! dynamic registration), the authorization-code flow with PKCE S256, RFC 9207 `iss` checks,
+//! token exchange, refresh and revocation.
+//!
+//! Everything a server or an authorization server says is untrusted: every document is fetched
+//! through [`crate::net`] under the binding zone of the MCP server (so a public server cannot
+//! steer the broker to a private, link-local or loopback address), bodies are bounded, nothing
+//! is followed on a redirect, issuers must match exactly, and endpoints must be published by the
+//! issuer's own metadata and pass the endpoint URL rules. Secrets (codes, verifiers, tokens,
+//! client secrets) live in [`SecretString`] and never reach `Debug`, `Display` or an error.
+
+pub mod flow;
+pub mod metadata;
+
+use std::fmt;
+
+pub use secrecy::{ExposeSecret, SecretString};
+
+use crate::net::NetError;
+
+/// Largest OAuth or metadata response body (DESIGN §11).
+pub const MAX_OAUTH_BODY: usize = 1024 * 1024;
+
+/// Everything OAuth can refuse or fail with. `Display` is one line and never holds a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OAuthError {
+    /// The network layer refused or failed.
+    Net(NetError),
+    /// No protected-resource metadata could be found.
+    NoResourceMetadata,
+    /// The metadata's `resource` does not identify this server.
+    ResourceMismatch,
+    /// No usable authorization-server metadata.
+    NoServerMetadata,
+    /// The metadata's `issuer` is not the issuer it was fetched for.
+    IssuerMismatch,
+    /// A document was malformed (what, not the content).
+    Malformed(&'static str),
+    /// An endpoint failed the rules (which one, and why).
+    BadEndpoint {
+        /// Which endpoint.
+        which: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The server does not offer PKCE with S256.
+    NoPkce,
+    /// No registration method is available (or the forced one is not).
+    NoRegistration(&'static str),
+    /// The authorization response failed a check.
+    Callback(&'static str),
+    /// The authorization server answered with an OAuth error.
+    Server {
+        /// The `error` code (a short ASCII token).
+        error: String,
+        /// HTTP status.
+        status: u16,
+    },
+}
+
+impl fmt::Display for OAuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OAuthError::Net(e) => e.fmt(f),
+            OAuthError::NoResourceMetadata => {
+                f.write_str("no protected-resource metadata was found for the server")
+            }
+            OAuthError::ResourceMismatch => f.write_str(
+                "the protected-resource metadata names another resource than this server; refused",
+            ),
+            OAuthError::NoServerMetadata => {
+                f.write_str("no authorization-server metadata was found for the issuer")
+            }
+            OAuthError::IssuerMismatch => f.write_str(
+                "the authorization-server metadata names another issuer than the one it was fetched for; refused",
+            ),
+            OAuthError::Malformed(what) => write!(f, "malformed {what}"),
+            OAuthError::BadEndpoint { which, why } => write!(f, "refused {which}: {why}"),
+            OAuthError::NoPkce => f.write_str(
+                "the authorization server does not advertise PKCE with S256; refused",
+            ),
+            OAuthError::NoRegistration(why) => write!(f, "cannot register a client: {why}"),
+            OAuthError::Callback(why) => write!(f, "authorization response refused: {why}"),
+            OAuthError::Server { error, status } => {
+                write!(f, "the authorization server answered {status} {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OAuthError {}
+
+impl From<NetError> for OAuthError {
+    fn from(e: NetError) -> Self {
+        OAuthError::Net(e)
+    }
+}
+
+/// Parameters of a `WWW-Authenticate: Bearer …` challenge (RFC 6750, RFC 9728). None of them is
+/// a secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Challenge {
+    /// `resource_metadata`: where the protected-resource metadata is.
+    pub resource_metadata: Option<String>,
+    /// `scope`: what the resource wants.
+    pub scope: Option<String>,
+    /// `error`: e.g. `invalid_token`, `insufficient_scope`.
+    pub error: Option<String>,
+}
+
+/// Longest challenge header parsed.
+pub const MAX_CHALLENGE_BYTES: usize = 8 * 1024;
+
+/// Parse the Bearer challenge of a `WWW-Authenticate` value: auth-params `key=token` or
+/// `key="quoted\"string"`, comma separated. Other schemes and unknown keys are ignored; a value
+/// longer than [`MAX_CHALLENGE_BYTES`] or without a Bearer challenge yields `None`.
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    if header.len() > MAX_CHALLENGE_BYTES {
+        return None;
+    }
+    let lower = header.to_ascii_lowercase();
+    let start = lower
+        .match_indices("bearer")
+        .find(|(i, _)| {
+            (*i == 0 || matches!(header.as_bytes()[i - 1], b' ' | b','))
+                && header
+                    .as_bytes()
+                    .get(i + 6)
+                    .is_none_or(|b| *b == b' ' || *b == b',')
+        })
+        .map(|(i, _)| i + 6)?;
+    let mut c = Challenge::default();
+    let bytes = header.as_bytes();
+    let mut i = start;
+    loop {
+        while i < bytes.len() && matches!(bytes[i], b' ' | b',' | b'\t') {
+            i += 1;
+        }
+        let key_start = i;
+        while i < bytes.len()
+            && (bytes[i].is_ascii_alphanumeric() || matches!(bytes[i], b'_' | b'-'))
+        {
+            i += 1;
+        }
+        if i == key_start || i >= bytes.len() || bytes[i] != b'=' {
+            // End of this challenge's params (another scheme, or a token68).
+            break;
+        }
+        let key = header[key_start..i].to_ascii_lowercase();
+        i += 1;
+        let value = if bytes.get(i) == Some(&b'"') {
+            i += 1;
+            let mut v = String::new();
+            while i < bytes.len() && bytes[i] != b'"' {
+                if bytes[i] == b'\\' && i + 1 < bytes.len() {
+                    i += 1;
+                }
+                // Quoted strings are ASCII in practice; keep any UTF-8 intact.
+                let ch = header[i..].chars().next()?;
+                v.push(ch);
+                i += ch.len_utf8();
+            }
+            if i >= bytes.len() {
+                return None;
+            }
+            i += 1;
+            v
+        } else {
+            let vs = i;
+            while i < bytes.len() && !matches!(bytes[i], b',' | b' ') {
+                i += 1;
+            }
+            header[vs..i].to_owned()
+        };
+        match key.as_str() {
+            "resource_metadata" => c.resource_metadata = Some(value),
+            "scope" => c.scope = Some(value),
+            "error" => c.error = Some(value),
+            _ => {}
+        }
+    }
+    Some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bearer_challenges_are_parsed() {
+        let c = parse_challenge(
+            r#"Bearer error="insufficient_scope", scope="mcp:read mcp:write", resource_metadata="https://r.example/.well-known/oauth-protected-resource/mcp""#,
+        )
+        .unwrap();
+        assert_eq!(c.error.as_deref(), Some("insufficient_scope"));
+        assert_eq!(c.scope.as_deref(), Some("mcp:read mcp:write"));
+        assert_eq!(
+            c.resource_metadata.as_deref(),
+            Some("https://r.example/.well-known/oauth-protected-resource/mcp")
+        );
+        let c =
+            parse_challenge(r#"Basic realm="x", Bearer realm="mcp",error=invalid_token"#).unwrap();
+        assert_eq!(c.error.as_deref(), Some("invalid_token"));
+        assert_eq!(parse_challenge("Basic realm=\"x\""), None);
+        assert_eq!(parse_challenge("bearer").unwrap(), Challenge::default());
+        let c = parse_challenge(r#"Bearer scope="a \"b\"""#).unwrap();
+        assert_eq!(c.scope.as_deref(), Some("a \"b\""));
+        assert_eq!(parse_challenge(r#"Bearer scope="unterminated"#), None);
+        assert_eq!(
+            parse_challenge(&format!(
+                "Bearer scope=\"{}\"",
+                "a".repeat(MAX_CHALLENGE_BYTES)
+            )),
+            None
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn challenge_parsing_never_panics(s in "\\PC{0,200}") {
+            let _ = parse_challenge(&s);
+            let _ = parse_challenge(&format!("Bearer {s}"));
+        }
+    }
+}
