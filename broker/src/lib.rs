@@ -6,6 +6,7 @@
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 
+pub mod credentials;
 pub mod mcp;
 pub mod net;
 pub mod oauth;

@@ -29,6 +29,12 @@ pub enum ConnectError {
     MissingVariable(String),
     /// A variable's value cannot be an HTTP header value (the value is not shown).
     BadHeaderValue(String),
+    /// The stored credential cannot be used; the operator must log in again.
+    ReauthRequired(&'static str),
+    /// OAuth (refresh) failed.
+    OAuth(crate::oauth::OAuthError),
+    /// The credential store failed.
+    Credentials(String),
 }
 
 impl fmt::Display for ConnectError {
@@ -46,6 +52,11 @@ impl fmt::Display for ConnectError {
                 f,
                 "the value of environment variable {n} is not a valid HTTP header value"
             ),
+            ConnectError::ReauthRequired(why) => {
+                write!(f, "re-login required: {why} (iteron mcp auth login)")
+            }
+            ConnectError::OAuth(e) => e.fmt(f),
+            ConnectError::Credentials(e) => write!(f, "credential store: {e}"),
         }
     }
 }
@@ -153,14 +164,7 @@ pub async fn connect(
                 .map_err(ConnectError::Mcp)
         }
         Transport::Http(h) => {
-            let mut headers = HeaderMap::new();
-            for (header, var) in &h.header_env {
-                let value = lookup(var.as_str())
-                    .ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
-                let name = HeaderName::from_bytes(header.as_str().as_bytes())
-                    .map_err(|_| ConnectError::BadHeaderValue(var.to_string()))?;
-                headers.insert(name, secret_header(value, var.as_str())?);
-            }
+            let mut headers = configured_headers(h, lookup)?;
             if let Some(var) = h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref()) {
                 let token = lookup(var.as_str())
                     .ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
@@ -169,15 +173,172 @@ pub async fn connect(
                 // secret_header takes ownership and zeroizes its working copy.
                 headers.insert(AUTHORIZATION, secret_header(bearer, var.as_str())?);
             }
-            let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
-            let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
-                .map_err(ConnectError::Net)?;
-            let client = net.client(zone).map_err(ConnectError::Net)?;
-            Client::connect_http(client, h.url.clone(), headers, opts)
-                .await
-                .map_err(ConnectError::Mcp)
+            connect_http_with(h, network, headers, opts).await
         }
     }
+}
+
+/// The headers the configuration names (`header_env`), with their values from `lookup`.
+fn configured_headers(
+    h: &iteron_policy::config::HttpServer,
+    lookup: &dyn Fn(&str) -> Option<OsString>,
+) -> Result<HeaderMap, ConnectError> {
+    let mut headers = HeaderMap::new();
+    for (header, var) in &h.header_env {
+        let value =
+            lookup(var.as_str()).ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
+        let name = HeaderName::from_bytes(header.as_str().as_bytes())
+            .map_err(|_| ConnectError::BadHeaderValue(var.to_string()))?;
+        headers.insert(name, secret_header(value, var.as_str())?);
+    }
+    Ok(headers)
+}
+
+/// Connect to an HTTP server through the client of its binding zone.
+async fn connect_http_with(
+    h: &iteron_policy::config::HttpServer,
+    network: &NetworkConfig,
+    headers: HeaderMap,
+    opts: Options,
+) -> Result<Client, ConnectError> {
+    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let client = net.client(zone).map_err(ConnectError::Net)?;
+    Client::connect_http(client, h.url.clone(), headers, opts)
+        .await
+        .map_err(ConnectError::Mcp)
+}
+
+/// Refresh when the access token expires within this margin.
+pub const REFRESH_MARGIN_SECS: u64 = 30;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Refresh a stored credential: under the zone recorded at login, with the same `resource`,
+/// and the rotated refresh token persisted (atomically, under the store's lock) before the new
+/// access token is used.
+async fn refresh_stored(
+    store: &crate::credentials::CredentialStore,
+    cred: &crate::credentials::Credential,
+    network: &NetworkConfig,
+) -> Result<crate::oauth::SecretString, ConnectError> {
+    use crate::oauth::{flow, metadata};
+    let Some(refresh_token) = &cred.secrets.refresh_token else {
+        return Err(ConnectError::ReauthRequired(
+            "the access token expired and there is no refresh token",
+        ));
+    };
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(cred.binding.zone).map_err(ConnectError::Net)?;
+    let meta = metadata::discover_server(&http, &cred.binding.issuer)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    let client = flow::OAuthClient {
+        id: cred.binding.client_id.clone(),
+        secret: cred.secrets.client_secret.clone(),
+        auth: cred.binding.token_auth,
+        kind: cred.binding.client_kind,
+        issuer: cred.binding.issuer.clone(),
+    };
+    let tokens = flow::refresh(&http, &meta, &client, refresh_token, &cred.binding.resource)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    let access = tokens.access.clone();
+    store
+        .update_secrets(&cred.binding.server, |s| {
+            s.access_token = tokens.access;
+            if let Some(r) = tokens.refresh {
+                s.refresh_token = Some(r);
+            }
+            s.expires_at = tokens.expires_in.map(|e| unix_now() + e);
+        })
+        .map_err(|e| ConnectError::Credentials(e.to_string()))?;
+    Ok(access)
+}
+
+/// Connect like [`connect`], authorizing HTTP requests with the operator's stored OAuth
+/// credential when there is one: a binding that no longer fits the configuration requires a
+/// new login (never silent reuse); an expiring token is refreshed first; a 401 refreshes once
+/// and connects again (nothing that may have been applied is ever resent).
+pub async fn connect_with_credentials(
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    lookup: &dyn Fn(&str) -> Option<OsString>,
+    opts: Options,
+    home: &crate::store::Home,
+) -> Result<Client, ConnectError> {
+    let store = crate::credentials::CredentialStore::new(home);
+    let stored = match &server.transport {
+        Transport::Http(_) => store
+            .load(server.name.as_str())
+            .map_err(|e| ConnectError::Credentials(e.to_string()))?,
+        Transport::Stdio(_) => None,
+    };
+    let Some(cred) = stored else {
+        return connect(server, network, lookup, opts).await;
+    };
+    if crate::credentials::check_binding(&cred.binding, server).is_err() {
+        return Err(ConnectError::ReauthRequired(
+            "the server's configuration changed since login; run iteron mcp auth login again",
+        ));
+    }
+    let mut token = match cred.secrets.expires_at {
+        Some(t) if t <= unix_now() + REFRESH_MARGIN_SECS => {
+            refresh_stored(&store, &cred, network).await?
+        }
+        _ => cred.secrets.access_token.clone(),
+    };
+    let mut refreshed = false;
+    loop {
+        match connect_bearer(server, network, lookup, opts.clone(), &token).await {
+            // A 401 is a refusal before anything ran: refresh once and connect again.
+            Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
+                refreshed = true;
+                let fresh = store
+                    .load(server.name.as_str())
+                    .map_err(|e| ConnectError::Credentials(e.to_string()))?
+                    .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
+                token = refresh_stored(&store, &fresh, network).await?;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_unauthorized(e: &McpError) -> bool {
+    matches!(
+        e,
+        McpError::Transport(crate::mcp::TransportError {
+            kind: crate::mcp::TransportErrorKind::Unauthorized { .. },
+            ..
+        })
+    )
+}
+
+async fn connect_bearer(
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    lookup: &dyn Fn(&str) -> Option<OsString>,
+    opts: Options,
+    token: &crate::oauth::SecretString,
+) -> Result<Client, ConnectError> {
+    use secrecy::ExposeSecret;
+    let Transport::Http(h) = &server.transport else {
+        return connect(server, network, lookup, opts).await;
+    };
+    let mut headers = configured_headers(h, lookup)?;
+    let bearer = OsString::from(format!("Bearer {}", token.expose_secret()));
+    headers.insert(
+        AUTHORIZATION,
+        secret_header(bearer, "the stored access token")?,
+    );
+    connect_http_with(h, network, headers, opts).await
 }
 
 #[cfg(test)]

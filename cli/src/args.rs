@@ -27,10 +27,6 @@ pub(crate) enum Top {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "parsed once per process; size is irrelevant"
-)]
 pub(crate) enum Mcp {
     /// Add a server: `--stdio <command> [--env NAME]... -- <args>` or `--url <url>`.
     Add(AddArgs),
@@ -46,6 +42,46 @@ pub(crate) enum Mcp {
     Status(StatusArgs),
     /// Check configuration, files, commands, variables and network settings.
     Doctor(DoctorArgs),
+    /// OAuth login, status and logout for an HTTP server.
+    #[command(subcommand)]
+    Auth(Auth),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Auth {
+    /// Log in: discovery, registration, the browser, a loopback callback.
+    Login(LoginArgs),
+    /// Show the credential's state (never a token).
+    Status(NameFormat),
+    /// Revoke (best effort) and delete the stored credential.
+    Logout(NameArg),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LoginArgs {
+    /// Server name.
+    pub(crate) name: String,
+    /// The protected resource the metadata must name exactly.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_resource: Option<String>,
+    /// Scopes to request, comma-separated (used as given).
+    #[arg(long, value_name = "SCOPE,SCOPE")]
+    pub(crate) scopes: Option<String>,
+    /// Client registration: auto, cimd or dcr.
+    #[arg(long, value_name = "auto|cimd|dcr")]
+    pub(crate) oauth_client_registration: Option<String>,
+    /// Pre-registered client id, or a client ID metadata document URL.
+    #[arg(long, value_name = "ID-OR-CIMD-URL")]
+    pub(crate) client_id: Option<String>,
+    /// Environment variable holding the pre-registered client secret (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) client_secret_env: Option<String>,
+    /// Authorization server issuer to use.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_issuer: Option<String>,
+    /// Never open a browser; print the authorization URL.
+    #[arg(long)]
+    pub(crate) no_browser: bool,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod auth;
 mod demo;
 mod error;
 mod mcp;

@@ -54,12 +54,19 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
     v
 }
 
-/// Connect to one server and list its tools, within [`PROBE_DEADLINE`].
-async fn probe(config: &Config, server: &ServerConfig) -> Result<Value, String> {
+/// Connect to one server (with the operator's stored OAuth credential, if any) and list its
+/// tools, within [`PROBE_DEADLINE`].
+async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Value, String> {
     let work = async {
-        let client = servers::connect(server, &config.network, &lookup, Options::default())
-            .await
-            .map_err(|e: ConnectError| e.to_string())?;
+        let client = servers::connect_with_credentials(
+            server,
+            &config.network,
+            &lookup,
+            Options::default(),
+            home,
+        )
+        .await
+        .map_err(|e: ConnectError| e.to_string())?;
         let listed = client.list_tools().await.map_err(|e| e.to_string());
         let stderr = client.stderr_tail(3).await;
         let era = client.era();
@@ -113,7 +120,7 @@ pub(crate) fn test(
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = runtime()?.block_on(probe(&config, server));
+    let result = runtime()?.block_on(probe(home, &config, server));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -171,7 +178,7 @@ pub(crate) fn status(
     if connect {
         let rt = runtime()?;
         for s in &chosen {
-            let r = rt.block_on(probe(&config, s));
+            let r = rt.block_on(probe(home, &config, s));
             let mut v = probe_json(s, r.clone());
             if let Some(obj) = v.as_object_mut() {
                 obj.insert(
@@ -280,7 +287,7 @@ pub(crate) fn doctor(
     for s in &config.mcp_servers {
         let mut checks = check_server(s);
         if let Some(rt) = &rt {
-            let r = rt.block_on(probe(&config, s));
+            let r = rt.block_on(probe(home, &config, s));
             checks.push(match r {
                 Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
                 Err(e) => json!({"check": "connect", "ok": false, "detail": e}),

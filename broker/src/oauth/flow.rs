@@ -556,6 +556,76 @@ pub async fn refresh(
     token_request(http, meta, client, form).await
 }
 
+/// RFC 7009 revocation, best effort: `Ok(true)` when the server accepted it, `Ok(false)` when
+/// it offers no revocation endpoint.
+pub async fn revoke(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    token: &SecretString,
+    hint: &'static str,
+) -> Result<bool, OAuthError> {
+    let Some(endpoint) = &meta.revocation_endpoint else {
+        return Ok(false);
+    };
+    if client.issuer != meta.issuer {
+        return Err(OAuthError::NoRegistration(
+            "the client was registered with another issuer; it is never reused across issuers",
+        ));
+    }
+    let mut req = Request::new(Method::POST, endpoint.clone());
+    req.headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded"),
+    );
+    let mut form: Vec<(&str, String)> = vec![
+        ("token", token.expose_secret().to_owned()),
+        ("token_type_hint", hint.to_owned()),
+    ];
+    match (client.auth, &client.secret) {
+        (TokenAuth::None, _) | (_, None) => form.push(("client_id", client.id.clone())),
+        (auth, Some(secret)) => {
+            if !same_origin_secret(&meta.issuer, endpoint) {
+                return Err(OAuthError::BadEndpoint {
+                    which: "revocation_endpoint",
+                    why: "a client secret is only sent to the issuer's own origin".into(),
+                });
+            }
+            if auth == TokenAuth::Basic {
+                let enc = |s: &str| {
+                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+                };
+                let pair = zeroize::Zeroizing::new(format!(
+                    "{}:{}",
+                    enc(&client.id),
+                    enc(secret.expose_secret())
+                ));
+                let b64 = zeroize::Zeroizing::new(
+                    base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()),
+                );
+                let mut v = HeaderValue::from_str(&format!("Basic {}", b64.as_str()))
+                    .map_err(|_| OAuthError::Malformed("client credentials"))?;
+                v.set_sensitive(true);
+                req.headers.insert(AUTHORIZATION, v);
+            } else {
+                form.push(("client_id", client.id.clone()));
+                form.push(("client_secret", secret.expose_secret().to_owned()));
+            }
+        }
+    }
+    let body = zeroize::Zeroizing::new(
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form.iter().map(|(k, v)| (*k, v.as_str())))
+            .finish(),
+    );
+    for (_, v) in &mut form {
+        zeroize::Zeroize::zeroize(v);
+    }
+    req.body = Some(body.as_bytes().to_vec());
+    let resp = http.send(req).await?;
+    Ok(resp.status().is_success())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@
 //! client secrets) live in [`SecretString`] and never reach `Debug`, `Display` or an error.
 
 pub mod flow;
+pub mod login;
 pub mod metadata;
 
 use std::fmt;

@@ -1,0 +1,426 @@
+//! `iteron mcp auth login|status|logout`: the operator's OAuth credentials for HTTP servers.
+//!
+//! Tokens go from the token endpoint into the 0600 credential file and nowhere else: no output,
+//! no error text, no JSON ever contains one. `status` shows the binding (issuer, resource, zone,
+//! scopes, expiry) and one of `logged_in | logged_out | expired | reauth_required | external`.
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use iteron_broker::credentials::{
+    Binding, Credential, CredentialStore, Secrets, check_binding, config_digest,
+};
+use iteron_broker::net::{Net, NetConfig};
+use iteron_broker::oauth::flow::{self, ClientSettings, Mode};
+use iteron_broker::oauth::login::{self, LoginRequest};
+use iteron_broker::oauth::{SecretString, metadata};
+use iteron_broker::servers::endpoint_zone;
+use iteron_broker::store::Home;
+use iteron_policy::config::{Registration, ServerConfig, Transport};
+use iteron_policy::names::EnvName;
+use iteron_policy::text;
+use serde_json::json;
+
+use crate::args::{Format, LoginArgs};
+use crate::error::CliError;
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn http_server<'a>(
+    config: &'a iteron_policy::config::Config,
+    raw: &str,
+) -> Result<&'a ServerConfig, CliError> {
+    iteron_policy::names::ServerName::parse(raw)
+        .map_err(|e| CliError::Usage(format!("server name {e}")))?;
+    let server = config.server(raw).ok_or(CliError::NotFound)?;
+    if !matches!(server.transport, Transport::Http(_)) {
+        return Err(CliError::Usage(
+            "OAuth applies to HTTP servers; this one uses stdio".into(),
+        ));
+    }
+    Ok(server)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)
+}
+
+fn fail(e: impl std::fmt::Display) -> CliError {
+    CliError::Server(text::single_line_capped(&e.to_string(), 400))
+}
+
+/// `iteron mcp auth login <name>`.
+pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let config = home.load()?;
+    let server = http_server(&config, &a.name)?;
+    let Transport::Http(h) = &server.transport else {
+        return Err(CliError::Usage("not an HTTP server".into()));
+    };
+    let oauth = h.oauth.clone().unwrap_or_default();
+    let mode = match a
+        .oauth_client_registration
+        .as_deref()
+        .map(Registration::parse)
+        .unwrap_or(oauth.client_registration)
+    {
+        None if a.oauth_client_registration.is_some() => {
+            return Err(CliError::Usage(
+                "--oauth-client-registration must be auto, cimd or dcr".into(),
+            ));
+        }
+        None | Some(Registration::Auto) => Mode::Auto,
+        Some(Registration::Cimd) => Mode::Cimd,
+        Some(Registration::Dcr) => Mode::Dcr,
+    };
+    let secret_env = match &a.client_secret_env {
+        Some(n) => Some(
+            EnvName::parse(n).map_err(|e| CliError::Usage(format!("--client-secret-env {e}")))?,
+        ),
+        None => oauth.client_secret_env.clone(),
+    };
+    let client_secret = match &secret_env {
+        Some(name) => Some(SecretString::from(std::env::var(name.as_str()).map_err(
+            |_| {
+                CliError::Usage(format!(
+                    "environment variable {name} (the client secret) is not set"
+                ))
+            },
+        )?)),
+        None => None,
+    };
+    let client_id = a
+        .client_id
+        .clone()
+        .or_else(|| oauth.client_id.as_ref().map(|c| c.as_str().to_owned()));
+    let cimd_url = client_id.clone().filter(|c| c.contains("://"));
+    let zone = endpoint_zone(&h.url).map_err(fail)?;
+    let store = CredentialStore::new(home);
+    let previous = store
+        .load(server.name.as_str())
+        .ok()
+        .flatten()
+        .filter(|c| check_binding(&c.binding, server).is_ok());
+    let req = LoginRequest {
+        server: h.url.clone(),
+        resource: a
+            .oauth_resource
+            .clone()
+            .or_else(|| oauth.resource.as_ref().map(|r| r.as_str().to_owned())),
+        issuer: a
+            .oauth_issuer
+            .clone()
+            .or_else(|| oauth.issuer.as_ref().map(|i| i.as_str().to_owned())),
+        operator_scopes: a.scopes.clone(),
+        configured_scopes: (!oauth.scopes.is_empty()).then(|| {
+            oauth
+                .scopes
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        previous_scopes: previous
+            .as_ref()
+            .map(|c| c.binding.granted_scopes.clone())
+            .unwrap_or_default(),
+        mode,
+        client: ClientSettings {
+            client_id: client_id.filter(|c| !c.contains("://")),
+            client_secret,
+            cimd_url,
+            client_name: "Iteron".into(),
+        },
+    };
+    if let Some(prev) = &previous {
+        // An explicit re-login stays on the resource and issuer it had.
+        if req
+            .issuer
+            .as_deref()
+            .is_some_and(|i| i != prev.binding.issuer)
+        {
+            return Err(CliError::Usage(
+                "the server is bound to another issuer; log out first to change it".into(),
+            ));
+        }
+    }
+    let no_browser = a.no_browser;
+    let rt = runtime()?;
+    let outcome = rt.block_on(async {
+        let net = Net::new(NetConfig::from_operator(&config.network).map_err(fail)?).map_err(fail)?;
+        let http = net.client(zone).map_err(fail)?;
+        // Learn the challenge with one unauthenticated request (a 401 names the metadata).
+        let challenge = probe_challenge(&http, &h.url).await;
+        let result = login::login(&http, zone, &req, challenge.as_ref(), |url, may_open| {
+            let mut stdout = std::io::stdout();
+            let _ = writeln!(
+                stdout,
+                "Open this URL to authorize iteron for {}:\n{url}",
+                server.name
+            );
+            if !may_open {
+                let _ = writeln!(
+                    stdout,
+                    "(not opened automatically: it leads to a more privileged network zone than the server)"
+                );
+            } else if !no_browser {
+                open_browser(url);
+            }
+            let _ = stdout.flush();
+        })
+        .await
+        .map_err(fail)?;
+        Ok::<_, CliError>(result)
+    })?;
+    let granted: Vec<String> = outcome
+        .tokens
+        .scope
+        .clone()
+        .or(outcome.requested.clone())
+        .unwrap_or_default()
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let binding = Binding {
+        server: server.name.to_string(),
+        resource: outcome.resource.clone(),
+        issuer: outcome.server.issuer.clone(),
+        zone,
+        client_id: outcome.client.id.clone(),
+        client_kind: outcome.client.kind,
+        token_auth: outcome.client.auth,
+        requested_scopes: outcome
+            .requested
+            .clone()
+            .unwrap_or_default()
+            .split(' ')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        granted_scopes: granted.clone(),
+        config_digest: config_digest(server),
+    };
+    let secrets = Secrets {
+        access_token: outcome.tokens.access,
+        refresh_token: outcome.tokens.refresh,
+        client_secret: outcome.client.secret.clone(),
+        expires_at: outcome.tokens.expires_in.map(|s| now() + s),
+    };
+    store.save(&Credential { binding, secrets }).map_err(fail)?;
+    writeln!(
+        out,
+        "logged in to {}: issuer {}, scopes {}",
+        server.name,
+        text::single_line_capped(&outcome.server.issuer, 200),
+        if granted.is_empty() {
+            "(none)".to_owned()
+        } else {
+            granted.join(" ")
+        }
+    )
+    .map_err(CliError::Output)
+}
+
+async fn probe_challenge(
+    http: &iteron_broker::net::ZoneClient,
+    url: &iteron_policy::url::EndpointUrl,
+) -> Option<iteron_broker::oauth::Challenge> {
+    use iteron_broker::net::Request;
+    let mut req = Request::new(reqwest::Method::POST, url.clone());
+    req.headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
+    req.headers.insert(
+        reqwest::header::ACCEPT,
+        reqwest::header::HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    req.body = Some(
+        br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"iteron","version":"0"}}}"#
+            .to_vec(),
+    );
+    let resp = http.send(req).await.ok()?;
+    if resp.status().as_u16() != 401 {
+        return None;
+    }
+    resp.headers()
+        .get(reqwest::header::WWW_AUTHENTICATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(iteron_broker::oauth::parse_challenge)
+}
+
+/// Hand an already validated https (or loopback http) URL to the desktop's opener, with a
+/// scrubbed environment and no shell. Failure is fine: the URL was printed.
+fn open_browser(url: &str) {
+    if iteron_policy::url::EndpointUrl::parse(url).is_err() {
+        return;
+    }
+    let mut cmd = std::process::Command::new("xdg-open");
+    cmd.arg(url)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for k in [
+        "PATH",
+        "DISPLAY",
+        "WAYLAND_DISPLAY",
+        "XDG_RUNTIME_DIR",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "HOME",
+    ] {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    let _ = cmd.spawn();
+}
+
+/// The state `auth status` reports.
+fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
+    let Transport::Http(h) = &server.transport else {
+        return "logged_out";
+    };
+    if h.oauth
+        .as_ref()
+        .and_then(|o| o.access_token_env.as_ref())
+        .is_some()
+    {
+        return "external";
+    }
+    match cred {
+        None => "logged_out",
+        Some(c) if check_binding(&c.binding, server).is_err() => "reauth_required",
+        Some(c) => match c.secrets.expires_at {
+            Some(t) if t <= now() && c.secrets.refresh_token.is_none() => "expired",
+            _ => "logged_in",
+        },
+    }
+}
+
+/// `iteron mcp auth status <name>`.
+pub(crate) fn status(
+    home: &Home,
+    raw: &str,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let config = home.load()?;
+    let server = http_server(&config, raw)?;
+    let store = CredentialStore::new(home);
+    let cred = match store.load(server.name.as_str()) {
+        Ok(c) => c,
+        Err(e) => {
+            let v = json!({"name": server.name.as_str(), "state": "reauth_required", "reason": text::single_line_capped(&e.to_string(), 300)});
+            return print(out, format, &v);
+        }
+    };
+    let state = state_of(server, cred.as_ref());
+    let mut v = json!({"name": server.name.as_str(), "state": state});
+    if let (Some(c), Some(obj)) = (&cred, v.as_object_mut()) {
+        obj.insert("issuer".into(), c.binding.issuer.clone().into());
+        obj.insert("resource".into(), c.binding.resource.clone().into());
+        obj.insert("zone".into(), c.binding.zone.as_str().into());
+        obj.insert("client_id".into(), c.binding.client_id.clone().into());
+        obj.insert(
+            "granted_scopes".into(),
+            c.binding.granted_scopes.clone().into(),
+        );
+        obj.insert("expires_at".into(), c.secrets.expires_at.into());
+        obj.insert(
+            "refreshable".into(),
+            c.secrets.refresh_token.is_some().into(),
+        );
+    }
+    print(out, format, &v)
+}
+
+fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(), CliError> {
+    if format == Format::Json {
+        let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
+        return writeln!(out, "{s}").map_err(CliError::Output);
+    }
+    let mut line = format!(
+        "{}: {}",
+        v["name"].as_str().unwrap_or(""),
+        v["state"].as_str().unwrap_or("")
+    );
+    for k in ["issuer", "resource", "zone"] {
+        if let Some(x) = v[k].as_str() {
+            line.push_str(&format!(", {k} {x}"));
+        }
+    }
+    if let Some(s) = v["granted_scopes"].as_array() {
+        let s: Vec<&str> = s.iter().filter_map(|x| x.as_str()).collect();
+        line.push_str(&format!(
+            ", scopes {}",
+            if s.is_empty() {
+                "(none)".to_owned()
+            } else {
+                s.join(" ")
+            }
+        ));
+    }
+    writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)
+}
+
+/// `iteron mcp auth logout <name>`: best-effort revocation, then the file is deleted whatever
+/// the remote answered.
+pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let config = home.load()?;
+    let server = http_server(&config, raw)?;
+    let store = CredentialStore::new(home);
+    let cred = store.load(server.name.as_str()).ok().flatten();
+    let mut revoked = "no credential was stored";
+    if let Some(c) = &cred {
+        let rt = runtime()?;
+        let outcome: Result<bool, String> = rt.block_on(async {
+            let net =
+                Net::new(NetConfig::from_operator(&config.network).map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())?;
+            // Revocation goes out under the zone recorded at login.
+            let http = net.client(c.binding.zone).map_err(|e| e.to_string())?;
+            let meta = metadata::discover_server(&http, &c.binding.issuer)
+                .await
+                .map_err(|e| e.to_string())?;
+            let client = flow::OAuthClient {
+                id: c.binding.client_id.clone(),
+                secret: c.secrets.client_secret.clone(),
+                auth: c.binding.token_auth,
+                kind: c.binding.client_kind,
+                issuer: c.binding.issuer.clone(),
+            };
+            let mut any = false;
+            if let Some(rt) = &c.secrets.refresh_token {
+                any |= flow::revoke(&http, &meta, &client, rt, "refresh_token")
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            any |= flow::revoke(
+                &http,
+                &meta,
+                &client,
+                &c.secrets.access_token,
+                "access_token",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(any)
+        });
+        revoked = match outcome {
+            Ok(true) => "revoked at the authorization server",
+            Ok(false) => "the authorization server offers no revocation",
+            Err(_) => "revocation failed (the local credential is deleted anyway)",
+        };
+    }
+    store.delete(server.name.as_str()).map_err(fail)?;
+    writeln!(out, "logged out of {}: {revoked}", server.name).map_err(CliError::Output)
+}

@@ -1,0 +1,311 @@
+//! OAuth end to end against a real authorization server: `oidc-provider` 9.13.3 (npm, in
+//! `tests/oauth/`) protecting an MCP server built on the official TypeScript SDK. The built
+//! `iteron` binary logs in with `--no-browser` (the test plays the browser with
+//! `tests/oauth/user_agent.py`), `mcp test` uses the stored credential, an expired access token
+//! is refreshed with rotation (the old refresh token is then dead at the AS), and logout revokes
+//! the grant at the AS and deletes the file. No token ever appears in any output.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fixture() -> PathBuf {
+    let dir = root().join("tests/oauth");
+    assert!(
+        dir.join("node_modules/oidc-provider").exists(),
+        "the OAuth fixture is not installed: run tests/oauth/setup (./scripts/test does)"
+    );
+    dir
+}
+
+/// A child process that is killed when the test ends.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Read lines until one starts with `prefix` (bounded by a deadline).
+fn wait_line(reader: &mut impl BufRead, prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut line = String::new();
+    while Instant::now() < deadline {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended before {prefix:?}"
+        );
+        if line.starts_with(prefix) {
+            return line.trim().to_owned();
+        }
+    }
+    panic!("no {prefix:?} in time");
+}
+
+struct Pair {
+    _mcp: Proc,
+    _as: Proc,
+    _stdin: ChildStdin,
+    mcp_url: String,
+    issuer: String,
+}
+
+fn start_pair(dir: &Path, access_ttl: &str) -> Pair {
+    let mut mcp = Command::new("node")
+        .arg("mcp_server.mjs")
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut mcp_out = BufReader::new(mcp.stdout.take().unwrap());
+    let port = wait_line(&mut mcp_out, "LISTENING ")["LISTENING ".len()..].to_owned();
+    let mcp_url = format!("http://127.0.0.1:{port}/mcp");
+    let mut auth = Command::new("node")
+        .arg("as.mjs")
+        .current_dir(dir)
+        .env("MCP_RESOURCE", &mcp_url)
+        .env("ACCESS_TOKEN_FORMAT", "opaque")
+        .env("ACCESS_TTL", access_ttl)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut as_out = BufReader::new(auth.stdout.take().unwrap());
+    let as_port = wait_line(&mut as_out, "LISTENING ")["LISTENING ".len()..].to_owned();
+    let issuer = format!("http://127.0.0.1:{as_port}");
+    let mut stdin = mcp.stdin.take().unwrap();
+    writeln!(stdin, "{issuer}").unwrap();
+    stdin.flush().unwrap();
+    wait_line(&mut mcp_out, "AS_ISSUER ");
+    // Keep draining stdout so neither server blocks on a full pipe.
+    std::thread::spawn(move || for _ in mcp_out.lines() {});
+    std::thread::spawn(move || for _ in as_out.lines() {});
+    Pair {
+        _mcp: Proc(mcp),
+        _as: Proc(auth),
+        _stdin: stdin,
+        mcp_url,
+        issuer,
+    }
+}
+
+struct Home(PathBuf);
+
+impl Home {
+    fn new() -> Home {
+        let p = std::env::temp_dir().join(format!("iteron-oauth-e2e-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Home(p)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_iteron"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("ITERON_HOME", self.0.join("home"));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn credential(&self) -> Option<serde_json::Value> {
+        let dir = self.0.join("home/mcp-credentials");
+        let entry = std::fs::read_dir(&dir)
+            .ok()?
+            .filter_map(Result::ok)
+            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))?;
+        let meta = std::fs::metadata(entry.path()).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        Some(serde_json::from_slice(&std::fs::read(entry.path()).unwrap()).unwrap())
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Ask the AS whether a token is active (the fixture's resource-server credentials).
+fn active(issuer: &str, token: &str) -> bool {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import base64,json,sys,urllib.parse,urllib.request\n\
+             r=urllib.request.Request(sys.argv[1]+'/token/introspection',data=urllib.parse.urlencode({'token':sys.argv[2]}).encode(),\
+             headers={'Authorization':'Basic '+base64.b64encode(b'iteron-test-rs:iteron-test-rs-secret').decode()})\n\
+             print(json.load(urllib.request.urlopen(r))['active'])",
+        )
+        .arg(issuer)
+        .arg(token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim() == "True"
+}
+
+fn assert_no_token(outputs: &[&Output], tokens: &[&str]) {
+    for o in outputs {
+        for stream in [&o.stdout, &o.stderr] {
+            let text = String::from_utf8_lossy(stream);
+            for t in tokens {
+                assert!(!text.contains(t), "a token reached an output");
+            }
+        }
+    }
+}
+
+#[test]
+fn login_test_refresh_rotation_and_logout_against_a_real_authorization_server() {
+    let dir = fixture();
+    let pair = start_pair(&dir, "2");
+    let home = Home::new();
+    let add = home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url]);
+    assert!(add.status.success());
+
+    // Before login: the server refuses.
+    let before = home.run(&["mcp", "test", "guarded"]);
+    assert_eq!(before.status.code(), Some(8));
+    let status = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "logged_out");
+
+    // Login: iteron prints the URL; the "browser" follows the AS's login and consent pages and
+    // delivers the redirect to iteron's loopback callback.
+    let mut login = home
+        .cmd(&["mcp", "auth", "login", "guarded", "--no-browser"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(login.stdout.take().unwrap());
+    wait_line(&mut out, "Open this URL");
+    let url = wait_line(&mut out, &pair.issuer);
+    assert!(url.contains("code_challenge_method=S256"), "{url}");
+    // The browser stops at iteron's own redirect URI (the AS's pages are on 127.0.0.1 too).
+    let redirect_uri = url::Url::parse(&url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    assert!(redirect_uri.starts_with("http://127.0.0.1:") && redirect_uri.ends_with("/callback"));
+    let browser = Command::new("python3")
+        .arg(dir.join("user_agent.py"))
+        .arg("--deliver")
+        .arg(&url)
+        .arg(&redirect_uri)
+        .output()
+        .unwrap();
+    assert!(
+        browser.status.success(),
+        "{}",
+        String::from_utf8_lossy(&browser.stderr)
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status_code = login.wait().unwrap();
+    assert!(status_code.success(), "login failed: {rest}");
+    assert!(rest.contains("logged in to guarded: issuer"), "{rest}");
+
+    let cred = home.credential().expect("a credential file");
+    let access1 = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh1 = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(cred["binding"]["resource"], pair.mcp_url);
+    assert_eq!(cred["binding"]["issuer"], pair.issuer);
+    assert_eq!(cred["binding"]["zone"], "loopback");
+    assert!(active(&pair.issuer, &access1));
+
+    let status = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "logged_in");
+    assert_eq!(v["issuer"], pair.issuer);
+    assert_eq!(v["zone"], "loopback");
+    assert!(
+        v["granted_scopes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "mcp:tools"),
+        "{v}"
+    );
+
+    let test = home.run(&["mcp", "test", "guarded", "--format", "json"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let t: serde_json::Value = serde_json::from_slice(&test.stdout).unwrap();
+    assert!(
+        t["tools"].as_array().unwrap().iter().any(|x| x == "whoami"),
+        "{t}"
+    );
+
+    // The access token lives 2 s: the next use refreshes, and the refresh token rotates.
+    std::thread::sleep(Duration::from_millis(2500));
+    let again = home.run(&["mcp", "test", "guarded"]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let cred2 = home.credential().unwrap();
+    let refresh2 = cred2["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let access2 = cred2["secrets"]["access_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(refresh1, refresh2, "the refresh token rotated");
+    assert_ne!(access1, access2);
+    assert!(
+        !active(&pair.issuer, &refresh1),
+        "the old refresh token is refused by the AS"
+    );
+
+    // Logout: revoked at the AS, the file is gone.
+    let logout = home.run(&["mcp", "auth", "logout", "guarded"]);
+    assert!(logout.status.success());
+    assert!(
+        String::from_utf8_lossy(&logout.stdout).contains("revoked at the authorization server")
+    );
+    assert!(home.credential().is_none());
+    assert!(!active(&pair.issuer, &refresh2));
+    let after = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
+    assert_eq!(v["state"], "logged_out");
+
+    assert_no_token(
+        &[
+            &add, &before, &status, &test, &again, &logout, &after, &browser,
+        ],
+        &[&access1, &refresh1, &access2, &refresh2],
+    );
+    assert!(!rest.contains(&access1) && !rest.contains(&refresh1));
+}
