@@ -61,8 +61,18 @@ struct Pair {
 }
 
 fn start_pair(dir: &Path, access_ttl: &str) -> Pair {
+    start_pair_with(dir, access_ttl, &[], &[])
+}
+
+fn start_pair_with(
+    dir: &Path,
+    access_ttl: &str,
+    mcp_env: &[(&str, &str)],
+    as_env: &[(&str, &str)],
+) -> Pair {
     let mut mcp = Command::new("node")
         .arg("mcp_server.mjs")
+        .envs(mcp_env.iter().copied())
         .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -78,6 +88,7 @@ fn start_pair(dir: &Path, access_ttl: &str) -> Pair {
         .env("MCP_RESOURCE", &mcp_url)
         .env("ACCESS_TOKEN_FORMAT", "opaque")
         .env("ACCESS_TTL", access_ttl)
+        .envs(as_env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -105,7 +116,11 @@ struct Home(PathBuf);
 
 impl Home {
     fn new() -> Home {
-        let p = std::env::temp_dir().join(format!("iteron-oauth-e2e-{}", std::process::id()));
+        Home::new_tagged("main")
+    }
+
+    fn new_tagged(tag: &str) -> Home {
+        let p = std::env::temp_dir().join(format!("iteron-oauth-e2e-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         Home(p)
@@ -142,7 +157,29 @@ impl Drop for Home {
     }
 }
 
-/// Ask the AS whether a token is active (the fixture's resource-server credentials).
+/// The AS's introspection of a token (the fixture's resource-server credentials).
+fn introspect(issuer: &str, token: &str) -> serde_json::Value {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import base64,json,sys,urllib.parse,urllib.request\n\
+             r=urllib.request.Request(sys.argv[1]+'/token/introspection',data=urllib.parse.urlencode({'token':sys.argv[2]}).encode(),\
+             headers={'Authorization':'Basic '+base64.b64encode(b'iteron-test-rs:iteron-test-rs-secret').decode()})\n\
+             print(json.dumps(json.load(urllib.request.urlopen(r))))",
+        )
+        .arg(issuer)
+        .arg(token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Ask the AS whether a token is active.
 fn active(issuer: &str, token: &str) -> bool {
     let out = Command::new("python3")
         .arg("-c")
@@ -308,4 +345,148 @@ fn login_test_refresh_rotation_and_logout_against_a_real_authorization_server() 
         &[&access1, &refresh1, &access2, &refresh2],
     );
     assert!(!rest.contains(&access1) && !rest.contains(&refresh1));
+}
+
+/// Log in through the CLI with `extra` arguments, playing the browser; returns the CLI's output.
+fn login_via_cli(
+    home: &Home,
+    dir: &Path,
+    pair: &Pair,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let mut args = vec!["mcp", "auth", "login", "guarded", "--no-browser"];
+    args.extend_from_slice(extra);
+    let mut login = home
+        .cmd(&args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(login.stdout.take().unwrap());
+    wait_line(&mut out, "Open this URL");
+    let url = wait_line(&mut out, &pair.issuer);
+    let redirect_uri = url::Url::parse(&url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    let browser = Command::new("python3")
+        .arg(dir.join("user_agent.py"))
+        .arg("--deliver")
+        .arg(&url)
+        .arg(&redirect_uri)
+        .output()
+        .unwrap();
+    assert!(
+        browser.status.success(),
+        "{}",
+        String::from_utf8_lossy(&browser.stderr)
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut login.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        login.wait().unwrap().success(),
+        "login failed: {rest} {err}"
+    );
+    format!("{url}\n{rest}\n{err}")
+}
+
+#[test]
+fn a_pre_registered_confidential_client_logs_in_and_the_resource_is_the_token_audience() {
+    let dir = fixture();
+    let secret = "PRESECRETcanary0a1b2c";
+    let pair = start_pair_with(
+        &dir,
+        "60",
+        &[],
+        &[
+            ("PRE_CLIENT_ID", "iteron-pre"),
+            ("PRE_CLIENT_SECRET", secret),
+            ("PRE_CLIENT_AUTH_METHOD", "client_secret_basic"),
+        ],
+    );
+    let home = Home::new_tagged("pre");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    let printed = login_via_cli(
+        &home,
+        &dir,
+        &pair,
+        &[
+            "--client-id",
+            "iteron-pre",
+            "--client-secret-env",
+            "PRE_SECRET",
+        ],
+        &[("PRE_SECRET", secret)],
+    );
+    assert!(!printed.contains(secret), "the client secret was printed");
+    let cred = home.credential().unwrap();
+    assert_eq!(cred["binding"]["client_id"], "iteron-pre");
+    assert_eq!(cred["binding"]["client_kind"], "pre_registered");
+    assert_eq!(cred["binding"]["token_auth"], "client_secret_basic");
+    let access = cred["secrets"]["access_token"].as_str().unwrap();
+    // RFC 8707: the token is for this resource and no other.
+    let info = introspect(&pair.issuer, access);
+    assert_eq!(info["active"], true);
+    let aud = &info["aud"];
+    assert!(
+        aud == &serde_json::json!(pair.mcp_url)
+            || aud
+                .as_array()
+                .is_some_and(|a| a.contains(&serde_json::json!(pair.mcp_url))),
+        "{info}"
+    );
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    for stream in [&test.stdout, &test.stderr] {
+        assert!(!String::from_utf8_lossy(stream).contains(access));
+    }
+    // The configuration never holds a token or the secret.
+    let config = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(access) && !config.contains(secret));
+}
+
+#[test]
+fn insufficient_scope_is_its_own_diagnostic_asking_for_an_explicit_relogin() {
+    let dir = fixture();
+    let pair = start_pair_with(
+        &dir,
+        "60",
+        &[("REQUIRED_SCOPES", "mcp:admin")],
+        &[("MCP_SCOPES", "mcp:tools mcp:admin")],
+    );
+    let home = Home::new_tagged("scope");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&home, &dir, &pair, &[], &[]);
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert_eq!(test.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&test.stderr);
+    assert!(err.contains("requires more scope (mcp:admin)"), "{err}");
+    assert!(
+        err.contains("iteron mcp auth login guarded --scopes mcp:tools,mcp:admin"),
+        "{err}"
+    );
+    // Nothing was replayed with new authority behind the operator's back.
+    let cred = home.credential().unwrap();
+    assert_eq!(
+        cred["binding"]["granted_scopes"],
+        serde_json::json!(["mcp:tools"])
+    );
 }

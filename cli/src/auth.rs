@@ -285,7 +285,7 @@ fn open_browser(url: &str) {
 }
 
 /// The state `auth status` reports.
-fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
+pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
     let Transport::Http(h) = &server.transport else {
         return "logged_out";
     };

@@ -8,7 +8,9 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
 
-use iteron_broker::mcp::client::Options;
+use iteron_broker::credentials::CredentialStore;
+use iteron_broker::mcp::client::{McpError, Options};
+use iteron_broker::mcp::{TransportError, TransportErrorKind};
 use iteron_broker::servers::{self, ConnectError};
 use iteron_broker::spawn::{SAFE_PATH, resolve_program};
 use iteron_broker::store::Home;
@@ -66,8 +68,14 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             home,
         )
         .await
-        .map_err(|e: ConnectError| e.to_string())?;
-        let listed = client.list_tools().await.map_err(|e| e.to_string());
+        .map_err(|e: ConnectError| match &e {
+            ConnectError::Mcp(m) => explain(m, home, server),
+            other => other.to_string(),
+        })?;
+        let listed = client
+            .list_tools()
+            .await
+            .map_err(|e| explain(&e, home, server));
         let stderr = client.stderr_tail(3).await;
         let era = client.era();
         let info = client.server_info();
@@ -98,6 +106,49 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
         Ok(r) => r.map_err(|e| text::single_line_capped(&secrets.scrub(&e), 400)),
         Err(_) => Err(format!("no answer within {} s", PROBE_DEADLINE.as_secs())),
     }
+}
+
+/// An error as the operator should read it. A valid `403 insufficient_scope` challenge is its
+/// own diagnostic: the operator re-logs in explicitly with the union of what was granted and
+/// what is asked — nothing is replayed automatically.
+fn explain(e: &McpError, home: &Home, server: &ServerConfig) -> String {
+    if let McpError::Transport(TransportError {
+        kind:
+            TransportErrorKind::Unauthorized {
+                status: 403,
+                challenge: Some(c),
+                ..
+            },
+        ..
+    }) = e
+        && c.error.as_deref() == Some("insufficient_scope")
+    {
+        let mut scopes: Vec<String> = CredentialStore::new(home)
+            .load(server.name.as_str())
+            .ok()
+            .flatten()
+            .map(|cred| cred.binding.granted_scopes)
+            .unwrap_or_default();
+        for s in c
+            .scope
+            .as_deref()
+            .unwrap_or("")
+            .split(' ')
+            .filter(|s| !s.is_empty())
+        {
+            if !scopes.iter().any(|x| x == s) {
+                scopes.push(s.to_owned());
+            }
+        }
+        return format!(
+            "the server requires more scope ({}); to grant it, log in again explicitly: \
+             iteron mcp auth login {} --scopes {}",
+            c.scope.as_deref().unwrap_or("unspecified"),
+            server.name,
+            scopes.join(",")
+        );
+    }
+    e.to_string()
 }
 
 fn find<'a>(config: &'a Config, raw: &str) -> Result<&'a ServerConfig, CliError> {
@@ -195,6 +246,19 @@ pub(crate) fn status(
             rows.push(json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}));
         }
     }
+    // The credential state of HTTP servers (read from the local store; no network).
+    let store = CredentialStore::new(home);
+    for (row, s) in rows.iter_mut().zip(&chosen) {
+        if matches!(s.transport, Transport::Http(_))
+            && let Some(obj) = row.as_object_mut()
+        {
+            let cred = store.load(s.name.as_str()).ok().flatten();
+            obj.insert(
+                "credential".into(),
+                crate::auth::state_of(s, cred.as_ref()).into(),
+            );
+        }
+    }
     if format == Format::Json {
         return print(out, &json!({"servers": rows}));
     }
@@ -211,6 +275,9 @@ pub(crate) fn status(
         if let Some(v) = r["protocol_version"].as_str() {
             line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
         }
+        if let Some(c) = r["credential"].as_str() {
+            line.push_str(&format!("  credential {c}"));
+        }
         if let Some(e) = r["error"].as_str() {
             line.push_str(&format!("  {e}"));
         }
@@ -220,7 +287,7 @@ pub(crate) fn status(
 }
 
 /// Static checks of one server (no network, no process).
-fn check_server(s: &ServerConfig) -> Vec<Value> {
+fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
     let mut checks = Vec::new();
     match &s.transport {
         Transport::Stdio(st) => {
@@ -267,6 +334,19 @@ fn check_server(s: &ServerConfig) -> Vec<Value> {
                 .is_some()
             {
                 checks.push(json!({"check": "credential", "ok": true, "detail": "external (bearer token from the environment)"}));
+            } else if let Some(home) = home {
+                let cred = CredentialStore::new(home).load(s.name.as_str());
+                let (ok, detail) = match &cred {
+                    Err(e) => (false, text::single_line_capped(&e.to_string(), 300)),
+                    Ok(c) => {
+                        let state = crate::auth::state_of(s, c.as_ref());
+                        (
+                            state != "reauth_required" && state != "expired",
+                            state.to_owned(),
+                        )
+                    }
+                };
+                checks.push(json!({"check": "credential", "ok": ok, "detail": detail}));
             }
         }
     }
@@ -285,7 +365,7 @@ pub(crate) fn doctor(
     let rt = if connect { Some(runtime()?) } else { None };
     let mut all_ok = true;
     for s in &config.mcp_servers {
-        let mut checks = check_server(s);
+        let mut checks = check_server(s, Some(home));
         if let Some(rt) = &rt {
             let r = rt.block_on(probe(home, &config, s));
             checks.push(match r {
