@@ -365,7 +365,13 @@ fn login_via_cli(
         .spawn()
         .unwrap();
     let mut out = BufReader::new(login.stdout.take().unwrap());
-    wait_line(&mut out, "Open this URL");
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if !first.starts_with("Open this URL") {
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut login.stderr.take().unwrap(), &mut err).unwrap();
+        panic!("login did not start: {first} {err}");
+    }
     let url = wait_line(&mut out, &pair.issuer);
     let redirect_uri = url::Url::parse(&url)
         .unwrap()
@@ -425,10 +431,30 @@ fn a_pre_registered_confidential_client_logs_in_and_the_resource_is_the_token_au
             "iteron-pre",
             "--client-secret-env",
             "PRE_SECRET",
+            "--oauth-issuer",
+            &pair.issuer,
         ],
         &[("PRE_SECRET", secret)],
     );
     assert!(!printed.contains(secret), "the client secret was printed");
+    // Without a pinned issuer the secret is never sent anywhere: the login refuses first.
+    let refused = home
+        .cmd(&[
+            "mcp",
+            "auth",
+            "login",
+            "guarded",
+            "--no-browser",
+            "--client-id",
+            "iteron-pre",
+            "--client-secret-env",
+            "PRE_SECRET",
+        ])
+        .env("PRE_SECRET", secret)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("pinned issuer"));
     let cred = home.credential().unwrap();
     assert_eq!(cred["binding"]["client_id"], "iteron-pre");
     assert_eq!(cred["binding"]["client_kind"], "pre_registered");

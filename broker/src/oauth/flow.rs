@@ -365,6 +365,36 @@ pub fn start(
     })
 }
 
+/// The `error` of an authorization response — only when the response passed the `state` and
+/// `iss` checks (an error in a response that fails them is never acted on).
+pub fn response_error(attempt: &Attempt, callback: &str) -> Option<String> {
+    let url = url::Url::parse(callback).ok()?;
+    let mut state = None;
+    let mut iss = None;
+    let mut error = None;
+    for (k, v) in url.query_pairs() {
+        let slot = match k.as_ref() {
+            "state" => &mut state,
+            "iss" => &mut iss,
+            "error" => &mut error,
+            _ => continue,
+        };
+        if slot.is_some() {
+            return None;
+        }
+        *slot = Some(v.into_owned());
+    }
+    if state.as_deref() != Some(attempt.state.as_str()) {
+        return None;
+    }
+    match iss.as_deref() {
+        Some(i) if i != attempt.issuer => return None,
+        None if attempt.iss_required => return None,
+        _ => {}
+    }
+    error
+}
+
 /// Check an authorization response (the redirect URL the browser was sent to) and return the
 /// code. On any mismatch nothing is redeemed, and an `error` in a mismatched response is not
 /// acted on either.

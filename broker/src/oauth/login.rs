@@ -162,6 +162,13 @@ pub async fn login(
     challenge: Option<&Challenge>,
     present: impl Fn(&str, bool),
 ) -> Result<LoginOutcome, OAuthError> {
+    // A pre-registered secret goes only to the issuer the operator pinned — never to whichever
+    // authorization server the MCP server happens to name.
+    if req.client.client_secret.is_some() && req.issuer.is_none() {
+        return Err(OAuthError::NoRegistration(
+            "a pre-registered client secret needs a pinned issuer (--oauth-issuer)",
+        ));
+    }
     let prm =
         metadata::discover_resource(http, &req.server, challenge, req.resource.as_deref()).await?;
     let issuer = match &req.issuer {
@@ -214,10 +221,15 @@ pub async fn login(
     present(&attempt.url, auth_zone <= binding);
     let returned = callback.wait().await?;
     let code = match flow::finish(&attempt, &returned) {
+        // Only scopes Iteron discovered get the one retry without scope; the operator's own
+        // (login flag or configuration) are never edited. The error counts only in a response
+        // that passed the state and iss checks.
         Err(OAuthError::Callback(_))
             if req.operator_scopes.is_none()
+                && req.configured_scopes.is_none()
                 && scope.is_some()
-                && returned.contains("error=invalid_scope") =>
+                && flow::response_error(&attempt, &returned).as_deref()
+                    == Some("invalid_scope") =>
         {
             // Discovered scopes the provider rejects: one retry with no scope at all.
             let again = Callback::bind().await?;

@@ -89,7 +89,11 @@ pub fn resource_matches(server: &EndpointUrl, resource: &str, pinned: Option<&st
         return false;
     };
     let s = server.as_url();
-    if origin(&r) != origin(s) || r.fragment().is_some() {
+    if origin(&r) != origin(s)
+        || r.fragment().is_some()
+        || !r.username().is_empty()
+        || r.password().is_some()
+    {
         return false;
     }
     let rp = r.path().trim_end_matches('/');
