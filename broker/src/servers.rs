@@ -294,6 +294,12 @@ pub async fn connect_with_credentials(
         }
         _ => cred.secrets.access_token.clone(),
     };
+    let mut opts = opts;
+    opts.token = Some(std::sync::Arc::new(StoredToken {
+        store: crate::credentials::CredentialStore::new(home),
+        server: server.name.to_string(),
+        network: network.clone(),
+    }));
     let mut refreshed = false;
     loop {
         match connect_bearer(server, network, lookup, opts.clone(), &token).await {
@@ -308,6 +314,62 @@ pub async fn connect_with_credentials(
             }
             other => return other,
         }
+    }
+}
+
+/// The operator's stored OAuth credential as the client's managed token: read from the store
+/// at each request, refreshed (with rotation persisted first) when it is about to expire or
+/// after a 401.
+struct StoredToken {
+    store: crate::credentials::CredentialStore,
+    server: String,
+    network: NetworkConfig,
+}
+
+impl StoredToken {
+    async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
+        let cred = self
+            .store
+            .load(&self.server)
+            .map_err(|e| e.to_string())?
+            .ok_or("the credential was removed; log in again")?;
+        let expiring = cred
+            .secrets
+            .expires_at
+            .is_some_and(|t| t <= unix_now() + REFRESH_MARGIN_SECS);
+        if force || expiring {
+            refresh_stored(&self.store, &cred, &self.network)
+                .await
+                .map_err(|e| e.to_string())
+        } else {
+            Ok(cred.secrets.access_token.clone())
+        }
+    }
+}
+
+impl crate::mcp::client::TokenSource for StoredToken {
+    fn current(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    > {
+        Box::pin(self.get(false))
+    }
+
+    fn refresh(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    > {
+        Box::pin(self.get(true))
     }
 }
 

@@ -618,3 +618,113 @@ async fn pagination_is_bounded_and_a_repeated_cursor_is_refused() {
     let e = c.list_prompts().await.unwrap_err();
     assert!(matches!(e, McpError::Protocol { .. }), "{e}");
 }
+
+/// A managed token that starts as `old` and becomes `new` after a forced refresh.
+struct Rotating {
+    refreshed: std::sync::atomic::AtomicUsize,
+}
+
+impl iteron_broker::mcp::client::TokenSource for Rotating {
+    fn current(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<iteron_broker::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    > {
+        let t = if self.refreshed.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            "old"
+        } else {
+            "new"
+        };
+        Box::pin(async move { Ok(iteron_broker::oauth::SecretString::from(t.to_owned())) })
+    }
+
+    fn refresh(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<iteron_broker::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    > {
+        self.refreshed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(iteron_broker::oauth::SecretString::from("new".to_owned())) })
+    }
+}
+
+#[tokio::test]
+async fn a_401_refreshes_the_managed_token_once_and_a_403_never_does() {
+    let server = Server::start(modern(|req| {
+        let bearer = req.header("authorization").unwrap_or("");
+        match req.rpc_method() {
+            Some("tools/list") if bearer == "Bearer new" => {
+                Reply::json(ok(req, json!({"tools": [], "resultType": "complete"})))
+            }
+            Some("tools/list") => {
+                Reply::empty(401).with("WWW-Authenticate", "Bearer error=\"invalid_token\"")
+            }
+            Some("tools/call") => {
+                Reply::empty(401).with("WWW-Authenticate", "Bearer error=\"invalid_token\"")
+            }
+            Some("prompts/list") => Reply::empty(403).with(
+                "WWW-Authenticate",
+                "Bearer error=\"insufficient_scope\", scope=\"x\"",
+            ),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let source = Arc::new(Rotating {
+        refreshed: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let net = Net::new(NetConfig::default()).unwrap();
+    let opts = Options {
+        version: VersionPolicy::Pin(Version::V2026_07_28),
+        token: Some(source.clone()),
+        ..Options::default()
+    };
+    let c = Client::connect_http(
+        net.client(Zone::Loopback).unwrap(),
+        EndpointUrl::parse(&server.url()).unwrap(),
+        HeaderMap::new(),
+        opts,
+    )
+    .await
+    .unwrap();
+    c.list_tools().await.unwrap();
+    assert_eq!(
+        source.refreshed.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    assert_eq!(
+        server.count("tools/list"),
+        2,
+        "refused once, then sent with the new token"
+    );
+    // Still refused after the one refresh: reported, not retried again.
+    let e = c.call_tool("t", Map::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            McpError::Transport(TransportError {
+                kind: TransportErrorKind::Unauthorized { status: 401, .. },
+                certainty: Certainty::NotSent
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(server.count("tools/call"), 2);
+    // 403 insufficient_scope: never a refresh, never a replay.
+    let before = source.refreshed.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(c.list_prompts().await.is_err());
+    assert_eq!(server.count("prompts/list"), 1);
+    assert_eq!(
+        source.refreshed.load(std::sync::atomic::Ordering::SeqCst),
+        before
+    );
+}

@@ -174,6 +174,32 @@ fn protocol_error(detail: impl Into<String>, certainty: Certainty) -> McpError {
     }
 }
 
+/// Where an HTTP client's bearer token comes from when it is managed (an OAuth login): the
+/// current token (refreshed first when it is about to expire), and a forced refresh after a
+/// `401`.
+pub trait TokenSource: Send + Sync {
+    /// The token to send now.
+    fn current(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    >;
+    /// A new token after the server refused the current one.
+    fn refresh(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
+                + Send
+                + '_,
+        >,
+    >;
+}
+
 /// Client settings.
 #[derive(Clone)]
 pub struct Options {
@@ -192,6 +218,10 @@ pub struct Options {
     pub request_deadline: Duration,
     /// Deadline of a tool call.
     pub tool_call_deadline: Duration,
+    /// A managed bearer token (HTTP): sent on every request, refreshed on expiry, and on a
+    /// `401` refreshed once and the refused request sent again (a `401` is a refusal: nothing
+    /// ran).
+    pub token: Option<Arc<dyn TokenSource>>,
 }
 
 impl Default for Options {
@@ -204,6 +234,7 @@ impl Default for Options {
             auth_context: String::new(),
             request_deadline: REQUEST_DEADLINE,
             tool_call_deadline: TOOL_CALL_DEADLINE,
+            token: None,
         }
     }
 }
@@ -581,6 +612,30 @@ impl Client {
             .map_or(0, |r| r.done.load(Ordering::SeqCst).min(MAX_RESTARTS))
     }
 
+    /// Install the managed token (if any) as the bearer; `refresh` forces a new one.
+    async fn install_token(&self, refresh: bool) -> Result<(), McpError> {
+        let Some(source) = &self.opts.token else {
+            return Ok(());
+        };
+        let token = if refresh {
+            source.refresh().await
+        } else {
+            source.current().await
+        }
+        .map_err(|why| {
+            McpError::Transport(TransportError {
+                kind: TransportErrorKind::Unauthorized {
+                    status: 401,
+                    detail: text::single_line_capped(&why, 200),
+                    challenge: None,
+                },
+                certainty: Certainty::NotSent,
+            })
+        })?;
+        self.set_bearer(Some(&token));
+        Ok(())
+    }
+
     /// Authorize every later request with this bearer token (HTTP; no effect on stdio).
     pub fn set_bearer(&self, token: Option<&crate::oauth::SecretString>) {
         if let Transport::Http(t) = &*self.transport() {
@@ -902,6 +957,8 @@ impl Client {
     ) -> Result<Value, McpError> {
         self.revive().await?;
         self.recover_session().await?;
+        self.install_token(false).await?;
+        let mut token_refreshed = false;
         let mut rejections = 0;
         let mut header_retry = allow_header_retry;
         loop {
@@ -933,10 +990,21 @@ impl Client {
             } else {
                 Some(Value::Object(p))
             };
-            match self
+            let sent = self
                 .raw(&id, method, send_params, headers, deadline, false)
-                .await?
-            {
+                .await;
+            let sent = match sent {
+                Err(McpError::Transport(TransportError {
+                    kind: TransportErrorKind::Unauthorized { status: 401, .. },
+                    certainty: Certainty::NotSent,
+                })) if self.opts.token.is_some() && !token_refreshed => {
+                    token_refreshed = true;
+                    self.install_token(true).await?;
+                    continue;
+                }
+                other => other?,
+            };
+            match sent {
                 Ok(v) => return Ok(v),
                 Err(error) => {
                     if let Era::Modern(_) = era
