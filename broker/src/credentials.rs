@@ -29,13 +29,12 @@
 //!   of silently reusing the credential.
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::marker::PhantomData;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use iteron_policy::config::ServerConfig;
 use iteron_policy::names::ServerName;
@@ -47,6 +46,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::oauth::flow::{ClientKind, TokenAuth};
+use crate::private_fs::{self, FsError};
 use crate::store::Home;
 
 /// The only file format this build reads and writes.
@@ -58,11 +58,10 @@ pub const MAX_CREDENTIAL_BYTES: u64 = 64 * 1024;
 /// The lock file's name inside the credentials directory (one lock for the whole directory).
 pub const LOCK_FILE: &str = ".lock";
 /// How long a writer waits for the lock before giving up.
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+pub const LOCK_TIMEOUT: Duration = private_fs::LOCK_TIMEOUT;
 
 const MAX_LEN: usize = 64 * 1024;
 const _: () = assert!(MAX_LEN as u64 == MAX_CREDENTIAL_BYTES);
-const LOCK_POLL: Duration = Duration::from_millis(5);
 /// Prefix of temp files; with the lock held, anything with it is a leftover of a dead writer.
 const TEMP_PREFIX: &str = ".tmp-";
 const BINDING_ID_DOMAIN: &[u8] = b"iteron-binding-v1\0";
@@ -734,7 +733,7 @@ impl CredentialStore {
     pub fn save(&self, cred: &Credential) -> Result<(), CredentialError> {
         let bytes = encode(cred)?;
         self.ensure_dirs()?;
-        let _lock = acquire_lock(&self.dir.join(LOCK_FILE))?;
+        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
         self.replace(&cred.binding.server, &bytes)
     }
 
@@ -749,7 +748,7 @@ impl CredentialStore {
         if !self.check_dirs()? {
             return Ok(false);
         }
-        let _lock = acquire_lock(&self.dir.join(LOCK_FILE))?;
+        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
         let Some(mut cred) = self.load(server)? else {
             return Ok(false);
         };
@@ -766,7 +765,7 @@ impl CredentialStore {
         if !self.check_dirs()? {
             return Ok(false);
         }
-        let _lock = acquire_lock(&self.dir.join(LOCK_FILE))?;
+        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
         let path = self.path_for(server);
         match fs::symlink_metadata(&path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -785,7 +784,7 @@ impl CredentialStore {
             Err(e) => return Err(io_err("remove", &path)(e)),
         }
         // The entry is gone and cannot be brought back; see `replace` on the directory fsync.
-        let _ = sync_dir(&self.dir);
+        let _ = private_fs::sync_dir(&self.dir);
         Ok(true)
     }
 
@@ -828,7 +827,7 @@ impl CredentialStore {
             match fs::symlink_metadata(dir) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
                 Err(e) => return Err(io_err("inspect", dir)(e)),
-                Ok(meta) => check_private(dir, &meta, true)?,
+                Ok(meta) => private_fs::check_private(dir, &meta, true)?,
             }
         }
         Ok(true)
@@ -840,24 +839,25 @@ impl CredentialStore {
             match fs::DirBuilder::new().mode(0o700).create(dir) {
                 Ok(()) => {
                     if let Some(parent) = dir.parent() {
-                        let _ = sync_dir(parent);
+                        let _ = private_fs::sync_dir(parent);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(io_err("create directory", dir)(e)),
             }
             let meta = fs::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
-            check_private(dir, &meta, true)?;
+            private_fs::check_private(dir, &meta, true)?;
         }
         Ok(())
     }
 
     /// Atomically replace a server's file. The caller holds the lock.
     fn replace(&self, server: &str, bytes: &[u8]) -> Result<(), CredentialError> {
-        remove_stale_temps(&self.dir);
+        private_fs::remove_stale_temps(&self.dir, TEMP_PREFIX);
         let target = self.path_for(server);
-        let temp = self.dir.join(temp_name());
-        let written = write_new_file(&temp, bytes)
+        let temp = self.dir.join(private_fs::temp_name(TEMP_PREFIX));
+        let written = private_fs::write_new_file(&temp, bytes)
+            .map_err(CredentialError::from)
             .and_then(|()| fs::rename(&temp, &target).map_err(io_err("replace", &target)));
         if let Err(e) = written {
             let _ = fs::remove_file(&temp);
@@ -866,7 +866,7 @@ impl CredentialStore {
         // The rename has happened: the change is visible and cannot be taken back, so reporting
         // failure now would make the caller retry (or abandon) an applied change. Syncing the
         // directory makes it durable; if that fails there is nothing better to do than carry on.
-        let _ = sync_dir(&self.dir);
+        let _ = private_fs::sync_dir(&self.dir);
         Ok(())
     }
 }
@@ -892,7 +892,7 @@ fn read_credential(path: &Path) -> Result<Option<Credential>, CredentialError> {
         Err(e) => return Err(io_err("open", path)(e)),
     };
     let meta = file.metadata().map_err(io_err("inspect", path))?;
-    check_private(path, &meta, false)?;
+    private_fs::check_private(path, &meta, false)?;
     if meta.len() > MAX_CREDENTIAL_BYTES {
         return Err(CredentialError::TooLarge(path.to_path_buf()));
     }
@@ -913,112 +913,18 @@ fn read_credential(path: &Path) -> Result<Option<Credential>, CredentialError> {
     decode(&buf[..len]).map(Some).map_err(|d| d.at(path))
 }
 
-/// Refuse anything that is not a plain directory/file owned by us with no group/other bits.
-fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), CredentialError> {
-    let plain = if dir {
-        meta.file_type().is_dir()
-    } else {
-        meta.file_type().is_file()
-    };
-    if !plain {
-        return Err(CredentialError::NotPlain {
-            path: path.to_path_buf(),
-            expected: if dir { "directory" } else { "regular file" },
-        });
-    }
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != euid {
-        return Err(CredentialError::WrongOwner {
-            path: path.to_path_buf(),
-            owner: meta.uid(),
-            euid,
-        });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(CredentialError::OpenMode {
-            path: path.to_path_buf(),
-            mode,
-            want: if dir { 0o700 } else { 0o600 },
-        });
-    }
-    Ok(())
-}
-
-fn temp_name() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{TEMP_PREFIX}{}-{n}", std::process::id())
-}
-
-fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), CredentialError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(path)
-        .map_err(io_err("create", path))?;
-    file.write_all(bytes).map_err(io_err("write", path))?;
-    file.sync_all().map_err(io_err("fsync", path))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), CredentialError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync directory", dir))
-}
-
-/// Leftover temp files can only come from a writer that died, because we hold the lock.
-fn remove_stale_temps(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// An exclusive `flock` on the lock file, released on drop (closing the descriptor, or the
-/// process dying).
-struct Lock {
-    _file: File,
-}
-
-fn acquire_lock(path: &Path) -> Result<Lock, CredentialError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(nix::libc::ELOOP) {
-                CredentialError::NotPlain {
-                    path: path.to_path_buf(),
-                    expected: "regular file",
-                }
-            } else {
-                io_err("open", path)(e)
+impl From<FsError> for CredentialError {
+    fn from(e: FsError) -> Self {
+        match e {
+            FsError::Io { op, path, source } => CredentialError::Io { op, path, source },
+            FsError::NotPlain { path, expected } => CredentialError::NotPlain { path, expected },
+            FsError::WrongOwner { path, owner, euid } => {
+                CredentialError::WrongOwner { path, owner, euid }
             }
-        })?;
-    let meta = file.metadata().map_err(io_err("inspect", path))?;
-    check_private(path, &meta, false)?;
-    let deadline = Instant::now() + LOCK_TIMEOUT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(Lock { _file: file }),
-            Err(fs::TryLockError::WouldBlock) => {
-                if Instant::now() >= deadline {
-                    return Err(CredentialError::LockTimeout(path.to_path_buf()));
-                }
-                std::thread::sleep(LOCK_POLL);
+            FsError::OpenMode { path, mode, want } => {
+                CredentialError::OpenMode { path, mode, want }
             }
-            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
+            FsError::LockTimeout(path) => CredentialError::LockTimeout(path),
         }
     }
 }
@@ -1032,7 +938,9 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::ExitStatusExt;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Barrier};
+    use std::time::Instant;
 
     const CANARY: &str = "CANARY-5ecr3t-9f1c";
 

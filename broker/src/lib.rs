@@ -13,6 +13,8 @@ pub mod oauth;
 pub mod servers;
 pub mod spawn;
 pub mod store;
+
+mod private_fs;
 #[allow(
     unsafe_code,
     reason = "the one module with FFI; every block has a SAFETY comment"

@@ -14,13 +14,13 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::private_fs::{self, FsError};
 use iteron_policy::config::{Config, ConfigError, MAX_CONFIG_BYTES};
 
 /// The configuration file's name inside the home directory.
@@ -30,8 +30,7 @@ pub const LOCK_FILE: &str = "config.lock";
 /// Prefix of temp files; anything with it is a leftover of a crashed writer.
 const TEMP_PREFIX: &str = ".config.json.tmp-";
 /// How long a writer waits for the lock before giving up.
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-const LOCK_POLL: Duration = Duration::from_millis(5);
+pub const LOCK_TIMEOUT: Duration = private_fs::LOCK_TIMEOUT;
 
 /// Everything that can go wrong with the store. `Display` is one line with no file content.
 #[derive(Debug)]
@@ -208,7 +207,7 @@ impl Home {
         match fs::symlink_metadata(&self.dir) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Config::default()),
             Err(e) => return Err(io_err("inspect", &self.dir)(e)),
-            Ok(meta) => check_private(&self.dir, &meta, true)?,
+            Ok(meta) => private_fs::check_private(&self.dir, &meta, true)?,
         }
         self.read_config()
     }
@@ -222,8 +221,8 @@ impl Home {
     {
         self.ensure_dir()?;
         let lock_path = self.dir.join(LOCK_FILE);
-        let lock = acquire_lock(&lock_path)?;
-        remove_stale_temps(&self.dir);
+        let lock = private_fs::acquire_lock(&lock_path).map_err(StoreError::from)?;
+        private_fs::remove_stale_temps(&self.dir, TEMP_PREFIX);
         let mut config = self.read_config()?;
         let result = change(&mut config)?;
         self.write_config(&config)?;
@@ -238,7 +237,7 @@ impl Home {
             Err(e) => return Err(io_err("create directory", &self.dir)(e)),
         }
         let meta = fs::symlink_metadata(&self.dir).map_err(io_err("inspect", &self.dir))?;
-        check_private(&self.dir, &meta, true)
+        Ok(private_fs::check_private(&self.dir, &meta, true)?)
     }
 
     fn read_config(&self) -> Result<Config, StoreError> {
@@ -262,7 +261,7 @@ impl Home {
             Err(e) => return Err(io_err("open", &path)(e)),
         };
         let meta = file.metadata().map_err(io_err("inspect", &path))?;
-        check_private(&path, &meta, false)?;
+        private_fs::check_private(&path, &meta, false)?;
         let mut bytes = Vec::new();
         // Read one byte past the bound so an oversized file is detected, never truncated.
         let limit = u64::try_from(MAX_CONFIG_BYTES).map_or(u64::MAX, |m| m.saturating_add(1));
@@ -285,8 +284,9 @@ impl Home {
             _ => return Err(StoreError::RoundTrip),
         }
         let target = self.config_path();
-        let temp = self.dir.join(temp_name());
-        let written = write_new_file(&temp, text.as_bytes())
+        let temp = self.dir.join(private_fs::temp_name(TEMP_PREFIX));
+        let written = private_fs::write_new_file(&temp, text.as_bytes())
+            .map_err(StoreError::from)
             .and_then(|()| fs::rename(&temp, &target).map_err(io_err("replace", &target)));
         if let Err(e) = written {
             let _ = fs::remove_file(&temp);
@@ -295,116 +295,21 @@ impl Home {
         // The rename has happened: the change is visible and cannot be taken back, so reporting
         // failure now would make the operator retry an applied change. Syncing the directory
         // makes it durable; if that fails there is nothing better to do than carry on.
-        let _ = sync_dir(&self.dir);
+        let _ = private_fs::sync_dir(&self.dir);
         Ok(())
     }
 }
 
-/// Refuse anything that is not a plain directory/file owned by us with no group/other bits.
-fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), StoreError> {
-    let plain = if dir {
-        meta.file_type().is_dir()
-    } else {
-        meta.file_type().is_file()
-    };
-    if !plain {
-        return Err(StoreError::NotPlain {
-            path: path.to_path_buf(),
-            expected: if dir { "directory" } else { "regular file" },
-        });
-    }
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != euid {
-        return Err(StoreError::WrongOwner {
-            path: path.to_path_buf(),
-            owner: meta.uid(),
-            euid,
-        });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(StoreError::OpenMode {
-            path: path.to_path_buf(),
-            mode,
-            want: if dir { 0o700 } else { 0o600 },
-        });
-    }
-    Ok(())
-}
-
-fn temp_name() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{TEMP_PREFIX}{}-{n}", std::process::id())
-}
-
-fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(path)
-        .map_err(io_err("create", path))?;
-    file.write_all(bytes).map_err(io_err("write", path))?;
-    file.sync_all().map_err(io_err("fsync", path))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync directory", dir))
-}
-
-/// Leftover temp files can only come from a writer that died, because we hold the lock.
-fn remove_stale_temps(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// An exclusive `flock` on the lock file, released on drop (closing the descriptor).
-struct Lock {
-    _file: File,
-}
-
-fn acquire_lock(path: &Path) -> Result<Lock, StoreError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(nix::libc::ELOOP) {
-                StoreError::NotPlain {
-                    path: path.to_path_buf(),
-                    expected: "regular file",
-                }
-            } else {
-                io_err("open", path)(e)
+impl From<FsError> for StoreError {
+    fn from(e: FsError) -> Self {
+        match e {
+            FsError::Io { op, path, source } => StoreError::Io { op, path, source },
+            FsError::NotPlain { path, expected } => StoreError::NotPlain { path, expected },
+            FsError::WrongOwner { path, owner, euid } => {
+                StoreError::WrongOwner { path, owner, euid }
             }
-        })?;
-    let meta = file.metadata().map_err(io_err("inspect", path))?;
-    check_private(path, &meta, false)?;
-    let deadline = Instant::now() + LOCK_TIMEOUT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(Lock { _file: file }),
-            Err(fs::TryLockError::WouldBlock) => {
-                if Instant::now() >= deadline {
-                    return Err(StoreError::LockTimeout(path.to_path_buf()));
-                }
-                std::thread::sleep(LOCK_POLL);
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
+            FsError::OpenMode { path, mode, want } => StoreError::OpenMode { path, mode, want },
+            FsError::LockTimeout(path) => StoreError::LockTimeout(path),
         }
     }
 }
@@ -415,6 +320,7 @@ mod tests {
     use iteron_policy::config::{Command, ServerConfig, StdioServer, Transport};
     use iteron_policy::names::ServerName;
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn temp_home() -> (PathBuf, Home) {
         static N: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,165 @@
+//! Private files under `~/.iteron`: the checks and the write discipline shared by the
+//! configuration store and the credential store.
+//!
+//! Every file is written whole to a fresh temporary file (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600),
+//! fsynced, renamed over the target and the directory fsynced; writers serialise on an `flock`
+//! with a bounded wait. Anything that is not a plain file or directory owned by the effective
+//! uid with no group/other bits is refused, never repaired.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a writer waits for another writer's lock before giving up.
+pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a waiting writer retries the lock.
+const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// Why a private file or directory could not be used. Each store maps this into its own error.
+#[derive(Debug)]
+pub(crate) enum FsError {
+    /// A system call failed.
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A symlink or something else where a real directory or regular file must be.
+    NotPlain {
+        path: PathBuf,
+        expected: &'static str,
+    },
+    /// Owned by another uid.
+    WrongOwner {
+        path: PathBuf,
+        owner: u32,
+        euid: u32,
+    },
+    /// Group or other permission bits are set.
+    OpenMode { path: PathBuf, mode: u32, want: u32 },
+    /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
+    LockTimeout(PathBuf),
+}
+
+pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FsError + use<> {
+    let path = path.to_path_buf();
+    move |source| FsError::Io { op, path, source }
+}
+
+/// Refuse anything that is not a plain directory/file owned by us with no group/other bits.
+pub(crate) fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), FsError> {
+    let plain = if dir {
+        meta.file_type().is_dir()
+    } else {
+        meta.file_type().is_file()
+    };
+    if !plain {
+        return Err(FsError::NotPlain {
+            path: path.to_path_buf(),
+            expected: if dir { "directory" } else { "regular file" },
+        });
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(FsError::WrongOwner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(FsError::OpenMode {
+            path: path.to_path_buf(),
+            mode,
+            want: if dir { 0o700 } else { 0o600 },
+        });
+    }
+    Ok(())
+}
+
+/// A temporary name unique within this process and among live processes.
+pub(crate) fn temp_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}-{n}", std::process::id())
+}
+
+/// Create `path` (which must not exist, and is never followed if a symlink), write and fsync.
+pub(crate) fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(io_err("create", path))?;
+    file.write_all(bytes).map_err(io_err("write", path))?;
+    file.sync_all().map_err(io_err("fsync", path))
+}
+
+/// Make a rename in `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Remove temp files a dead writer left behind. Call only while holding the lock: then no live
+/// writer can own one.
+pub(crate) fn remove_stale_temps(dir: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// An exclusive `flock` on the lock file, released on drop (closing the descriptor, or the
+/// process dying).
+pub(crate) struct Lock {
+    _file: File,
+}
+
+/// Take the exclusive lock on `path` (created 0600 if missing), waiting at most [`LOCK_TIMEOUT`].
+pub(crate) fn acquire_lock(path: &Path) -> Result<Lock, FsError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                FsError::NotPlain {
+                    path: path.to_path_buf(),
+                    expected: "regular file",
+                }
+            } else {
+                io_err("open", path)(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io_err("inspect", path))?;
+    check_private(path, &meta, false)?;
+    let deadline = Instant::now() + LOCK_TIMEOUT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Lock { _file: file }),
+            Err(fs::TryLockError::WouldBlock) => {
+                if Instant::now() >= deadline {
+                    return Err(FsError::LockTimeout(path.to_path_buf()));
+                }
+                std::thread::sleep(LOCK_POLL);
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
+        }
+    }
+}
