@@ -466,30 +466,50 @@ pub fn same_origin_secret(issuer: &str, token_endpoint: &EndpointUrl) -> bool {
     url::Url::parse(issuer).is_ok_and(|i| i.origin() == token_endpoint.as_url().origin())
 }
 
-async fn token_request(
-    http: &ZoneClient,
+/// What to do when a confidential client has no stored secret.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MissingSecret {
+    /// Refuse: a grant without client authentication would only be rejected.
+    Refuse,
+    /// Identify the client by id alone (revocation is best effort).
+    IdOnly,
+}
+
+/// A form POST to `endpoint` (the token or revocation endpoint) carrying the client's
+/// authentication. The secret goes only to the issuer's own origin, in a sensitive header
+/// (`client_secret_basic`) or in the body (`client_secret_post`); every copy is zeroized.
+fn client_post(
     meta: &ServerMetadata,
     client: &OAuthClient,
+    endpoint: &EndpointUrl,
+    which: &'static str,
     mut form: Vec<(&'static str, String)>,
-) -> Result<Tokens, OAuthError> {
+    missing: MissingSecret,
+) -> Result<Request, OAuthError> {
     if client.issuer != meta.issuer {
         return Err(OAuthError::NoRegistration(
             "the client was registered with another issuer; it is never reused across issuers",
         ));
     }
-    let mut req = Request::new(Method::POST, meta.token_endpoint.clone());
+    let mut req = Request::new(Method::POST, endpoint.clone());
     req.headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/x-www-form-urlencoded"),
     );
-    req.headers
-        .insert(ACCEPT, HeaderValue::from_static("application/json"));
     match (client.auth, &client.secret) {
         (TokenAuth::None, _) => form.push(("client_id", client.id.clone())),
+        (_, None) if missing == MissingSecret::IdOnly => {
+            form.push(("client_id", client.id.clone()));
+        }
+        (_, None) => {
+            return Err(OAuthError::NoRegistration(
+                "a confidential client has no secret",
+            ));
+        }
         (auth, Some(secret)) => {
-            if !same_origin_secret(&meta.issuer, &meta.token_endpoint) {
+            if !same_origin_secret(&meta.issuer, endpoint) {
                 return Err(OAuthError::BadEndpoint {
-                    which: "token_endpoint",
+                    which,
                     why: "a client secret is only sent to the issuer's own origin".into(),
                 });
             }
@@ -514,11 +534,6 @@ async fn token_request(
                 form.push(("client_secret", secret.expose_secret().to_owned()));
             }
         }
-        (_, None) => {
-            return Err(OAuthError::NoRegistration(
-                "a confidential client has no secret",
-            ));
-        }
     }
     let body = zeroize::Zeroizing::new(
         url::form_urlencoded::Serializer::new(String::new())
@@ -529,6 +544,25 @@ async fn token_request(
         zeroize::Zeroize::zeroize(v);
     }
     req.body = Some(body.as_bytes().to_vec());
+    Ok(req)
+}
+
+async fn token_request(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    form: Vec<(&'static str, String)>,
+) -> Result<Tokens, OAuthError> {
+    let mut req = client_post(
+        meta,
+        client,
+        &meta.token_endpoint,
+        "token_endpoint",
+        form,
+        MissingSecret::Refuse,
+    )?;
+    req.headers
+        .insert(ACCEPT, HeaderValue::from_static("application/json"));
     let resp = http.send(req).await?;
     let status = resp.status().as_u16();
     let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
@@ -598,60 +632,18 @@ pub async fn revoke(
     let Some(endpoint) = &meta.revocation_endpoint else {
         return Ok(false);
     };
-    if client.issuer != meta.issuer {
-        return Err(OAuthError::NoRegistration(
-            "the client was registered with another issuer; it is never reused across issuers",
-        ));
-    }
-    let mut req = Request::new(Method::POST, endpoint.clone());
-    req.headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-www-form-urlencoded"),
-    );
-    let mut form: Vec<(&str, String)> = vec![
+    let form = vec![
         ("token", token.expose_secret().to_owned()),
         ("token_type_hint", hint.to_owned()),
     ];
-    match (client.auth, &client.secret) {
-        (TokenAuth::None, _) | (_, None) => form.push(("client_id", client.id.clone())),
-        (auth, Some(secret)) => {
-            if !same_origin_secret(&meta.issuer, endpoint) {
-                return Err(OAuthError::BadEndpoint {
-                    which: "revocation_endpoint",
-                    why: "a client secret is only sent to the issuer's own origin".into(),
-                });
-            }
-            if auth == TokenAuth::Basic {
-                let enc = |s: &str| {
-                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
-                };
-                let pair = zeroize::Zeroizing::new(format!(
-                    "{}:{}",
-                    enc(&client.id),
-                    enc(secret.expose_secret())
-                ));
-                let b64 = zeroize::Zeroizing::new(
-                    base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()),
-                );
-                let mut v = HeaderValue::from_str(&format!("Basic {}", b64.as_str()))
-                    .map_err(|_| OAuthError::Malformed("client credentials"))?;
-                v.set_sensitive(true);
-                req.headers.insert(AUTHORIZATION, v);
-            } else {
-                form.push(("client_id", client.id.clone()));
-                form.push(("client_secret", secret.expose_secret().to_owned()));
-            }
-        }
-    }
-    let body = zeroize::Zeroizing::new(
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(form.iter().map(|(k, v)| (*k, v.as_str())))
-            .finish(),
-    );
-    for (_, v) in &mut form {
-        zeroize::Zeroize::zeroize(v);
-    }
-    req.body = Some(body.as_bytes().to_vec());
+    let req = client_post(
+        meta,
+        client,
+        endpoint,
+        "revocation_endpoint",
+        form,
+        MissingSecret::IdOnly,
+    )?;
     let resp = http.send(req).await?;
     Ok(resp.status().is_success())
 }
