@@ -545,6 +545,121 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    // ---- kill -9 during configuration writes -------------------------------------------------
+
+    const CHILD_ENV: &str = "ITERON_STORE_CHILD";
+    const CHILD_WRITES: usize = 300;
+    const KILL_ROUNDS: usize = 5;
+    /// Servers rewritten by every write, so a torn write would show mixed sequence numbers.
+    const SERVERS_PER_WRITE: usize = 12;
+
+    /// One write: every server carries the sequence number in its first argument.
+    fn write_seq(home: &Home, seq: usize) {
+        home.update(|c| {
+            c.mcp_servers.clear();
+            for i in 0..SERVERS_PER_WRITE {
+                let mut s = server(&format!("c{i}"));
+                if let Transport::Stdio(st) = &mut s.transport {
+                    st.args = vec![seq.to_string(), "x".repeat(64)];
+                }
+                c.add_server(s).map_err(|_| StoreError::RoundTrip)?;
+            }
+            Ok::<_, StoreError>(())
+        })
+        .unwrap();
+    }
+
+    /// The sequence number of the stored configuration, checking every server agrees.
+    fn checked_seq(home: &Home) -> usize {
+        let config = home.load().unwrap();
+        assert_eq!(config.mcp_servers.len(), SERVERS_PER_WRITE);
+        let seqs: Vec<usize> = config
+            .mcp_servers
+            .iter()
+            .map(|s| match &s.transport {
+                Transport::Stdio(st) => st.args[0].parse().unwrap(),
+                Transport::Http(_) => panic!("unexpected transport"),
+            })
+            .collect();
+        assert!(seqs.iter().all(|&q| q == seqs[0]), "torn write: {seqs:?}");
+        seqs[0]
+    }
+
+    #[test]
+    fn kill_9_during_configuration_writes_always_leaves_a_whole_private_file() {
+        if let Some(dir) = std::env::var_os(CHILD_ENV) {
+            // Child mode: keep writing, continuing from whatever the file holds.
+            let home = Home::at(PathBuf::from(dir)).unwrap();
+            let start = checked_seq(&home);
+            for seq in start + 1..=start + CHILD_WRITES {
+                write_seq(&home, seq);
+            }
+            return;
+        }
+        let (base, home) = temp_home();
+        write_seq(&home, 0);
+        let module = module_path!().split_once("::").unwrap().1;
+        let test_name = format!(
+            "{module}::kill_9_during_configuration_writes_always_leaves_a_whole_private_file"
+        );
+        let exe = std::env::current_exe().unwrap();
+        let mut last = 0;
+        let mut killed = 0;
+        for round in 1..=KILL_ROUNDS {
+            let mut child = std::process::Command::new(&exe)
+                .args(["--exact", &test_name, "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, home.dir())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            // Kill somewhere inside this child's run: after it passes a write number that
+            // varies per round, plus a sub-write delay that varies too.
+            let target = last + 1 + (round * 53) % (CHILD_WRITES - 1);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while checked_seq(&home) < target
+                && std::time::Instant::now() < deadline
+                && child.try_wait().unwrap().is_none()
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(
+                (round as u64 * 617) % 3_000,
+            ));
+            let _ = child.kill(); // SIGKILL
+            let status = child.wait().unwrap();
+            if std::os::unix::process::ExitStatusExt::signal(&status) == Some(nix::libc::SIGKILL) {
+                killed += 1;
+            } else {
+                assert!(status.success(), "round {round}: child failed: {status:?}");
+            }
+            let meta = fs::metadata(home.config_path()).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600, "round {round}");
+            let seq = checked_seq(&home);
+            assert!(
+                seq >= last,
+                "round {round}: rolled back from {last} to {seq}"
+            );
+            assert!(
+                seq <= round * CHILD_WRITES,
+                "round {round}: {seq} was never written"
+            );
+            last = seq;
+        }
+        assert!(last > 0, "no child ever wrote");
+        assert!(killed > 0, "no child was killed mid-run");
+        // The next writer clears the temp files of killed writers.
+        write_seq(&home, last + 1);
+        let leftovers: Vec<String> = fs::read_dir(home.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(TEMP_PREFIX))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        fs::remove_dir_all(base).unwrap();
+    }
+
     #[test]
     fn home_comes_from_iteron_home_then_home() {
         let env = |k: &str| match k {
