@@ -153,40 +153,8 @@ impl fmt::Debug for Credential {
 /// content and no secret.
 #[derive(Debug)]
 pub enum CredentialError {
-    /// A system call failed.
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// A path that must be a real directory or regular file is a symlink or something else.
-    NotPlain {
-        /// The path.
-        path: PathBuf,
-        /// What it was expected to be.
-        expected: &'static str,
-    },
-    /// Owned by another uid.
-    WrongOwner {
-        /// The path.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// Our effective uid.
-        euid: u32,
-    },
-    /// Group or other permission bits are set.
-    OpenMode {
-        /// The path.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-        /// The mode it must have.
-        want: u32,
-    },
+    /// A private file or directory is unsafe to use, or a system call on it failed.
+    Fs(FsError),
     /// The file exceeds [`MAX_CREDENTIAL_BYTES`].
     TooLarge(PathBuf),
     /// Another schema or an incomplete file: re-login required.
@@ -205,8 +173,6 @@ pub enum CredentialError {
         /// Line and column of the problem, when known.
         at: Option<(usize, usize)>,
     },
-    /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
-    LockTimeout(PathBuf),
     /// The credential cannot be stored as given (it would not read back, or is too large);
     /// nothing was written.
     Unwritable(&'static str),
@@ -215,25 +181,7 @@ pub enum CredentialError {
 impl fmt::Display for CredentialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CredentialError::Io { op, path, source } => {
-                write!(f, "cannot {op} {}: {source}", path.display())
-            }
-            CredentialError::NotPlain { path, expected } => write!(
-                f,
-                "refusing {}: it must be a {expected}, not a symlink or special file",
-                path.display()
-            ),
-            CredentialError::WrongOwner { path, owner, euid } => write!(
-                f,
-                "refusing {}: owned by uid {owner}, not by uid {euid} running iteron",
-                path.display()
-            ),
-            CredentialError::OpenMode { path, mode, want } => write!(
-                f,
-                "refusing {}: mode {mode:04o} gives group/other access; inspect it, then run: chmod {want:o} {}",
-                path.display(),
-                path.display()
-            ),
+            CredentialError::Fs(e) => e.fmt(f),
             CredentialError::TooLarge(p) => write!(
                 f,
                 "refusing credential file {}: larger than {MAX_CREDENTIAL_BYTES} bytes",
@@ -251,12 +199,6 @@ impl fmt::Display for CredentialError {
                 }
                 f.write_str("; it was left untouched: inspect or remove it, then log in again")
             }
-            CredentialError::LockTimeout(p) => write!(
-                f,
-                "another iteron process has held {} for over {} s; nothing was written",
-                p.display(),
-                LOCK_TIMEOUT.as_secs()
-            ),
             CredentialError::Unwritable(reason) => write!(
                 f,
                 "refusing to store the credential: {reason}; nothing was written"
@@ -268,7 +210,7 @@ impl fmt::Display for CredentialError {
 impl std::error::Error for CredentialError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CredentialError::Io { source, .. } => Some(source),
+            CredentialError::Fs(e) => e.source(),
             _ => None,
         }
     }
@@ -276,7 +218,7 @@ impl std::error::Error for CredentialError {
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CredentialError + use<> {
     let path = path.to_path_buf();
-    move |source| CredentialError::Io { op, path, source }
+    move |source| CredentialError::Fs(FsError::Io { op, path, source })
 }
 
 /// Why a stored binding no longer fits the configuration (→ re-login required, never silent
@@ -771,10 +713,10 @@ impl CredentialStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_err("inspect", &path)(e)),
             Ok(meta) if meta.is_dir() => {
-                return Err(CredentialError::NotPlain {
+                return Err(CredentialError::Fs(FsError::NotPlain {
                     path,
                     expected: "regular file",
-                });
+                }));
             }
             Ok(_) => {}
         }
@@ -884,10 +826,10 @@ fn read_credential(path: &Path) -> Result<Option<Credential>, CredentialError> {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err(CredentialError::NotPlain {
+            return Err(CredentialError::Fs(FsError::NotPlain {
                 path: path.to_path_buf(),
                 expected: "regular file",
-            });
+            }));
         }
         Err(e) => return Err(io_err("open", path)(e)),
     };
@@ -915,17 +857,7 @@ fn read_credential(path: &Path) -> Result<Option<Credential>, CredentialError> {
 
 impl From<FsError> for CredentialError {
     fn from(e: FsError) -> Self {
-        match e {
-            FsError::Io { op, path, source } => CredentialError::Io { op, path, source },
-            FsError::NotPlain { path, expected } => CredentialError::NotPlain { path, expected },
-            FsError::WrongOwner { path, owner, euid } => {
-                CredentialError::WrongOwner { path, owner, euid }
-            }
-            FsError::OpenMode { path, mode, want } => {
-                CredentialError::OpenMode { path, mode, want }
-            }
-            FsError::LockTimeout(path) => CredentialError::LockTimeout(path),
-        }
+        CredentialError::Fs(e)
     }
 }
 
@@ -1164,22 +1096,22 @@ mod tests {
         assert!(
             matches!(
                 e,
-                CredentialError::OpenMode {
+                CredentialError::Fs(FsError::OpenMode {
                     mode: 0o644,
                     want: 0o600,
                     ..
-                }
+                })
             ),
             "{e}"
         );
         assert!(one_line(&e).contains(&format!("chmod 600 {}", path.display())));
         assert!(matches!(
             store.update_secrets("gh", |_| {}).unwrap_err(),
-            CredentialError::OpenMode { .. }
+            CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert!(matches!(
             store.list().unwrap_err(),
-            CredentialError::OpenMode { .. }
+            CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert_eq!(mode(&path), 0o644);
         fs::remove_dir_all(base).unwrap();
@@ -1195,22 +1127,22 @@ mod tests {
         assert!(
             matches!(
                 e,
-                CredentialError::OpenMode {
+                CredentialError::Fs(FsError::OpenMode {
                     mode: 0o750,
                     want: 0o700,
                     ..
-                }
+                })
             ),
             "{e}"
         );
         assert!(one_line(&e).contains("chmod 700"));
         assert!(matches!(
             store.save(&credential("gh", "two")).unwrap_err(),
-            CredentialError::OpenMode { .. }
+            CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert!(matches!(
             store.delete("gh").unwrap_err(),
-            CredentialError::OpenMode { .. }
+            CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert_eq!(mode(store.dir()), 0o750);
         fs::set_permissions(store.dir(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -1229,11 +1161,11 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
         assert!(matches!(
             store.load("gh").unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         assert!(matches!(
             store.list().unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         // Logout still clears the link, never its target.
         assert!(store.delete("gh").unwrap());
@@ -1244,11 +1176,11 @@ mod tests {
         std::os::unix::fs::symlink(&real, store.dir()).unwrap();
         assert!(matches!(
             store.load("gh").unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         assert!(matches!(
             store.save(&credential("gh", "two")).unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -1267,11 +1199,11 @@ mod tests {
         .unwrap();
         assert!(matches!(
             store.load("gh").unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         assert!(matches!(
             store.list().unwrap_err(),
-            CredentialError::NotPlain { .. }
+            CredentialError::Fs(FsError::NotPlain { .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -1290,13 +1222,13 @@ mod tests {
         nix::unistd::chown(&store.path_for("gh"), nobody, None).unwrap();
         assert!(matches!(
             store.load("gh").unwrap_err(),
-            CredentialError::WrongOwner { owner: 65534, .. }
+            CredentialError::Fs(FsError::WrongOwner { owner: 65534, .. })
         ));
         nix::unistd::chown(&store.path_for("gh"), Some(nix::unistd::geteuid()), None).unwrap();
         nix::unistd::chown(store.dir(), nobody, None).unwrap();
         assert!(matches!(
             store.load("gh").unwrap_err(),
-            CredentialError::WrongOwner { owner: 65534, .. }
+            CredentialError::Fs(FsError::WrongOwner { owner: 65534, .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }

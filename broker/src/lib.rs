@@ -10,11 +10,10 @@ pub mod credentials;
 pub mod mcp;
 pub mod net;
 pub mod oauth;
+pub mod private_fs;
 pub mod servers;
 pub mod spawn;
 pub mod store;
-
-mod private_fs;
 #[allow(
     unsafe_code,
     reason = "the one module with FFI; every block has a SAFETY comment"

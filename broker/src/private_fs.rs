@@ -6,6 +6,7 @@
 //! with a bounded wait. Anything that is not a plain file or directory owned by the effective
 //! uid with no group/other bits is refused, never repaired.
 
+use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -14,22 +15,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a writer waits for another writer's lock before giving up.
-pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a waiting writer retries the lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
 
 /// Why a private file or directory could not be used. Each store maps this into its own error.
 #[derive(Debug)]
-pub(crate) enum FsError {
+pub enum FsError {
     /// A system call failed.
     Io {
+        /// What was being done.
         op: &'static str,
+        /// On which path.
         path: PathBuf,
+        /// The OS error.
         source: io::Error,
     },
     /// A symlink or something else where a real directory or regular file must be.
     NotPlain {
+        /// The path.
         path: PathBuf,
+        /// What it was expected to be.
         expected: &'static str,
     },
     /// Owned by another uid.
@@ -39,9 +45,57 @@ pub(crate) enum FsError {
         euid: u32,
     },
     /// Group or other permission bits are set.
-    OpenMode { path: PathBuf, mode: u32, want: u32 },
+    OpenMode {
+        /// The path.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// The mode it must have.
+        want: u32,
+    },
     /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
     LockTimeout(PathBuf),
+}
+
+impl fmt::Display for FsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FsError::Io { op, path, source } => {
+                write!(f, "cannot {op} {}: {source}", path.display())
+            }
+            FsError::NotPlain { path, expected } => write!(
+                f,
+                "refusing {}: it must be a {expected}, not a symlink or special file",
+                path.display()
+            ),
+            FsError::WrongOwner { path, owner, euid } => write!(
+                f,
+                "refusing {}: owned by uid {owner}, not by uid {euid} running iteron",
+                path.display()
+            ),
+            FsError::OpenMode { path, mode, want } => write!(
+                f,
+                "refusing {}: mode {mode:04o} gives group/other access; inspect it, then run: chmod {want:o} {}",
+                path.display(),
+                path.display()
+            ),
+            FsError::LockTimeout(p) => write!(
+                f,
+                "another iteron process has held {} for over {} s; nothing was written",
+                p.display(),
+                LOCK_TIMEOUT.as_secs()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FsError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
 }
 
 pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FsError + use<> {

@@ -35,44 +35,12 @@ pub const LOCK_TIMEOUT: Duration = private_fs::LOCK_TIMEOUT;
 /// Everything that can go wrong with the store. `Display` is one line with no file content.
 #[derive(Debug)]
 pub enum StoreError {
+    /// A private file or directory is unsafe to use, or a system call on it failed.
+    Fs(FsError),
     /// Neither `ITERON_HOME` nor `HOME` is set.
     NoHome,
     /// `ITERON_HOME`/`HOME` is not an absolute path.
     NotAbsolute(PathBuf),
-    /// A system call failed.
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// A path that must be a real directory or regular file is a symlink or something else.
-    NotPlain {
-        /// The path.
-        path: PathBuf,
-        /// What it was expected to be.
-        expected: &'static str,
-    },
-    /// Owned by another uid.
-    WrongOwner {
-        /// The path.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// Our effective uid.
-        euid: u32,
-    },
-    /// Group or other permission bits are set.
-    OpenMode {
-        /// The path.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-        /// The mode it must have.
-        want: u32,
-    },
     /// The file exceeds [`MAX_CONFIG_BYTES`].
     TooLarge(PathBuf),
     /// The file does not parse; it is left untouched.
@@ -84,8 +52,6 @@ pub enum StoreError {
     },
     /// The new configuration would exceed [`MAX_CONFIG_BYTES`]; nothing was written.
     WouldExceed,
-    /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
-    LockTimeout(PathBuf),
     /// The serialized configuration did not read back identically; nothing was written.
     RoundTrip,
 }
@@ -93,31 +59,13 @@ pub enum StoreError {
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            StoreError::Fs(e) => e.fmt(f),
             StoreError::NoHome => f.write_str(
                 "cannot locate the Iteron home: set ITERON_HOME or HOME to an absolute path",
             ),
             StoreError::NotAbsolute(p) => {
                 write!(f, "{} is not an absolute path (ITERON_HOME/HOME)", p.display())
             }
-            StoreError::Io { op, path, source } => {
-                write!(f, "cannot {op} {}: {source}", path.display())
-            }
-            StoreError::NotPlain { path, expected } => write!(
-                f,
-                "refusing {}: it must be a {expected}, not a symlink or special file",
-                path.display()
-            ),
-            StoreError::WrongOwner { path, owner, euid } => write!(
-                f,
-                "refusing {}: owned by uid {owner}, not by uid {euid} running iteron",
-                path.display()
-            ),
-            StoreError::OpenMode { path, mode, want } => write!(
-                f,
-                "refusing {}: mode {mode:04o} gives group/other access; inspect it, then run: chmod {want:o} {}",
-                path.display(),
-                path.display()
-            ),
             StoreError::TooLarge(p) => write!(
                 f,
                 "{} is larger than {MAX_CONFIG_BYTES} bytes; refusing to read it",
@@ -130,12 +78,6 @@ impl fmt::Display for StoreError {
                 f,
                 "the configuration would exceed {MAX_CONFIG_BYTES} bytes; nothing was written"
             ),
-            StoreError::LockTimeout(p) => write!(
-                f,
-                "another iteron process has held {} for over {} s; nothing was written",
-                p.display(),
-                LOCK_TIMEOUT.as_secs()
-            ),
             StoreError::RoundTrip => f.write_str(
                 "internal error: the new configuration did not read back identically; nothing was written",
             ),
@@ -146,7 +88,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            StoreError::Io { source, .. } => Some(source),
+            StoreError::Fs(e) => e.source(),
             StoreError::Invalid { error, .. } => Some(error),
             _ => None,
         }
@@ -155,7 +97,7 @@ impl std::error::Error for StoreError {
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError + use<> {
     let path = path.to_path_buf();
-    move |source| StoreError::Io { op, path, source }
+    move |source| StoreError::Fs(FsError::Io { op, path, source })
 }
 
 /// The Iteron home directory.
@@ -253,10 +195,10 @@ impl Home {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Config::default()),
             Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-                return Err(StoreError::NotPlain {
+                return Err(StoreError::Fs(FsError::NotPlain {
                     path,
                     expected: "regular file",
-                });
+                }));
             }
             Err(e) => return Err(io_err("open", &path)(e)),
         };
@@ -302,15 +244,7 @@ impl Home {
 
 impl From<FsError> for StoreError {
     fn from(e: FsError) -> Self {
-        match e {
-            FsError::Io { op, path, source } => StoreError::Io { op, path, source },
-            FsError::NotPlain { path, expected } => StoreError::NotPlain { path, expected },
-            FsError::WrongOwner { path, owner, euid } => {
-                StoreError::WrongOwner { path, owner, euid }
-            }
-            FsError::OpenMode { path, mode, want } => StoreError::OpenMode { path, mode, want },
-            FsError::LockTimeout(path) => StoreError::LockTimeout(path),
-        }
+        StoreError::Fs(e)
     }
 }
 
@@ -411,7 +345,10 @@ mod tests {
         add(&home, "a");
         fs::set_permissions(home.config_path(), fs::Permissions::from_mode(0o644)).unwrap();
         let e = home.load().unwrap_err();
-        assert!(matches!(e, StoreError::OpenMode { mode: 0o644, .. }), "{e}");
+        assert!(
+            matches!(e, StoreError::Fs(FsError::OpenMode { mode: 0o644, .. })),
+            "{e}"
+        );
         assert!(e.to_string().contains("chmod 600"));
         assert_eq!(
             fs::metadata(home.config_path())
@@ -425,11 +362,11 @@ mod tests {
         fs::set_permissions(home.dir(), fs::Permissions::from_mode(0o750)).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::OpenMode {
+            StoreError::Fs(FsError::OpenMode {
                 mode: 0o750,
                 want: 0o700,
                 ..
-            }
+            })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -443,7 +380,7 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, home.config_path()).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::NotPlain { .. }
+            StoreError::Fs(FsError::NotPlain { .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -461,13 +398,13 @@ mod tests {
         nix::unistd::chown(&home.config_path(), nobody, None).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::WrongOwner { owner: 65534, .. }
+            StoreError::Fs(FsError::WrongOwner { owner: 65534, .. })
         ));
         nix::unistd::chown(&home.config_path(), Some(nix::unistd::geteuid()), None).unwrap();
         nix::unistd::chown(home.dir(), nobody, None).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::WrongOwner { owner: 65534, .. }
+            StoreError::Fs(FsError::WrongOwner { owner: 65534, .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -484,7 +421,7 @@ mod tests {
         .unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::NotPlain { .. }
+            StoreError::Fs(FsError::NotPlain { .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }
@@ -500,7 +437,7 @@ mod tests {
         let home = Home::at(PathBuf::from(format!("{}/", link.display()))).unwrap();
         assert!(matches!(
             home.load().unwrap_err(),
-            StoreError::NotPlain { .. }
+            StoreError::Fs(FsError::NotPlain { .. })
         ));
         fs::remove_dir_all(base).unwrap();
     }

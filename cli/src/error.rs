@@ -5,6 +5,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
+use iteron_broker::private_fs::FsError;
 use iteron_broker::store::StoreError;
 use iteron_policy::text;
 
@@ -85,14 +86,16 @@ impl CliError {
             CliError::Server(_) => Exit::Server,
             CliError::Store(e) => match e {
                 StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
-                StoreError::NotPlain { .. }
-                | StoreError::WrongOwner { .. }
-                | StoreError::OpenMode { .. } => Exit::UnsafePermissions,
+                StoreError::Fs(
+                    FsError::NotPlain { .. }
+                    | FsError::WrongOwner { .. }
+                    | FsError::OpenMode { .. },
+                ) => Exit::UnsafePermissions,
                 StoreError::WouldExceed => Exit::Conflict,
-                StoreError::LockTimeout(_) => Exit::Busy,
+                StoreError::Fs(FsError::LockTimeout(_)) => Exit::Busy,
                 StoreError::NoHome
                 | StoreError::NotAbsolute(_)
-                | StoreError::Io { .. }
+                | StoreError::Fs(FsError::Io { .. })
                 | StoreError::RoundTrip => Exit::Failure,
             },
         }
