@@ -348,27 +348,11 @@ impl StoredToken {
 }
 
 impl crate::mcp::client::TokenSource for StoredToken {
-    fn current(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    fn current(&self) -> crate::mcp::client::TokenFuture<'_> {
         Box::pin(self.get(false))
     }
 
-    fn refresh(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    fn refresh(&self) -> crate::mcp::client::TokenFuture<'_> {
         Box::pin(self.get(true))
     }
 }

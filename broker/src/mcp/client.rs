@@ -174,30 +174,19 @@ fn protocol_error(detail: impl Into<String>, certainty: Certainty) -> McpError {
     }
 }
 
+/// A bearer token being fetched (or refreshed); the error is an operator-facing line.
+pub type TokenFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>> + Send + 'a>,
+>;
+
 /// Where an HTTP client's bearer token comes from when it is managed (an OAuth login): the
 /// current token (refreshed first when it is about to expire), and a forced refresh after a
 /// `401`.
 pub trait TokenSource: Send + Sync {
     /// The token to send now.
-    fn current(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    >;
+    fn current(&self) -> TokenFuture<'_>;
     /// A new token after the server refused the current one.
-    fn refresh(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    >;
+    fn refresh(&self) -> TokenFuture<'_>;
 }
 
 /// Client settings.
