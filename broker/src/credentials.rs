@@ -36,7 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iteron_policy::config::ServerConfig;
+use iteron_policy::config::{CredentialBackend, ServerConfig};
 use iteron_policy::names::ServerName;
 use iteron_policy::zone::Zone;
 use secrecy::{ExposeSecret, SecretString};
@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
+use crate::keyring::{KEYRING_SERVICE, Keyring, KeyringError};
 use crate::oauth::flow::{ClientKind, TokenAuth};
 use crate::private_fs::{self, FsError};
 use crate::store::Home;
@@ -91,6 +92,8 @@ pub struct Binding {
     pub granted_scopes: Vec<String>,
     /// Lowercase hex SHA-256 of the server's configuration at login ([`config_digest`]).
     pub config_digest: String,
+    /// Where the secrets are kept; chosen at login from the configuration, never switched.
+    pub secret_store: CredentialBackend,
 }
 
 /// The secret part. `Debug` shows nothing secret.
@@ -157,6 +160,13 @@ pub enum CredentialError {
     Fs(FsError),
     /// The file exceeds [`MAX_CREDENTIAL_BYTES`].
     TooLarge(PathBuf),
+    /// The keyring holding this login's secrets cannot be used; nothing falls back to a file.
+    Keyring {
+        /// The server.
+        server: String,
+        /// Why.
+        reason: KeyringError,
+    },
     /// Another schema or an incomplete file: re-login required.
     Outdated {
         /// The file.
@@ -182,6 +192,17 @@ impl fmt::Display for CredentialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CredentialError::Fs(e) => e.fmt(f),
+            CredentialError::Keyring { server, reason } => {
+                write!(
+                    f,
+                    "the keyring holding the credential of {server} cannot be used: {}; nothing falls back to a file",
+                    reason.reason()
+                )?;
+                if matches!(reason, KeyringError::NoEntry | KeyringError::Mismatch) {
+                    write!(f, "; re-login required: iteron mcp auth login {server}")?;
+                }
+                Ok(())
+            }
             CredentialError::TooLarge(p) => write!(
                 f,
                 "refusing credential file {}: larger than {MAX_CREDENTIAL_BYTES} bytes",
@@ -325,6 +346,25 @@ fn validate(b: &Binding) -> Result<(), &'static str> {
 struct FileOut<'a> {
     schema: u32,
     binding: BindingOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secrets: Option<SecretsOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keyring: Option<KeyringRef<'a>>,
+}
+
+/// Where the secrets of a keyring-backed credential are.
+#[derive(Serialize)]
+struct KeyringRef<'a> {
+    service: &'static str,
+    account: &'a str,
+}
+
+/// The keyring entry of a keyring-backed credential: the secrets, tied to the exact binding
+/// stored beside them.
+#[derive(Serialize)]
+struct BlobOut<'a> {
+    schema: u32,
+    binding_sha256: &'a str,
     secrets: SecretsOut<'a>,
 }
 
@@ -415,6 +455,28 @@ struct FileIn {
     binding: Option<Obj<BindingIn>>,
     #[serde(default, deserialize_with = "present")]
     secrets: Option<Obj<SecretsIn>>,
+    #[serde(default, deserialize_with = "present")]
+    keyring: Option<Obj<KeyringRefIn>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyringRefIn {
+    #[serde(default, deserialize_with = "present")]
+    service: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    account: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlobIn {
+    #[serde(default, deserialize_with = "present")]
+    schema: Option<u32>,
+    #[serde(default, deserialize_with = "present")]
+    binding_sha256: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    secrets: Option<Obj<SecretsIn>>,
 }
 
 #[derive(Deserialize)]
@@ -487,7 +549,73 @@ fn need<T>(v: Option<T>) -> Result<T, Decode> {
     v.ok_or(Decode::Outdated("a field is missing"))
 }
 
-fn decode(bytes: &[u8]) -> Result<Credential, Decode> {
+/// A credential file as read: the binding, and the secrets unless they are in the keyring.
+struct Stored {
+    binding: Binding,
+    secrets: Option<Secrets>,
+}
+
+fn secrets_in(s: SecretsIn) -> Result<Secrets, Decode> {
+    Ok(Secrets {
+        access_token: need(s.access_token)?.0,
+        refresh_token: need(s.refresh_token)?.map(|t| t.0),
+        client_secret: need(s.client_secret)?.map(|t| t.0),
+        expires_at: need(s.expires_at)?,
+    })
+}
+
+fn secrets_out(s: &Secrets) -> SecretsOut<'_> {
+    SecretsOut {
+        access_token: s.access_token.expose_secret(),
+        refresh_token: s.refresh_token.as_ref().map(|t| t.expose_secret()),
+        client_secret: s.client_secret.as_ref().map(|t| t.expose_secret()),
+        expires_at: s.expires_at,
+    }
+}
+
+fn binding_out(b: &Binding) -> BindingOut<'_> {
+    BindingOut {
+        server: &b.server,
+        resource: &b.resource,
+        issuer: &b.issuer,
+        zone: b.zone.as_str(),
+        client_id: &b.client_id,
+        client_kind: client_kind_str(b.client_kind),
+        token_auth: b.token_auth.as_str(),
+        requested_scopes: &b.requested_scopes,
+        granted_scopes: &b.granted_scopes,
+        config_digest: &b.config_digest,
+    }
+}
+
+/// Lowercase hex SHA-256 of the binding as written (what a keyring entry is tied to).
+fn binding_sha256(b: &Binding) -> String {
+    // Serializing plain strings and string lists into a Vec cannot fail.
+    let bytes = serde_json::to_vec(&binding_out(b)).unwrap_or_default();
+    let mut h = Sha256::new();
+    h.update(b"iteron-keyring-binding-v1\0");
+    h.update(b.secret_store.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(&bytes);
+    hex(&h.finalize())
+}
+
+/// Decode a keyring entry and check it belongs to `binding`.
+fn decode_blob(bytes: &[u8], binding: &Binding) -> Result<Secrets, KeyringError> {
+    let blob: Obj<BlobIn> = serde_json::from_slice(bytes).map_err(|_| KeyringError::Unreadable)?;
+    let blob = blob.0;
+    if blob.schema != Some(CREDENTIAL_SCHEMA) {
+        return Err(KeyringError::Unreadable);
+    }
+    let digest = blob.binding_sha256.ok_or(KeyringError::Unreadable)?;
+    let s = blob.secrets.ok_or(KeyringError::Unreadable)?.0;
+    if digest != binding_sha256(binding) {
+        return Err(KeyringError::Mismatch);
+    }
+    secrets_in(s).map_err(|_| KeyringError::Unreadable)
+}
+
+fn decode(bytes: &[u8]) -> Result<Stored, Decode> {
     let probe: Obj<Probe> =
         serde_json::from_slice(bytes).map_err(|e| syntax_or(&e, "not a credential object"))?;
     match probe.0.schema {
@@ -502,7 +630,6 @@ fn decode(bytes: &[u8]) -> Result<Credential, Decode> {
     let file: Obj<FileIn> = serde_json::from_slice(bytes)
         .map_err(|e| syntax_or(&e, "a field is unknown, repeated or of the wrong type"))?;
     let b = need(file.0.binding)?.0;
-    let s = need(file.0.secrets)?.0;
     let zone = need(b.zone)?;
     let client_kind = need(b.client_kind)?;
     let token_auth = need(b.token_auth)?;
@@ -519,15 +646,37 @@ fn decode(bytes: &[u8]) -> Result<Credential, Decode> {
         requested_scopes: need(b.requested_scopes)?,
         granted_scopes: need(b.granted_scopes)?,
         config_digest: need(b.config_digest)?,
+        secret_store: CredentialBackend::File,
     };
     validate(&binding).map_err(|reason| Decode::Corrupt(reason, None))?;
-    let secrets = Secrets {
-        access_token: need(s.access_token)?.0,
-        refresh_token: need(s.refresh_token)?.map(|t| t.0),
-        client_secret: need(s.client_secret)?.map(|t| t.0),
-        expires_at: need(s.expires_at)?,
-    };
-    Ok(Credential { binding, secrets })
+    match (file.0.secrets, file.0.keyring) {
+        (Some(s), None) => Ok(Stored {
+            binding,
+            secrets: Some(secrets_in(s.0)?),
+        }),
+        (None, Some(k)) => {
+            let k = k.0;
+            let id = CredentialStore::binding_id(&binding.server);
+            if need(k.service)? != KEYRING_SERVICE || need(k.account)? != id {
+                return Err(Decode::Corrupt(
+                    "the keyring reference does not match the binding",
+                    None,
+                ));
+            }
+            Ok(Stored {
+                binding: Binding {
+                    secret_store: CredentialBackend::Keyring,
+                    ..binding
+                },
+                secrets: None,
+            })
+        }
+        (Some(_), Some(_)) => Err(Decode::Corrupt(
+            "it has both secrets and a keyring reference",
+            None,
+        )),
+        (None, None) => Err(Decode::Outdated("a field is missing")),
+    }
 }
 
 /// Appends into a buffer allocated at full size, refusing to grow it (growing would leave a
@@ -574,36 +723,57 @@ fn same(a: &Credential, b: &Credential) -> bool {
         && a.secrets.expires_at == b.secrets.expires_at
 }
 
-fn encode(cred: &Credential) -> Result<Zeroizing<Vec<u8>>, CredentialError> {
-    validate(&cred.binding).map_err(CredentialError::Unwritable)?;
-    let (b, s) = (&cred.binding, &cred.secrets);
-    let out = FileOut {
-        schema: CREDENTIAL_SCHEMA,
-        binding: BindingOut {
-            server: &b.server,
-            resource: &b.resource,
-            issuer: &b.issuer,
-            zone: b.zone.as_str(),
-            client_id: &b.client_id,
-            client_kind: client_kind_str(b.client_kind),
-            token_auth: b.token_auth.as_str(),
-            requested_scopes: &b.requested_scopes,
-            granted_scopes: &b.granted_scopes,
-            config_digest: &b.config_digest,
-        },
-        secrets: SecretsOut {
-            access_token: s.access_token.expose_secret(),
-            refresh_token: s.refresh_token.as_ref().map(|t| t.expose_secret()),
-            client_secret: s.client_secret.as_ref().map(|t| t.expose_secret()),
-            expires_at: s.expires_at,
-        },
-    };
+/// The bytes of a credential: the file, and for a keyring-backed credential the keyring entry.
+struct Encoded {
+    file: Zeroizing<Vec<u8>>,
+    blob: Option<Zeroizing<Vec<u8>>>,
+}
+
+fn to_bounded<T: Serialize>(value: &T) -> Result<Zeroizing<Vec<u8>>, CredentialError> {
     let mut buf = Zeroizing::new(Vec::with_capacity(MAX_LEN));
     // The only way these plain structs can fail to serialize is `Bounded` refusing to grow.
-    serde_json::to_writer(Bounded(&mut buf), &out)
-        .map_err(|_| CredentialError::Unwritable("the file would exceed 64 KiB"))?;
-    match decode(&buf) {
-        Ok(back) if same(&back, cred) => Ok(buf),
+    serde_json::to_writer(Bounded(&mut buf), value)
+        .map_err(|_| CredentialError::Unwritable("the credential would exceed 64 KiB"))?;
+    Ok(buf)
+}
+
+fn encode(cred: &Credential) -> Result<Encoded, CredentialError> {
+    validate(&cred.binding).map_err(CredentialError::Unwritable)?;
+    let (b, s) = (&cred.binding, &cred.secrets);
+    let id = CredentialStore::binding_id(&b.server);
+    let keyring = b.secret_store == CredentialBackend::Keyring;
+    let file = to_bounded(&FileOut {
+        schema: CREDENTIAL_SCHEMA,
+        binding: binding_out(b),
+        secrets: (!keyring).then(|| secrets_out(s)),
+        keyring: keyring.then(|| KeyringRef {
+            service: KEYRING_SERVICE,
+            account: &id,
+        }),
+    })?;
+    let blob = if keyring {
+        let digest = binding_sha256(b);
+        Some(to_bounded(&BlobOut {
+            schema: CREDENTIAL_SCHEMA,
+            binding_sha256: &digest,
+            secrets: secrets_out(s),
+        })?)
+    } else {
+        None
+    };
+    let back = decode(&file).ok().and_then(|stored| {
+        let secrets = match (&blob, stored.secrets) {
+            (None, Some(secrets)) => secrets,
+            (Some(blob), None) => decode_blob(blob, &stored.binding).ok()?,
+            _ => return None,
+        };
+        Some(Credential {
+            binding: stored.binding,
+            secrets,
+        })
+    });
+    match back {
+        Some(back) if same(&back, cred) => Ok(Encoded { file, blob }),
         _ => Err(CredentialError::Unwritable(
             "it would not read back identically",
         )),
@@ -612,20 +782,28 @@ fn encode(cred: &Credential) -> Result<Zeroizing<Vec<u8>>, CredentialError> {
 
 // ---- The store ------------------------------------------------------------------------------
 
-/// The file credential store in `$ITERON_HOME/mcp-credentials`.
+/// The credential store: files in `$ITERON_HOME/mcp-credentials`, and for keyring-backed
+/// logins the secrets in the keyring.
 #[derive(Debug, Clone)]
 pub struct CredentialStore {
     home: PathBuf,
     dir: PathBuf,
+    keyring: Keyring,
 }
 
 impl CredentialStore {
     /// The store of a home; nothing is touched until the first operation.
     pub fn new(home: &Home) -> CredentialStore {
+        Self::with_keyring(home, Keyring::System)
+    }
+
+    /// The store of a home whose keyring-backed secrets live in `keyring`.
+    pub fn with_keyring(home: &Home, keyring: Keyring) -> CredentialStore {
         let home = home.dir().to_path_buf();
         CredentialStore {
             dir: home.join(CREDENTIALS_DIR),
             home,
+            keyring,
         }
     }
 
@@ -657,26 +835,75 @@ impl CredentialStore {
             return Ok(None);
         }
         let path = self.path_for(server);
-        let Some(cred) = read_credential(&path)? else {
+        let Some(stored) = read_stored(&path)? else {
             return Ok(None);
         };
-        if cred.binding.server != server {
+        if stored.binding.server != server {
             return Err(CredentialError::Corrupt {
                 path,
                 reason: "it holds the credential of another server",
                 at: None,
             });
         }
-        Ok(Some(cred))
+        let secrets = match stored.secrets {
+            Some(secrets) => secrets,
+            None => {
+                let blob = self
+                    .keyring
+                    .get(&Self::binding_id(server))
+                    .map_err(Self::keyring_err(server))?;
+                decode_blob(&blob, &stored.binding).map_err(Self::keyring_err(server))?
+            }
+        };
+        Ok(Some(Credential {
+            binding: stored.binding,
+            secrets,
+        }))
+    }
+
+    fn keyring_err(server: &str) -> impl FnOnce(KeyringError) -> CredentialError + use<> {
+        let server = server.to_owned();
+        move |reason| CredentialError::Keyring { server, reason }
+    }
+
+    /// Check that the keyring answers for this server (an entry or none), before a login
+    /// whose secrets will go there.
+    pub fn probe_keyring(&self, server: &str) -> Result<(), CredentialError> {
+        match self.keyring.get(&Self::binding_id(server)) {
+            Ok(_) | Err(KeyringError::NoEntry) => Ok(()),
+            Err(reason) => Err(Self::keyring_err(server)(reason)),
+        }
     }
 
     /// Store a credential (a login), replacing any earlier one for the same server. Creates
     /// the directory 0700 if needed; the write is atomic under the lock.
     pub fn save(&self, cred: &Credential) -> Result<(), CredentialError> {
-        let bytes = encode(cred)?;
+        let encoded = encode(cred)?;
         self.ensure_dirs()?;
         let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
-        self.replace(&cred.binding.server, &bytes)
+        let server = &cred.binding.server;
+        let id = Self::binding_id(server);
+        // A re-login that moves the secrets out of the keyring removes the old entry once the
+        // new file is in place; an unreadable old file is replaced without looking further.
+        let was_keyring = matches!(
+            read_stored(&self.path_for(server)),
+            Ok(Some(Stored { binding, .. })) if binding.secret_store == CredentialBackend::Keyring
+        );
+        // The keyring entry first: a file pointing at a missing or older entry is refused on
+        // read (the entry is tied to the exact binding), never used with the wrong secrets.
+        let to_keyring = encoded.blob.is_some();
+        if let Some(blob) = encoded.blob {
+            self.keyring
+                .set(&id, blob)
+                .map_err(Self::keyring_err(server))?;
+        }
+        self.replace(server, &encoded.file)?;
+        if was_keyring && !to_keyring {
+            // The login itself succeeded; a stale entry left behind is unreachable by Iteron
+            // and stays in the keyring's own protection.
+            let _ = self.keyring.delete(&id);
+        }
+        Ok(())
     }
 
     /// Read-modify-write the secrets under the lock (refresh-token rotation persists here
@@ -695,8 +922,15 @@ impl CredentialStore {
             return Ok(false);
         };
         f(&mut cred.secrets);
-        let bytes = encode(&cred)?;
-        self.replace(server, &bytes)?;
+        let encoded = encode(&cred)?;
+        match encoded.blob {
+            // The binding, and so the file, is unchanged: only the keyring entry is replaced.
+            Some(blob) => self
+                .keyring
+                .set(&Self::binding_id(server), blob)
+                .map_err(Self::keyring_err(server))?,
+            None => self.replace(server, &encoded.file)?,
+        }
         Ok(true)
     }
 
@@ -719,6 +953,15 @@ impl CredentialStore {
                 }));
             }
             Ok(_) => {}
+        }
+        // Secrets in the keyring go first; if that fails the file stays, so a later logout can
+        // find the entry again. A file that cannot be read says nothing about a keyring.
+        if let Ok(Some(stored)) = read_stored(&path)
+            && stored.binding.secret_store == CredentialBackend::Keyring
+        {
+            self.keyring
+                .delete(&Self::binding_id(server))
+                .map_err(Self::keyring_err(server))?;
         }
         match fs::remove_file(&path) {
             Ok(()) => {}
@@ -747,7 +990,7 @@ impl CredentialStore {
             };
             let path = entry.path();
             // Vanished since the listing: a concurrent logout.
-            let Some(cred) = read_credential(&path)? else {
+            let Some(cred) = read_stored(&path)? else {
                 continue;
             };
             if Self::binding_id(&cred.binding.server) != name {
@@ -814,7 +1057,7 @@ impl CredentialStore {
 }
 
 /// Read and parse one credential file; `None` when it does not exist.
-fn read_credential(path: &Path) -> Result<Option<Credential>, CredentialError> {
+fn read_stored(path: &Path) -> Result<Option<Stored>, CredentialError> {
     // O_NONBLOCK: a FIFO planted in place of the file must not block the open; it is then
     // refused by the type check.
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
@@ -915,6 +1158,7 @@ mod tests {
                 requested_scopes: vec!["read".to_owned(), "write".to_owned()],
                 granted_scopes: vec!["read".to_owned()],
                 config_digest: config_digest(&server(name, &[])),
+                secret_store: CredentialBackend::File,
             },
             secrets: Secrets {
                 access_token: SecretString::from(format!("at-{token}")),
@@ -1481,6 +1725,254 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    // ---- keyring backend -------------------------------------------------------------------
+
+    fn mock_keyring() -> (Arc<keyring_core::CredentialStore>, Keyring) {
+        let store: Arc<keyring_core::CredentialStore> = keyring_core::mock::Store::new().unwrap();
+        (store.clone(), Keyring::Store(store))
+    }
+
+    /// Make the next keyring call on `server`'s entry fail.
+    fn fail_next(store: &Arc<keyring_core::CredentialStore>, server: &str, e: keyring_core::Error) {
+        let entry = keyring_core::Entry::new_in_store(
+            store,
+            KEYRING_SERVICE,
+            &CredentialStore::binding_id(server),
+        )
+        .unwrap();
+        let mock: &keyring_core::mock::Cred = entry.as_any().downcast_ref().unwrap();
+        mock.set_error(e);
+    }
+
+    fn keyring_credential(name: &str, token: &str) -> Credential {
+        let mut c = credential(name, token);
+        c.binding.secret_store = CredentialBackend::Keyring;
+        c
+    }
+
+    fn entry_exists(keyring: &Keyring, server: &str) -> bool {
+        match keyring.get(&CredentialStore::binding_id(server)) {
+            Ok(_) => true,
+            Err(KeyringError::NoEntry) => false,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn keyring_backed_secrets_never_touch_the_file() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        let file = fs::read_to_string(store.path_for("kr")).unwrap();
+        assert!(!file.contains(CANARY), "{file}");
+        assert!(file.contains(KEYRING_SERVICE));
+        assert_eq!(mode(&store.path_for("kr")), 0o600);
+        let c = store.load("kr").unwrap().unwrap();
+        assert_eq!(
+            c.secrets.access_token.expose_secret(),
+            format!("at-{CANARY}")
+        );
+        assert_eq!(c.binding.secret_store, CredentialBackend::Keyring);
+        assert_eq!(
+            store.list().unwrap()[0].secret_store,
+            CredentialBackend::Keyring
+        );
+
+        // Rotation replaces only the keyring entry; the file stays byte for byte.
+        let rotated = format!("{CANARY}-2");
+        assert!(
+            store
+                .update_secrets("kr", |s| s.refresh_token =
+                    Some(SecretString::from(rotated.clone())))
+                .unwrap()
+        );
+        assert_eq!(fs::read_to_string(store.path_for("kr")).unwrap(), file);
+        let c = store.load("kr").unwrap().unwrap();
+        assert_eq!(c.secrets.refresh_token.unwrap().expose_secret(), rotated);
+
+        assert!(store.delete("kr").unwrap());
+        assert!(!store.path_for("kr").exists());
+        assert!(!entry_exists(&keyring, "kr"));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn an_unusable_keyring_fails_closed_and_never_falls_back_to_a_file() {
+        let (base, home) = temp_home();
+        let (mock, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+
+        // A failed keyring write leaves no file behind, secret or not.
+        fail_next(
+            &mock,
+            "kr",
+            keyring_core::Error::NoStorageAccess("locked".into()),
+        );
+        let e = store.save(&keyring_credential("kr", CANARY)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CredentialError::Keyring {
+                    reason: KeyringError::Denied,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(!e.to_string().contains(CANARY));
+        assert!(!store.path_for("kr").exists());
+
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        for (injected, want) in [
+            (
+                keyring_core::Error::NoStorageAccess("locked".into()),
+                KeyringError::Denied,
+            ),
+            (
+                keyring_core::Error::PlatformFailure("no bus".into()),
+                KeyringError::Unavailable,
+            ),
+            (keyring_core::Error::NoEntry, KeyringError::NoEntry),
+        ] {
+            fail_next(&mock, "kr", injected);
+            let e = store.load("kr").unwrap_err();
+            assert!(
+                matches!(&e, CredentialError::Keyring { reason, .. } if *reason == want),
+                "{e}"
+            );
+            let line = e.to_string();
+            assert!(line.contains("nothing falls back to a file"), "{line}");
+            assert!(!line.contains('\n') && !line.contains(CANARY), "{line}");
+        }
+        // A keyring failure during a rotation is reported; the stored entry stays readable.
+        fail_next(
+            &mock,
+            "kr",
+            keyring_core::Error::NoStorageAccess("locked".into()),
+        );
+        assert!(store.update_secrets("kr", |_| {}).is_err());
+        assert_eq!(
+            store
+                .load("kr")
+                .unwrap()
+                .unwrap()
+                .secrets
+                .access_token
+                .expose_secret(),
+            format!("at-{CANARY}")
+        );
+        // Listing bindings (auth status) never needs the keyring.
+        fail_next(
+            &mock,
+            "kr",
+            keyring_core::Error::PlatformFailure("no bus".into()),
+        );
+        assert_eq!(store.list().unwrap().len(), 1);
+        // The injected error is still pending for the next call: consume it.
+        let _ = store.load("kr");
+
+        // Logout with a failing keyring keeps the file so a later logout can retry.
+        fail_next(
+            &mock,
+            "kr",
+            keyring_core::Error::NoStorageAccess("locked".into()),
+        );
+        assert!(store.delete("kr").is_err());
+        assert!(store.path_for("kr").exists());
+        assert!(entry_exists(&keyring, "kr"));
+        assert!(store.delete("kr").unwrap());
+        assert!(!entry_exists(&keyring, "kr"));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_keyring_entry_is_tied_to_its_exact_binding() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        let first = fs::read(store.path_for("kr")).unwrap();
+        // A re-login with another client id; then the old file comes back (a crash between
+        // the keyring write and the rename looks the same): the new secrets are refused.
+        let mut other = keyring_credential("kr", "second");
+        other.binding.client_id = "client-other".into();
+        store.save(&other).unwrap();
+        fs::write(store.path_for("kr"), &first).unwrap();
+        let e = store.load("kr").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CredentialError::Keyring {
+                    reason: KeyringError::Mismatch,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("re-login required"), "{e}");
+        // An entry that is not ours is unreadable, not trusted.
+        keyring
+            .set(
+                &CredentialStore::binding_id("kr"),
+                Zeroizing::new(b"{\"schema\": 1}".to_vec()),
+            )
+            .unwrap();
+        assert!(matches!(
+            store.load("kr").unwrap_err(),
+            CredentialError::Keyring {
+                reason: KeyringError::Unreadable,
+                ..
+            }
+        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn relogin_into_the_file_store_removes_the_keyring_entry() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        assert!(entry_exists(&keyring, "kr"));
+        store.save(&credential("kr", "in-file")).unwrap();
+        assert!(!entry_exists(&keyring, "kr"));
+        let c = store.load("kr").unwrap().unwrap();
+        assert_eq!(c.binding.secret_store, CredentialBackend::File);
+        assert_eq!(c.secrets.access_token.expose_secret(), "at-in-file");
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn keyring_references_are_checked_strictly() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring);
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        let good = fs::read_to_string(store.path_for("kr")).unwrap();
+        let id = CredentialStore::binding_id("kr");
+        let cases = [
+            good.replace(&id, &CredentialStore::binding_id("other")),
+            good.replace(KEYRING_SERVICE, "someone-else"),
+            good.replace(
+                "\"keyring\":",
+                "\"secrets\":{\"access_token\":\"a\",\"refresh_token\":null,\"client_secret\":null,\"expires_at\":null},\"keyring\":",
+            ),
+        ];
+        for bad in cases {
+            assert_ne!(bad, good);
+            fs::write(store.path_for("kr"), &bad).unwrap();
+            assert!(
+                matches!(
+                    store.load("kr").unwrap_err(),
+                    CredentialError::Corrupt { .. }
+                ),
+                "{bad}"
+            );
+        }
+        fs::remove_dir_all(base).unwrap();
+    }
+
     // ---- kill -9 during refresh writes ------------------------------------------------------
 
     const CHILD_ENV: &str = "ITERON_CRED_CHILD";
@@ -1685,8 +2177,12 @@ mod tests {
             refresh in prop::option::of(any::<String>()),
             secret in prop::option::of(any::<String>()),
             expires in prop::option::of(any::<u64>()),
+            keyring in any::<bool>(),
         ) {
             let mut c = credential("prop", "x");
+            if keyring {
+                c.binding.secret_store = CredentialBackend::Keyring;
+            }
             c.binding.resource = resource;
             c.binding.issuer = issuer;
             c.binding.client_id = client_id;
@@ -1698,9 +2194,30 @@ mod tests {
             c.secrets.refresh_token = refresh.map(SecretString::from);
             c.secrets.client_secret = secret.map(SecretString::from);
             c.secrets.expires_at = expires;
-            let bytes = encode(&c).unwrap();
-            let back = decode(&bytes).unwrap();
+            let encoded = encode(&c).unwrap();
+            let stored = decode(&encoded.file).unwrap();
+            prop_assert_eq!(&stored.binding, &c.binding);
+            let secrets = match (&encoded.blob, stored.secrets) {
+                (None, Some(s)) if !keyring => s,
+                (Some(blob), None) if keyring => {
+                    // The file holds no secret at all.
+                    let file = std::str::from_utf8(&encoded.file).unwrap();
+                    prop_assert!(!file.contains("access_token"));
+                    decode_blob(blob, &stored.binding).unwrap()
+                }
+                _ => panic!("secrets in the wrong place"),
+            };
+            let back = Credential { binding: stored.binding, secrets };
             prop_assert!(same(&back, &c));
+        }
+
+        #[test]
+        fn arbitrary_keyring_entries_never_panic_and_never_match(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let mut b = credential("prop", "x").binding;
+            b.secret_store = CredentialBackend::Keyring;
+            prop_assert!(decode_blob(&bytes, &b).is_err());
         }
 
         #[test]
@@ -1710,7 +2227,7 @@ mod tests {
 
         #[test]
         fn truncating_a_valid_file_never_yields_a_credential(cut in 0usize..400) {
-            let bytes = encode(&credential("prop", "x")).unwrap();
+            let bytes = encode(&credential("prop", "x")).unwrap().file;
             let cut = cut.min(bytes.len() - 1);
             prop_assert!(decode(&bytes[..cut]).is_err());
         }

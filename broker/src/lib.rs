@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod credentials;
+pub mod keyring;
 pub mod mcp;
 pub mod net;
 pub mod oauth;

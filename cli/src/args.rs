@@ -181,6 +181,10 @@ pub(crate) struct AddArgs {
     #[arg(long, value_name = "URL")]
     pub(crate) oauth_issuer: Option<String>,
 
+    /// Where login secrets are kept: file (default) or keyring (never falls back to a file).
+    #[arg(long, value_name = "file|keyring")]
+    pub(crate) oauth_credential_store: Option<String>,
+
     /// Arguments passed to the stdio server, after `--`.
     #[arg(last = true, value_name = "ARGS")]
     pub(crate) args: Vec<String>,

@@ -16,7 +16,7 @@ use iteron_broker::oauth::login::{self, LoginRequest};
 use iteron_broker::oauth::{SecretString, metadata};
 use iteron_broker::servers::endpoint_zone;
 use iteron_broker::store::Home;
-use iteron_policy::config::{Registration, ServerConfig, Transport};
+use iteron_policy::config::{CredentialBackend, Registration, ServerConfig, Transport};
 use iteron_policy::names::EnvName;
 use iteron_policy::text;
 use serde_json::json;
@@ -103,6 +103,12 @@ pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<()
     let cimd_url = client_id.clone().filter(|c| c.contains("://"));
     let zone = endpoint_zone(&h.url).map_err(fail)?;
     let store = CredentialStore::new(home);
+    let backend = oauth.credential_store.unwrap_or(CredentialBackend::File);
+    if backend == CredentialBackend::Keyring {
+        // Before any authorization request: a code redeemed into an unusable keyring would be
+        // lost, and nothing falls back to a file.
+        store.probe_keyring(server.name.as_str()).map_err(fail)?;
+    }
     let previous = store
         .load(server.name.as_str())
         .ok()
@@ -207,6 +213,7 @@ pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<()
             .collect(),
         granted_scopes: granted.clone(),
         config_digest: config_digest(server),
+        secret_store: backend,
     };
     let secrets = Secrets {
         access_token: outcome.tokens.access,

@@ -10,8 +10,8 @@ use std::io::Write;
 use iteron_broker::store::Home;
 use iteron_policy::capability::{CapabilitySet, ServerPolicy, ToolFilter};
 use iteron_policy::config::{
-    AddError, ClientId, Command, Config, HttpServer, OAuthConfig, Registration, Scope,
-    ServerConfig, StdioServer, Transport, ValueError, check_arg,
+    AddError, ClientId, Command, Config, CredentialBackend, HttpServer, OAuthConfig, Registration,
+    Scope, ServerConfig, StdioServer, Transport, ValueError, check_arg,
 };
 use iteron_policy::names::{EnvName, HeaderName, NameError, ServerName};
 use iteron_policy::text;
@@ -99,6 +99,10 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
             a.oauth_client_secret_env.is_some(),
         ),
         ("--oauth-issuer", a.oauth_issuer.is_some()),
+        (
+            "--oauth-credential-store",
+            a.oauth_credential_store.is_some(),
+        ),
     ];
     let (foreign, kind): (&[(&str, bool)], &str) = if a.url.is_some() {
         (&stdio_flags, "--url")
@@ -163,6 +167,11 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
         if let Some(reg) = &a.oauth_client_registration {
             oauth.client_registration = Some(Registration::parse(reg).ok_or_else(|| {
                 CliError::Usage("--oauth-client-registration must be auto, cimd or dcr".into())
+            })?);
+        }
+        if let Some(store) = &a.oauth_credential_store {
+            oauth.credential_store = Some(CredentialBackend::parse(store).ok_or_else(|| {
+                CliError::Usage("--oauth-credential-store must be file or keyring".into())
             })?);
         }
         if let Some(scopes) = &a.oauth_scopes {

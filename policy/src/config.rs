@@ -195,6 +195,35 @@ impl Registration {
     }
 }
 
+/// Where the secret part of an OAuth login (tokens, a registered client's secret) is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CredentialBackend {
+    /// A 0600 file under `mcp-credentials/` (the default).
+    File,
+    /// The operating system keyring (Secret Service on Linux); never falls back to a file.
+    Keyring,
+}
+
+impl CredentialBackend {
+    /// Parse `file` or `keyring`.
+    pub fn parse(s: &str) -> Option<CredentialBackend> {
+        match s {
+            "file" => Some(CredentialBackend::File),
+            "keyring" => Some(CredentialBackend::Keyring),
+            _ => None,
+        }
+    }
+
+    /// The configuration word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialBackend::File => "file",
+            CredentialBackend::Keyring => "keyring",
+        }
+    }
+}
+
 /// OAuth settings of an HTTP server. Values that are secrets are named by environment variable.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct OAuthConfig {
@@ -231,6 +260,9 @@ pub struct OAuthConfig {
     /// Revocation endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoke_url: Option<EndpointUrl>,
+    /// Where the login's secrets are kept (`file` when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_store: Option<CredentialBackend>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -246,6 +278,7 @@ const OAUTH_KEYS: &[&str] = &[
     "refresh_url",
     "refresh_token_env",
     "revoke_url",
+    "credential_store",
 ];
 
 /// A lifecycle hook event.
@@ -1222,6 +1255,17 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             )
         })
     })?;
+    let credential_store = optional(&f, "credential_store", |n, p| {
+        CredentialBackend::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: &["file", "keyring"],
+                },
+            )
+        })
+    })?;
     Ok(OAuthConfig {
         resource: url("resource")?,
         scopes: match f.get("scopes") {
@@ -1237,6 +1281,7 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         refresh_url: url("refresh_url")?,
         refresh_token_env: env("refresh_token_env")?,
         revoke_url: url("revoke_url")?,
+        credential_store,
     })
 }
 

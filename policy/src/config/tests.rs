@@ -275,6 +275,14 @@ fn value_rules_are_enforced() {
             "$.mcp_servers[0].oauth.client_registration",
         ),
         (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"credential_store": "Keyring"}}"#,
+            "$.mcp_servers[0].oauth.credential_store",
+        ),
+        (
+            r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"credential_store": "auto"}}"#,
+            "$.mcp_servers[0].oauth.credential_store",
+        ),
+        (
             r#"{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"client_id": "http://evil.example/cimd"}}"#,
             "$.mcp_servers[0].oauth.client_id",
         ),
@@ -286,6 +294,29 @@ fn value_rules_are_enforced() {
         assert_eq!(e.path.to_string(), *path, "{server}: {e}");
         assert!(!e.to_string().contains('\n'));
     }
+}
+
+#[test]
+fn credential_store_is_file_or_keyring_and_round_trips() {
+    for (word, want) in [
+        ("file", CredentialBackend::File),
+        ("keyring", CredentialBackend::Keyring),
+    ] {
+        let doc = format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"credential_store": "{word}"}}}}]}}"#
+        );
+        let c = parse(&doc).unwrap();
+        let Transport::Http(h) = &c.mcp_servers[0].transport else {
+            panic!("not http");
+        };
+        assert_eq!(h.oauth.as_ref().unwrap().credential_store, Some(want));
+        assert_eq!(want.as_str(), word);
+        assert_eq!(Config::parse(c.to_json_pretty().as_bytes()).unwrap(), c);
+    }
+    let e = error(
+        r#"{"schema_version": 2, "mcp_servers": [{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {"credential_store": "auto"}}]}"#,
+    );
+    assert!(e.to_string().contains("file, keyring"), "{e}");
 }
 
 #[test]
@@ -438,9 +469,13 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
             env_opt(),
             prop::option::of(url.clone()),
             env_opt(),
+            prop::option::of(prop::sample::select(vec![
+                CredentialBackend::File,
+                CredentialBackend::Keyring,
+            ])),
         )
             .prop_map(
-                |(resource, scopes, reg, client_id, secret, issuer, token)| OAuthConfig {
+                |(resource, scopes, reg, client_id, secret, issuer, token, store)| OAuthConfig {
                     resource,
                     scopes: scopes
                         .into_iter()
@@ -451,6 +486,7 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
                     client_secret_env: secret,
                     issuer,
                     access_token_env: token,
+                    credential_store: store,
                     ..OAuthConfig::default()
                 },
             ),
