@@ -655,6 +655,70 @@ fn command_line_bounds_are_checked_before_anything_is_written() {
 }
 
 #[test]
+fn a_keyring_server_without_a_reachable_keyring_fails_before_any_request() {
+    let sb = Sandbox::new();
+    // A port nothing listens on: a request would fail with another message.
+    sb.ok(&[
+        "mcp",
+        "add",
+        "kr",
+        "--url",
+        "http://127.0.0.1:9/mcp",
+        "--oauth-credential-store",
+        "keyring",
+    ]);
+    let got = json(&sb.ok(&["mcp", "get", "kr", "--format", "json"]));
+    assert_eq!(got["oauth"]["credential_store"], "keyring", "{got}");
+    let no_bus = sb.root.join("no-bus");
+    fs::create_dir_all(&no_bus).unwrap();
+    let out = sb
+        .command(&["mcp", "auth", "login", "kr", "--no-browser"])
+        .env("XDG_RUNTIME_DIR", &no_bus)
+        .env(
+            "DBUS_SESSION_BUS_ADDRESS",
+            format!("unix:path={}", no_bus.join("bus").display()),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no keyring is reachable"), "{err}");
+    assert!(err.contains("nothing falls back to a file"), "{err}");
+    assert!(!sb.home().join("mcp-credentials").exists());
+    // A bad word is a usage error and writes nothing.
+    let e = sb.fails(
+        &[
+            "mcp",
+            "add",
+            "kr2",
+            "--url",
+            "https://a.example/mcp",
+            "--oauth-credential-store",
+            "auto",
+        ],
+        2,
+    );
+    assert!(e.contains("file or keyring"), "{e}");
+    let e = sb.fails(
+        &[
+            "mcp",
+            "add",
+            "kr3",
+            "--oauth-credential-store",
+            "file",
+            "--stdio",
+            "/bin/true",
+        ],
+        2,
+    );
+    assert!(
+        e.contains("--oauth-credential-store cannot be used with --stdio"),
+        "{e}"
+    );
+}
+
+#[test]
 fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
     let sb = Sandbox::new();
     let mut c = sb.command(&["demo"]);

@@ -516,3 +516,101 @@ fn insufficient_scope_is_its_own_diagnostic_asking_for_an_explicit_relogin() {
         serde_json::json!(["mcp:tools"])
     );
 }
+
+/// The secrets of the single keyring-backed login in `home`, read from the Secret Service.
+fn keyring_secrets(server: &str) -> Option<serde_json::Value> {
+    let id = iteron_broker::credentials::CredentialStore::binding_id(server);
+    match iteron_broker::keyring::Keyring::System.get(&id) {
+        Ok(blob) => {
+            Some(serde_json::from_slice::<serde_json::Value>(&blob).unwrap()["secrets"].clone())
+        }
+        Err(iteron_broker::keyring::KeyringError::NoEntry) => None,
+        Err(e) => panic!("keyring: {e:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a D-Bus session bus with an unlocked Secret Service; scripts/test provides one (dbus-run-session + gnome-keyring)"]
+fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
+    let bus = std::env::var("DBUS_SESSION_BUS_ADDRESS").expect("a D-Bus session");
+    let bus_env = [("DBUS_SESSION_BUS_ADDRESS", bus.as_str())];
+    let dir = fixture();
+    let pair = start_pair(&dir, "2");
+    let home = Home::new_tagged("keyring");
+    let add = home.run(&[
+        "mcp",
+        "add",
+        "guarded",
+        "--url",
+        &pair.mcp_url,
+        "--oauth-credential-store",
+        "keyring",
+    ]);
+    assert!(add.status.success());
+    let run = |args: &[&str]| home.cmd(args).envs(bus_env).output().unwrap();
+
+    let login = login_via_cli(&home, &dir, &pair, &[], &bus_env);
+    let file = home.credential().expect("a credential file");
+    assert!(file.get("secrets").is_none(), "{file}");
+    assert_eq!(file["keyring"]["service"], "iteron-mcp-credentials");
+    let s1 = keyring_secrets("guarded").expect("a keyring entry");
+    let access1 = s1["access_token"].as_str().unwrap().to_owned();
+    let refresh1 = s1["refresh_token"].as_str().unwrap().to_owned();
+    assert!(active(&pair.issuer, &access1));
+
+    let test = run(&["mcp", "test", "guarded"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    // Expired: the next use refreshes, and the rotated refresh token lands in the keyring.
+    std::thread::sleep(Duration::from_millis(2500));
+    let again = run(&["mcp", "test", "guarded"]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let s2 = keyring_secrets("guarded").unwrap();
+    let refresh2 = s2["refresh_token"].as_str().unwrap().to_owned();
+    assert_ne!(refresh1, refresh2);
+    assert!(!active(&pair.issuer, &refresh1));
+    // The file never changes on a rotation and never holds a token.
+    let file2 = home.credential().unwrap();
+    assert_eq!(file, file2);
+
+    // Without the bus the same login fails closed: no fallback to the file.
+    let no_bus = home.0.join("no-bus");
+    std::fs::create_dir_all(&no_bus).unwrap();
+    let blind = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("XDG_RUNTIME_DIR", &no_bus)
+        .env(
+            "DBUS_SESSION_BUS_ADDRESS",
+            format!("unix:path={}", no_bus.join("bus").display()),
+        )
+        .output()
+        .unwrap();
+    assert!(!blind.status.success());
+    assert!(
+        String::from_utf8_lossy(&blind.stderr).contains("nothing falls back to a file"),
+        "{}",
+        String::from_utf8_lossy(&blind.stderr)
+    );
+
+    let logout = run(&["mcp", "auth", "logout", "guarded"]);
+    assert!(
+        logout.status.success(),
+        "{}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    assert!(home.credential().is_none());
+    assert!(keyring_secrets("guarded").is_none());
+    assert!(!active(&pair.issuer, &refresh2));
+    assert!(!login.contains(&access1) && !login.contains(&refresh1));
+    assert_no_token(
+        &[&add, &test, &again, &blind, &logout],
+        &[&access1, &refresh1, &refresh2],
+    );
+}
