@@ -1,6 +1,7 @@
 //! The keyring backend against a real Secret Service (gnome-keyring on a private D-Bus session
 //! bus). `scripts/test` starts that session and runs these with `--ignored`; outside it there
 //! is no keyring to talk to.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::PathBuf;
