@@ -598,6 +598,21 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
         "{}",
         String::from_utf8_lossy(&blind.stderr)
     );
+    let blind_status = home
+        .cmd(&["mcp", "auth", "status", "guarded", "--format", "json"])
+        .env("XDG_RUNTIME_DIR", &no_bus)
+        .env(
+            "DBUS_SESSION_BUS_ADDRESS",
+            format!("unix:path={}", no_bus.join("bus").display()),
+        )
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&blind_status.stdout).unwrap();
+    assert_eq!(v["state"], "keyring_unavailable", "{v}");
+    let status = run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "logged_in", "{v}");
+    assert_eq!(v["store"], "keyring", "{v}");
 
     let logout = run(&["mcp", "auth", "logout", "guarded"]);
     assert!(
@@ -610,7 +625,7 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
     assert!(!active(&pair.issuer, &refresh2));
     assert!(!login.contains(&access1) && !login.contains(&refresh1));
     assert_no_token(
-        &[&add, &test, &again, &blind, &logout],
+        &[&add, &test, &again, &blind, &blind_status, &status, &logout],
         &[&access1, &refresh1, &refresh2],
     );
 }

@@ -8,8 +8,9 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iteron_broker::credentials::{
-    Binding, Credential, CredentialStore, Secrets, check_binding, config_digest,
+    Binding, Credential, CredentialError, CredentialStore, Secrets, check_binding, config_digest,
 };
+use iteron_broker::keyring::KeyringError;
 use iteron_broker::net::{Net, NetConfig};
 use iteron_broker::oauth::flow::{self, ClientSettings, Mode};
 use iteron_broker::oauth::login::{self, LoginRequest};
@@ -326,7 +327,19 @@ pub(crate) fn status(
     let cred = match store.load(server.name.as_str()) {
         Ok(c) => c,
         Err(e) => {
-            let v = json!({"name": server.name.as_str(), "state": "reauth_required", "reason": text::single_line_capped(&e.to_string(), 300)});
+            // A keyring that cannot be reached says nothing about the login itself.
+            let state = match &e {
+                CredentialError::Keyring {
+                    reason:
+                        KeyringError::Unavailable
+                        | KeyringError::Denied
+                        | KeyringError::TimedOut
+                        | KeyringError::Refused,
+                    ..
+                } => "keyring_unavailable",
+                _ => "reauth_required",
+            };
+            let v = json!({"name": server.name.as_str(), "state": state, "reason": text::single_line_capped(&e.to_string(), 300)});
             return print(out, format, &v);
         }
     };
@@ -336,6 +349,7 @@ pub(crate) fn status(
         obj.insert("issuer".into(), c.binding.issuer.clone().into());
         obj.insert("resource".into(), c.binding.resource.clone().into());
         obj.insert("zone".into(), c.binding.zone.as_str().into());
+        obj.insert("store".into(), c.binding.secret_store.as_str().into());
         obj.insert("client_id".into(), c.binding.client_id.clone().into());
         obj.insert(
             "granted_scopes".into(),
@@ -360,7 +374,7 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
         v["name"].as_str().unwrap_or(""),
         v["state"].as_str().unwrap_or("")
     );
-    for k in ["issuer", "resource", "zone"] {
+    for k in ["issuer", "resource", "zone", "store"] {
         if let Some(x) = v[k].as_str() {
             line.push_str(&format!(", {k} {x}"));
         }
