@@ -517,10 +517,11 @@ fn insufficient_scope_is_its_own_diagnostic_asking_for_an_explicit_relogin() {
     );
 }
 
-/// The secrets of the single keyring-backed login in `home`, read from the Secret Service.
-fn keyring_secrets(server: &str) -> Option<serde_json::Value> {
-    let id = iteron_broker::credentials::CredentialStore::binding_id(server);
-    match iteron_broker::keyring::Keyring::System.get(&id) {
+/// The secrets of `server`'s keyring-backed login in `home`, read from the Secret Service.
+fn keyring_secrets(home: &Home, server: &str) -> Option<serde_json::Value> {
+    let h = iteron_broker::store::Home::at(home.0.join("home")).unwrap();
+    let account = iteron_broker::credentials::CredentialStore::new(&h).keyring_account(server);
+    match iteron_broker::keyring::Keyring::system().get(&account) {
         Ok(blob) => {
             Some(serde_json::from_slice::<serde_json::Value>(&blob).unwrap()["secrets"].clone())
         }
@@ -553,7 +554,7 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
     let file = home.credential().expect("a credential file");
     assert!(file.get("secrets").is_none(), "{file}");
     assert_eq!(file["keyring"]["service"], "iteron-mcp-credentials");
-    let s1 = keyring_secrets("guarded").expect("a keyring entry");
+    let s1 = keyring_secrets(&home, "guarded").expect("a keyring entry");
     let access1 = s1["access_token"].as_str().unwrap().to_owned();
     let refresh1 = s1["refresh_token"].as_str().unwrap().to_owned();
     assert!(active(&pair.issuer, &access1));
@@ -572,7 +573,7 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
-    let s2 = keyring_secrets("guarded").unwrap();
+    let s2 = keyring_secrets(&home, "guarded").unwrap();
     let refresh2 = s2["refresh_token"].as_str().unwrap().to_owned();
     assert_ne!(refresh1, refresh2);
     assert!(!active(&pair.issuer, &refresh1));
@@ -621,7 +622,7 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
         String::from_utf8_lossy(&logout.stderr)
     );
     assert!(home.credential().is_none());
-    assert!(keyring_secrets("guarded").is_none());
+    assert!(keyring_secrets(&home, "guarded").is_none());
     assert!(!active(&pair.issuer, &refresh2));
     assert!(!login.contains(&access1) && !login.contains(&refresh1));
     assert_no_token(

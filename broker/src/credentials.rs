@@ -34,6 +34,7 @@ use std::io::{self, Read, Write};
 use std::marker::PhantomData;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iteron_policy::config::{CredentialBackend, ServerConfig};
@@ -553,6 +554,8 @@ fn need<T>(v: Option<T>) -> Result<T, Decode> {
 struct Stored {
     binding: Binding,
     secrets: Option<Secrets>,
+    /// The keyring account named by the file, for a keyring-backed credential.
+    keyring_account: Option<String>,
 }
 
 fn secrets_in(s: SecretsIn) -> Result<Secrets, Decode> {
@@ -589,19 +592,21 @@ fn binding_out(b: &Binding) -> BindingOut<'_> {
 }
 
 /// Lowercase hex SHA-256 of the binding as written (what a keyring entry is tied to).
-fn binding_sha256(b: &Binding) -> String {
+fn binding_sha256(b: &Binding, account: &str) -> String {
     // Serializing plain strings and string lists into a Vec cannot fail.
     let bytes = serde_json::to_vec(&binding_out(b)).unwrap_or_default();
     let mut h = Sha256::new();
     h.update(b"iteron-keyring-binding-v1\0");
     h.update(b.secret_store.as_str().as_bytes());
     h.update(b"\0");
+    h.update(account.as_bytes());
+    h.update(b"\0");
     h.update(&bytes);
     hex(&h.finalize())
 }
 
 /// Decode a keyring entry and check it belongs to `binding`.
-fn decode_blob(bytes: &[u8], binding: &Binding) -> Result<Secrets, KeyringError> {
+fn decode_blob(bytes: &[u8], binding: &Binding, account: &str) -> Result<Secrets, KeyringError> {
     let blob: Obj<BlobIn> = serde_json::from_slice(bytes).map_err(|_| KeyringError::Unreadable)?;
     let blob = blob.0;
     if blob.schema != Some(CREDENTIAL_SCHEMA) {
@@ -609,7 +614,7 @@ fn decode_blob(bytes: &[u8], binding: &Binding) -> Result<Secrets, KeyringError>
     }
     let digest = blob.binding_sha256.ok_or(KeyringError::Unreadable)?;
     let s = blob.secrets.ok_or(KeyringError::Unreadable)?.0;
-    if digest != binding_sha256(binding) {
+    if digest != binding_sha256(binding, account) {
         return Err(KeyringError::Mismatch);
     }
     secrets_in(s).map_err(|_| KeyringError::Unreadable)
@@ -653,13 +658,14 @@ fn decode(bytes: &[u8]) -> Result<Stored, Decode> {
         (Some(s), None) => Ok(Stored {
             binding,
             secrets: Some(secrets_in(s.0)?),
+            keyring_account: None,
         }),
         (None, Some(k)) => {
             let k = k.0;
-            let id = CredentialStore::binding_id(&binding.server);
-            if need(k.service)? != KEYRING_SERVICE || need(k.account)? != id {
+            let account = need(k.account)?;
+            if need(k.service)? != KEYRING_SERVICE || !is_lower_hex(&account, BINDING_ID_LEN) {
                 return Err(Decode::Corrupt(
-                    "the keyring reference does not match the binding",
+                    "the keyring reference is not an Iteron keyring entry",
                     None,
                 ));
             }
@@ -669,6 +675,7 @@ fn decode(bytes: &[u8]) -> Result<Stored, Decode> {
                     ..binding
                 },
                 secrets: None,
+                keyring_account: Some(account),
             })
         }
         (Some(_), Some(_)) => Err(Decode::Corrupt(
@@ -737,22 +744,22 @@ fn to_bounded<T: Serialize>(value: &T) -> Result<Zeroizing<Vec<u8>>, CredentialE
     Ok(buf)
 }
 
-fn encode(cred: &Credential) -> Result<Encoded, CredentialError> {
+/// Encode a credential; `account` is the keyring account of a keyring-backed one.
+fn encode(cred: &Credential, account: &str) -> Result<Encoded, CredentialError> {
     validate(&cred.binding).map_err(CredentialError::Unwritable)?;
     let (b, s) = (&cred.binding, &cred.secrets);
-    let id = CredentialStore::binding_id(&b.server);
     let keyring = b.secret_store == CredentialBackend::Keyring;
     let file = to_bounded(&FileOut {
         schema: CREDENTIAL_SCHEMA,
         binding: binding_out(b),
         secrets: (!keyring).then(|| secrets_out(s)),
-        keyring: keyring.then(|| KeyringRef {
+        keyring: keyring.then_some(KeyringRef {
             service: KEYRING_SERVICE,
-            account: &id,
+            account,
         }),
     })?;
     let blob = if keyring {
-        let digest = binding_sha256(b);
+        let digest = binding_sha256(b, account);
         Some(to_bounded(&BlobOut {
             schema: CREDENTIAL_SCHEMA,
             binding_sha256: &digest,
@@ -764,7 +771,9 @@ fn encode(cred: &Credential) -> Result<Encoded, CredentialError> {
     let back = decode(&file).ok().and_then(|stored| {
         let secrets = match (&blob, stored.secrets) {
             (None, Some(secrets)) => secrets,
-            (Some(blob), None) => decode_blob(blob, &stored.binding).ok()?,
+            (Some(blob), None) if stored.keyring_account.as_deref() == Some(account) => {
+                decode_blob(blob, &stored.binding, account).ok()?
+            }
             _ => return None,
         };
         Some(Credential {
@@ -794,7 +803,7 @@ pub struct CredentialStore {
 impl CredentialStore {
     /// The store of a home; nothing is touched until the first operation.
     pub fn new(home: &Home) -> CredentialStore {
-        Self::with_keyring(home, Keyring::System)
+        Self::with_keyring(home, Keyring::system())
     }
 
     /// The store of a home whose keyring-backed secrets live in `keyring`.
@@ -828,31 +837,74 @@ impl CredentialStore {
         self.dir.join(Self::binding_id(server))
     }
 
-    /// Read a server's credential; `None` when there is none. A file stored under this
-    /// server's id that names another server is refused as corrupt.
-    pub fn load(&self, server: &str) -> Result<Option<Credential>, CredentialError> {
-        if !self.check_dirs()? {
-            return Ok(None);
-        }
+    /// The keyring account of a server in this home: a digest of the home's path and the
+    /// server name, so two homes with a server of the same name never share an entry.
+    pub fn keyring_account(&self, server: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(b"iteron-keyring-account-v1\0");
+        h.update(self.home.as_os_str().as_encoded_bytes());
+        h.update(b"\0");
+        h.update(server.as_bytes());
+        let mut id = hex(&h.finalize());
+        id.truncate(BINDING_ID_LEN);
+        id
+    }
+
+    /// Read a server's file, refusing one that names another server or another home's
+    /// keyring entry.
+    fn read_own(&self, server: &str) -> Result<Option<Stored>, CredentialError> {
         let path = self.path_for(server);
         let Some(stored) = read_stored(&path)? else {
             return Ok(None);
         };
-        if stored.binding.server != server {
-            return Err(CredentialError::Corrupt {
-                path,
-                reason: "it holds the credential of another server",
-                at: None,
-            });
+        let reason = if stored.binding.server != server {
+            "it holds the credential of another server"
+        } else if stored
+            .keyring_account
+            .as_ref()
+            .is_some_and(|a| *a != self.keyring_account(server))
+        {
+            "its keyring reference belongs to another Iteron home"
+        } else {
+            return Ok(Some(stored));
+        };
+        Err(CredentialError::Corrupt {
+            path,
+            reason,
+            at: None,
+        })
+    }
+
+    /// Read a server's credential; `None` when there is none. A file stored under this
+    /// server's id that names another server is refused as corrupt.
+    pub fn load(&self, server: &str) -> Result<Option<Credential>, CredentialError> {
+        match self.load_once(server) {
+            // A concurrent re-login replaces the file and the keyring entry one after the
+            // other; read once more before asking the operator for a new login.
+            Err(CredentialError::Keyring {
+                reason: KeyringError::Mismatch,
+                ..
+            }) => self.load_once(server),
+            other => other,
         }
+    }
+
+    fn load_once(&self, server: &str) -> Result<Option<Credential>, CredentialError> {
+        if !self.check_dirs()? {
+            return Ok(None);
+        }
+        let Some(stored) = self.read_own(server)? else {
+            return Ok(None);
+        };
         let secrets = match stored.secrets {
             Some(secrets) => secrets,
             None => {
+                let account = self.keyring_account(server);
                 let blob = self
                     .keyring
-                    .get(&Self::binding_id(server))
+                    .get(&account)
                     .map_err(Self::keyring_err(server))?;
-                decode_blob(&blob, &stored.binding).map_err(Self::keyring_err(server))?
+                decode_blob(&blob, &stored.binding, &account).map_err(Self::keyring_err(server))?
             }
         };
         Ok(Some(Credential {
@@ -866,23 +918,30 @@ impl CredentialStore {
         move |reason| CredentialError::Keyring { server, reason }
     }
 
-    /// Check that the keyring answers for this server (an entry or none), before a login
-    /// whose secrets will go there.
+    /// Check that the keyring can store this server's secrets (a throwaway entry is written
+    /// and deleted), before a login whose secrets will go there.
     pub fn probe_keyring(&self, server: &str) -> Result<(), CredentialError> {
-        match self.keyring.get(&Self::binding_id(server)) {
-            Ok(_) | Err(KeyringError::NoEntry) => Ok(()),
-            Err(reason) => Err(Self::keyring_err(server)(reason)),
-        }
+        self.keyring
+            .probe_write(&self.keyring_account(server))
+            .map_err(Self::keyring_err(server))
+    }
+
+    /// Take the directory lock. Shared so a keyring call the caller stopped waiting for keeps
+    /// it until that call has really finished (see [`Keyring`]).
+    fn lock(&self) -> Result<Arc<private_fs::Lock>, CredentialError> {
+        Ok(Arc::new(private_fs::acquire_lock(
+            &self.dir.join(LOCK_FILE),
+        )?))
     }
 
     /// Store a credential (a login), replacing any earlier one for the same server. Creates
     /// the directory 0700 if needed; the write is atomic under the lock.
     pub fn save(&self, cred: &Credential) -> Result<(), CredentialError> {
-        let encoded = encode(cred)?;
-        self.ensure_dirs()?;
-        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
         let server = &cred.binding.server;
-        let id = Self::binding_id(server);
+        let account = self.keyring_account(server);
+        let encoded = encode(cred, &account)?;
+        self.ensure_dirs()?;
+        let lock = self.lock()?;
         // A re-login that moves the secrets out of the keyring removes the old entry once the
         // new file is in place; an unreadable old file is replaced without looking further.
         let was_keyring = matches!(
@@ -894,14 +953,14 @@ impl CredentialStore {
         let to_keyring = encoded.blob.is_some();
         if let Some(blob) = encoded.blob {
             self.keyring
-                .set(&id, blob)
+                .set_holding(&account, blob, lock.clone())
                 .map_err(Self::keyring_err(server))?;
         }
         self.replace(server, &encoded.file)?;
         if was_keyring && !to_keyring {
-            // The login itself succeeded; a stale entry left behind is unreachable by Iteron
-            // and stays in the keyring's own protection.
-            let _ = self.keyring.delete(&id);
+            // The login itself succeeded. An entry that cannot be deleted now is no longer
+            // referenced by any file; `auth logout` of a keyring-configured server retries it.
+            let _ = self.keyring.delete_holding(&account, lock);
         }
         Ok(())
     }
@@ -917,17 +976,18 @@ impl CredentialStore {
         if !self.check_dirs()? {
             return Ok(false);
         }
-        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
-        let Some(mut cred) = self.load(server)? else {
+        let lock = self.lock()?;
+        let Some(mut cred) = self.load_once(server)? else {
             return Ok(false);
         };
         f(&mut cred.secrets);
-        let encoded = encode(&cred)?;
+        let account = self.keyring_account(server);
+        let encoded = encode(&cred, &account)?;
         match encoded.blob {
             // The binding, and so the file, is unchanged: only the keyring entry is replaced.
             Some(blob) => self
                 .keyring
-                .set(&Self::binding_id(server), blob)
+                .set_holding(&account, blob, lock)
                 .map_err(Self::keyring_err(server))?,
             None => self.replace(server, &encoded.file)?,
         }
@@ -937,14 +997,22 @@ impl CredentialStore {
     /// Remove a server's credential under the lock (logout). Returns whether one existed. The
     /// entry is removed even if a load would refuse it (wrong mode, symlink): logout must
     /// always be able to clear local state; only a directory in its place is refused.
-    pub fn delete(&self, server: &str) -> Result<bool, CredentialError> {
+    ///
+    /// The keyring entry is deleted first when the file says the secrets are there, or when
+    /// `keyring_configured` (the server's configuration names the keyring) — then also when
+    /// the file is missing or unreadable, so no entry outlives a logout. If that delete fails
+    /// the file stays, so a later logout finds the entry again.
+    pub fn delete(&self, server: &str, keyring_configured: bool) -> Result<bool, CredentialError> {
         if !self.check_dirs()? {
+            if keyring_configured {
+                return self.delete_keyring_entry(server, ());
+            }
             return Ok(false);
         }
-        let _lock = private_fs::acquire_lock(&self.dir.join(LOCK_FILE))?;
+        let lock = self.lock()?;
         let path = self.path_for(server);
-        match fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        let exists = match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => return Err(io_err("inspect", &path)(e)),
             Ok(meta) if meta.is_dir() => {
                 return Err(CredentialError::Fs(FsError::NotPlain {
@@ -952,25 +1020,37 @@ impl CredentialStore {
                     expected: "regular file",
                 }));
             }
-            Ok(_) => {}
+            Ok(_) => true,
+        };
+        let in_keyring = match read_stored(&path) {
+            Ok(Some(stored)) => stored.binding.secret_store == CredentialBackend::Keyring,
+            Ok(None) | Err(_) => keyring_configured,
+        };
+        let mut removed = false;
+        if in_keyring {
+            removed |= self.delete_keyring_entry(server, lock.clone())?;
         }
-        // Secrets in the keyring go first; if that fails the file stays, so a later logout can
-        // find the entry again. A file that cannot be read says nothing about a keyring.
-        if let Ok(Some(stored)) = read_stored(&path)
-            && stored.binding.secret_store == CredentialBackend::Keyring
-        {
-            self.keyring
-                .delete(&Self::binding_id(server))
-                .map_err(Self::keyring_err(server))?;
+        if !exists {
+            return Ok(removed);
         }
         match fs::remove_file(&path) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
             Err(e) => return Err(io_err("remove", &path)(e)),
         }
         // The entry is gone and cannot be brought back; see `replace` on the directory fsync.
         let _ = private_fs::sync_dir(&self.dir);
         Ok(true)
+    }
+
+    fn delete_keyring_entry<H: Send + 'static>(
+        &self,
+        server: &str,
+        hold: H,
+    ) -> Result<bool, CredentialError> {
+        self.keyring
+            .delete_holding(&self.keyring_account(server), hold)
+            .map_err(Self::keyring_err(server))
     }
 
     /// The bindings of every stored credential (for status and doctor), sorted by server.
@@ -1249,9 +1329,9 @@ mod tests {
         assert!(back.secrets.client_secret.is_none());
         assert_eq!(back.secrets.expires_at, None);
 
-        assert!(store.delete("gh").unwrap());
+        assert!(store.delete("gh", false).unwrap());
         assert!(store.load("gh").unwrap().is_none());
-        assert!(!store.delete("gh").unwrap());
+        assert!(!store.delete("gh", false).unwrap());
         assert!(store.list().unwrap().is_empty());
         fs::remove_dir_all(base).unwrap();
     }
@@ -1262,7 +1342,7 @@ mod tests {
         let store = CredentialStore::new(&home);
         let mut called = false;
         assert!(!store.update_secrets("gh", |_| called = true).unwrap());
-        assert!(!store.delete("gh").unwrap());
+        assert!(!store.delete("gh", false).unwrap());
         assert!(store.list().unwrap().is_empty());
         assert!(!called);
         assert!(!home.dir().exists());
@@ -1385,7 +1465,7 @@ mod tests {
             CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert!(matches!(
-            store.delete("gh").unwrap_err(),
+            store.delete("gh", false).unwrap_err(),
             CredentialError::Fs(FsError::OpenMode { .. })
         ));
         assert_eq!(mode(store.dir()), 0o750);
@@ -1412,7 +1492,7 @@ mod tests {
             CredentialError::Fs(FsError::NotPlain { .. })
         ));
         // Logout still clears the link, never its target.
-        assert!(store.delete("gh").unwrap());
+        assert!(store.delete("gh", false).unwrap());
         assert!(elsewhere.exists());
 
         let real = base.join("real-dir");
@@ -1729,19 +1809,25 @@ mod tests {
 
     fn mock_keyring() -> (Arc<keyring_core::CredentialStore>, Keyring) {
         let store: Arc<keyring_core::CredentialStore> = keyring_core::mock::Store::new().unwrap();
-        (store.clone(), Keyring::Store(store))
+        (store.clone(), Keyring::store(store))
     }
 
-    /// Make the next keyring call on `server`'s entry fail.
-    fn fail_next(store: &Arc<keyring_core::CredentialStore>, server: &str, e: keyring_core::Error) {
-        let entry = keyring_core::Entry::new_in_store(
-            store,
-            KEYRING_SERVICE,
-            &CredentialStore::binding_id(server),
-        )
-        .unwrap();
-        let mock: &keyring_core::mock::Cred = entry.as_any().downcast_ref().unwrap();
-        mock.set_error(e);
+    /// Make the next keyring call on `server`'s entry in `cs` fail with `e`.
+    fn fail_next(
+        mock: &Arc<keyring_core::CredentialStore>,
+        cs: &CredentialStore,
+        server: &str,
+        e: keyring_core::Error,
+    ) {
+        let entry =
+            keyring_core::Entry::new_in_store(mock, KEYRING_SERVICE, &cs.keyring_account(server))
+                .unwrap();
+        let cred: &keyring_core::mock::Cred = entry.as_any().downcast_ref().unwrap();
+        cred.set_error(e);
+    }
+
+    fn locked() -> keyring_core::Error {
+        keyring_core::Error::NoStorageAccess("locked".into())
     }
 
     fn keyring_credential(name: &str, token: &str) -> Credential {
@@ -1750,12 +1836,17 @@ mod tests {
         c
     }
 
-    fn entry_exists(keyring: &Keyring, server: &str) -> bool {
-        match keyring.get(&CredentialStore::binding_id(server)) {
+    fn entry_exists(keyring: &Keyring, cs: &CredentialStore, server: &str) -> bool {
+        match keyring.get(&cs.keyring_account(server)) {
             Ok(_) => true,
             Err(KeyringError::NoEntry) => false,
             Err(e) => panic!("{e:?}"),
         }
+    }
+
+    fn access_of(store: &CredentialStore, server: &str) -> String {
+        let c = store.load(server).unwrap().unwrap();
+        c.secrets.access_token.expose_secret().to_owned()
     }
 
     #[test]
@@ -1768,11 +1859,8 @@ mod tests {
         assert!(!file.contains(CANARY), "{file}");
         assert!(file.contains(KEYRING_SERVICE));
         assert_eq!(mode(&store.path_for("kr")), 0o600);
+        assert_eq!(access_of(&store, "kr"), format!("at-{CANARY}"));
         let c = store.load("kr").unwrap().unwrap();
-        assert_eq!(
-            c.secrets.access_token.expose_secret(),
-            format!("at-{CANARY}")
-        );
         assert_eq!(c.binding.secret_store, CredentialBackend::Keyring);
         assert_eq!(
             store.list().unwrap()[0].secret_store,
@@ -1791,24 +1879,19 @@ mod tests {
         let c = store.load("kr").unwrap().unwrap();
         assert_eq!(c.secrets.refresh_token.unwrap().expose_secret(), rotated);
 
-        assert!(store.delete("kr").unwrap());
+        assert!(store.delete("kr", true).unwrap());
         assert!(!store.path_for("kr").exists());
-        assert!(!entry_exists(&keyring, "kr"));
+        assert!(!entry_exists(&keyring, &store, "kr"));
         fs::remove_dir_all(base).unwrap();
     }
 
     #[test]
-    fn an_unusable_keyring_fails_closed_and_never_falls_back_to_a_file() {
+    fn a_failed_keyring_write_writes_no_file_and_keeps_the_previous_login() {
         let (base, home) = temp_home();
         let (mock, keyring) = mock_keyring();
-        let store = CredentialStore::with_keyring(&home, keyring.clone());
-
-        // A failed keyring write leaves no file behind, secret or not.
-        fail_next(
-            &mock,
-            "kr",
-            keyring_core::Error::NoStorageAccess("locked".into()),
-        );
+        let store = CredentialStore::with_keyring(&home, keyring);
+        // First login: the keyring write fails, so no file appears, secret or not.
+        fail_next(&mock, &store, "kr", locked());
         let e = store.save(&keyring_credential("kr", CANARY)).unwrap_err();
         assert!(
             matches!(
@@ -1822,20 +1905,33 @@ mod tests {
         );
         assert!(!e.to_string().contains(CANARY));
         assert!(!store.path_for("kr").exists());
+        // A re-login whose keyring write fails leaves the earlier login whole and usable.
+        store.save(&keyring_credential("kr", "first")).unwrap();
+        let file = fs::read(store.path_for("kr")).unwrap();
+        let mut second = keyring_credential("kr", "second");
+        second.binding.client_id = "client-second".into();
+        fail_next(&mock, &store, "kr", locked());
+        assert!(store.save(&second).is_err());
+        assert_eq!(fs::read(store.path_for("kr")).unwrap(), file);
+        assert_eq!(access_of(&store, "kr"), "at-first");
+        fs::remove_dir_all(base).unwrap();
+    }
 
+    #[test]
+    fn an_unusable_keyring_fails_closed_and_never_falls_back_to_a_file() {
+        let (base, home) = temp_home();
+        let (mock, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
         store.save(&keyring_credential("kr", CANARY)).unwrap();
         for (injected, want) in [
-            (
-                keyring_core::Error::NoStorageAccess("locked".into()),
-                KeyringError::Denied,
-            ),
+            (locked(), KeyringError::Denied),
             (
                 keyring_core::Error::PlatformFailure("no bus".into()),
                 KeyringError::Unavailable,
             ),
             (keyring_core::Error::NoEntry, KeyringError::NoEntry),
         ] {
-            fail_next(&mock, "kr", injected);
+            fail_next(&mock, &store, "kr", injected);
             let e = store.load("kr").unwrap_err();
             assert!(
                 matches!(&e, CredentialError::Keyring { reason, .. } if *reason == want),
@@ -1845,45 +1941,81 @@ mod tests {
             assert!(line.contains("nothing falls back to a file"), "{line}");
             assert!(!line.contains('\n') && !line.contains(CANARY), "{line}");
         }
-        // A keyring failure during a rotation is reported; the stored entry stays readable.
-        fail_next(
-            &mock,
-            "kr",
-            keyring_core::Error::NoStorageAccess("locked".into()),
-        );
+        // A keyring failure during a rotation is reported and changes nothing.
+        fail_next(&mock, &store, "kr", locked());
         assert!(store.update_secrets("kr", |_| {}).is_err());
-        assert_eq!(
-            store
-                .load("kr")
-                .unwrap()
-                .unwrap()
-                .secrets
-                .access_token
-                .expose_secret(),
-            format!("at-{CANARY}")
-        );
-        // Listing bindings (auth status) never needs the keyring.
-        fail_next(
-            &mock,
-            "kr",
-            keyring_core::Error::PlatformFailure("no bus".into()),
-        );
+        assert_eq!(access_of(&store, "kr"), format!("at-{CANARY}"));
+        // Listing bindings (auth status, doctor) never calls the keyring: the injected error is
+        // still pending afterwards.
+        fail_next(&mock, &store, "kr", locked());
         assert_eq!(store.list().unwrap().len(), 1);
-        // The injected error is still pending for the next call: consume it.
-        let _ = store.load("kr");
-
+        assert!(matches!(
+            store.load("kr").unwrap_err(),
+            CredentialError::Keyring {
+                reason: KeyringError::Denied,
+                ..
+            }
+        ));
         // Logout with a failing keyring keeps the file so a later logout can retry.
-        fail_next(
-            &mock,
-            "kr",
-            keyring_core::Error::NoStorageAccess("locked".into()),
-        );
-        assert!(store.delete("kr").is_err());
+        fail_next(&mock, &store, "kr", locked());
+        assert!(store.delete("kr", true).is_err());
         assert!(store.path_for("kr").exists());
-        assert!(entry_exists(&keyring, "kr"));
-        assert!(store.delete("kr").unwrap());
-        assert!(!entry_exists(&keyring, "kr"));
+        assert!(entry_exists(&keyring, &store, "kr"));
+        assert!(store.delete("kr", true).unwrap());
+        assert!(!entry_exists(&keyring, &store, "kr"));
         fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn logout_of_a_keyring_server_clears_an_entry_whose_file_is_gone_or_broken() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        // A crash after the keyring write of a first login leaves an entry and no file.
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        fs::remove_file(store.path_for("kr")).unwrap();
+        assert!(entry_exists(&keyring, &store, "kr"));
+        assert!(store.delete("kr", true).unwrap());
+        assert!(!entry_exists(&keyring, &store, "kr"));
+        // A broken file: the file goes, and so does the entry.
+        store.save(&keyring_credential("kr", CANARY)).unwrap();
+        fs::write(store.path_for("kr"), "{").unwrap();
+        assert!(store.delete("kr", true).unwrap());
+        assert!(!store.path_for("kr").exists());
+        assert!(!entry_exists(&keyring, &store, "kr"));
+        // A file-store server never calls the keyring on logout, even with no file.
+        let (mock2, keyring2) = mock_keyring();
+        let files = CredentialStore::with_keyring(&home, keyring2);
+        files.save(&credential("plain", "x")).unwrap();
+        fail_next(&mock2, &files, "plain", locked());
+        assert!(files.delete("plain", false).unwrap());
+        assert!(!files.delete("plain", false).unwrap());
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn two_homes_with_the_same_server_name_never_share_a_keyring_entry() {
+        let (base_a, home_a) = temp_home();
+        let (base_b, home_b) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let a = CredentialStore::with_keyring(&home_a, keyring.clone());
+        let b = CredentialStore::with_keyring(&home_b, keyring.clone());
+        assert_ne!(a.keyring_account("gh"), b.keyring_account("gh"));
+        a.save(&keyring_credential("gh", "home-a")).unwrap();
+        b.save(&keyring_credential("gh", "home-b")).unwrap();
+        assert_eq!(access_of(&a, "gh"), "at-home-a");
+        assert_eq!(access_of(&b, "gh"), "at-home-b");
+        assert!(b.delete("gh", true).unwrap());
+        assert_eq!(access_of(&a, "gh"), "at-home-a");
+        // A file copied from another home is refused, not pointed at that home's entry.
+        b.save(&keyring_credential("gh", "home-b")).unwrap();
+        fs::copy(b.path_for("gh"), a.path_for("gh")).unwrap();
+        assert!(matches!(
+            a.load("gh").unwrap_err(),
+            CredentialError::Corrupt { .. }
+        ));
+        fs::remove_dir_all(base_a).unwrap();
+        fs::remove_dir_all(base_b).unwrap();
     }
 
     #[test]
@@ -1911,20 +2043,56 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("re-login required"), "{e}");
-        // An entry that is not ours is unreadable, not trusted.
-        keyring
-            .set(
-                &CredentialStore::binding_id("kr"),
-                Zeroizing::new(b"{\"schema\": 1}".to_vec()),
-            )
-            .unwrap();
-        assert!(matches!(
-            store.load("kr").unwrap_err(),
-            CredentialError::Keyring {
-                reason: KeyringError::Unreadable,
-                ..
-            }
-        ));
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn keyring_entries_are_parsed_strictly() {
+        let (base, home) = temp_home();
+        let (_, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        let cred = keyring_credential("kr", CANARY);
+        store.save(&cred).unwrap();
+        let account = store.keyring_account("kr");
+        let good = String::from_utf8(keyring.get(&account).unwrap().to_vec()).unwrap();
+        let digest = binding_sha256(&cred.binding, &account);
+        assert!(good.contains(&digest));
+        let cases = [
+            (
+                good.replace(&digest, &"0".repeat(64)),
+                KeyringError::Mismatch,
+            ),
+            (
+                good.replace("\"schema\":1", "\"schema\":2"),
+                KeyringError::Unreadable,
+            ),
+            (
+                good.replace("\"schema\":1", "\"schema\":1,\"extra\":true"),
+                KeyringError::Unreadable,
+            ),
+            (
+                good.replace("\"schema\":1", "\"schema\":1,\"schema\":1"),
+                KeyringError::Unreadable,
+            ),
+            (
+                good.replace(",\"expires_at\":1900000000", ""),
+                KeyringError::Unreadable,
+            ),
+            ("{\"schema\": 1}".to_owned(), KeyringError::Unreadable),
+            ("[]".to_owned(), KeyringError::Unreadable),
+        ];
+        for (bad, want) in cases {
+            assert_ne!(bad, good);
+            keyring
+                .set(&account, Zeroizing::new(bad.clone().into_bytes()))
+                .unwrap();
+            let e = store.load("kr").unwrap_err();
+            assert!(
+                matches!(&e, CredentialError::Keyring { reason, .. } if *reason == want),
+                "{bad}: {e}"
+            );
+            assert!(!e.to_string().contains(CANARY));
+        }
         fs::remove_dir_all(base).unwrap();
     }
 
@@ -1934,9 +2102,9 @@ mod tests {
         let (_, keyring) = mock_keyring();
         let store = CredentialStore::with_keyring(&home, keyring.clone());
         store.save(&keyring_credential("kr", CANARY)).unwrap();
-        assert!(entry_exists(&keyring, "kr"));
+        assert!(entry_exists(&keyring, &store, "kr"));
         store.save(&credential("kr", "in-file")).unwrap();
-        assert!(!entry_exists(&keyring, "kr"));
+        assert!(!entry_exists(&keyring, &store, "kr"));
         let c = store.load("kr").unwrap().unwrap();
         assert_eq!(c.binding.secret_store, CredentialBackend::File);
         assert_eq!(c.secrets.access_token.expose_secret(), "at-in-file");
@@ -1950,9 +2118,10 @@ mod tests {
         let store = CredentialStore::with_keyring(&home, keyring);
         store.save(&keyring_credential("kr", CANARY)).unwrap();
         let good = fs::read_to_string(store.path_for("kr")).unwrap();
-        let id = CredentialStore::binding_id("kr");
+        let account = store.keyring_account("kr");
         let cases = [
-            good.replace(&id, &CredentialStore::binding_id("other")),
+            good.replace(&account, &"0".repeat(32)),
+            good.replace(&account, "not-hex"),
             good.replace(KEYRING_SERVICE, "someone-else"),
             good.replace(
                 "\"keyring\":",
@@ -2131,7 +2300,7 @@ mod tests {
                 start.wait();
                 let mut deletes = 0;
                 while finished.load(Ordering::SeqCst) < total {
-                    store.delete(&victim).unwrap();
+                    store.delete(&victim, false).unwrap();
                     deletes += 1;
                     std::thread::yield_now();
                 }
@@ -2194,7 +2363,8 @@ mod tests {
             c.secrets.refresh_token = refresh.map(SecretString::from);
             c.secrets.client_secret = secret.map(SecretString::from);
             c.secrets.expires_at = expires;
-            let encoded = encode(&c).unwrap();
+            let account = "0123456789abcdef0123456789abcdef";
+            let encoded = encode(&c, account).unwrap();
             let stored = decode(&encoded.file).unwrap();
             prop_assert_eq!(&stored.binding, &c.binding);
             let secrets = match (&encoded.blob, stored.secrets) {
@@ -2203,7 +2373,8 @@ mod tests {
                     // The file holds no secret at all.
                     let file = std::str::from_utf8(&encoded.file).unwrap();
                     prop_assert!(!file.contains("access_token"));
-                    decode_blob(blob, &stored.binding).unwrap()
+                    prop_assert_eq!(stored.keyring_account.as_deref(), Some(account));
+                    decode_blob(blob, &stored.binding, account).unwrap()
                 }
                 _ => panic!("secrets in the wrong place"),
             };
@@ -2212,12 +2383,37 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_keyring_entries_never_panic_and_never_match(
+        fn arbitrary_keyring_entries_never_panic_the_parser(
             bytes in prop::collection::vec(any::<u8>(), 0..512),
         ) {
             let mut b = credential("prop", "x").binding;
             b.secret_store = CredentialBackend::Keyring;
-            prop_assert!(decode_blob(&bytes, &b).is_err());
+            let _ = decode_blob(&bytes, &b, "a");
+        }
+
+        #[test]
+        fn a_keyring_entry_never_matches_another_binding_or_account(
+            client_id in "[a-z]{1,12}",
+            other_account in "[0-9a-f]{32}",
+        ) {
+            let mut c = keyring_credential("prop", "x");
+            let account = "0123456789abcdef0123456789abcdef";
+            let blob = encode(&c, account).unwrap().blob.unwrap();
+            prop_assert!(decode_blob(&blob, &c.binding, account).is_ok());
+            if other_account != account {
+                prop_assert_eq!(
+                    decode_blob(&blob, &c.binding, &other_account).unwrap_err(),
+                    KeyringError::Mismatch
+                );
+            }
+            let original = c.binding.client_id.clone();
+            c.binding.client_id = client_id;
+            if c.binding.client_id != original {
+                prop_assert_eq!(
+                    decode_blob(&blob, &c.binding, account).unwrap_err(),
+                    KeyringError::Mismatch
+                );
+            }
         }
 
         #[test]
@@ -2227,7 +2423,7 @@ mod tests {
 
         #[test]
         fn truncating_a_valid_file_never_yields_a_credential(cut in 0usize..400) {
-            let bytes = encode(&credential("prop", "x")).unwrap().file;
+            let bytes = encode(&credential("prop", "x"), "a").unwrap().file;
             let cut = cut.min(bytes.len() - 1);
             prop_assert!(decode(&bytes[..cut]).is_err());
         }

@@ -10,8 +10,9 @@
 //! treats it as failed, and the digest check on read (see `credentials`) refuses a secret that
 //! does not belong to the stored binding.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use keyring_core::{CredentialStore as KeyringStore, Entry, Error as KError};
@@ -21,6 +22,35 @@ use zeroize::{Zeroize, Zeroizing};
 pub const KEYRING_SERVICE: &str = "iteron-mcp-credentials";
 /// How long one keyring call may take.
 pub const KEYRING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Keyring calls running at once in this process, including ones whose caller gave up after
+/// [`KEYRING_TIMEOUT`] (a call stuck behind an unlock prompt keeps its thread).
+pub const MAX_KEYRING_CALLS: usize = 4;
+/// Largest keyring entry read or written, in bytes.
+pub const MAX_KEYRING_ENTRY: usize = 64 * 1024;
+
+/// Calls running against the system keyring, process-wide.
+static SYSTEM_IN_FLIGHT: LazyLock<Arc<AtomicUsize>> =
+    LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
+
+/// Counts one running keyring call; released on drop, on the worker thread.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(counter: &Arc<AtomicUsize>) -> Option<Slot> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_KEYRING_CALLS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(counter.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Why the keyring could not be used. Fixed texts only: platform messages are never shown
 /// (some error values even carry the raw secret bytes, which are zeroized here).
@@ -40,6 +70,8 @@ pub enum KeyringError {
     Unreadable,
     /// The entry belongs to another login than the stored binding.
     Mismatch,
+    /// [`MAX_KEYRING_CALLS`] calls are still running (some may be stuck behind a prompt).
+    Busy,
 }
 
 impl KeyringError {
@@ -57,11 +89,14 @@ impl KeyringError {
             KeyringError::Refused => "the keyring refused the request",
             KeyringError::Unreadable => "the keyring entry is not an Iteron credential",
             KeyringError::Mismatch => "the keyring entry belongs to another login",
+            KeyringError::Busy => {
+                "4 earlier keyring calls are still waiting for the keyring; try again later"
+            }
         }
     }
 }
 
-const _: () = assert!(KEYRING_TIMEOUT.as_secs() == 15);
+const _: () = assert!(KEYRING_TIMEOUT.as_secs() == 15 && MAX_KEYRING_CALLS == 4);
 
 fn classify(e: KError) -> KeyringError {
     match e {
@@ -76,41 +111,65 @@ fn classify(e: KError) -> KeyringError {
     }
 }
 
-/// Where keyring entries live: the system keyring, or a given store (tests use
-/// `keyring_core::mock`).
 #[derive(Clone)]
-pub enum Keyring {
-    /// The platform keyring, opened for each operation.
+enum Source {
     System,
-    /// A specific store.
     Store(Arc<KeyringStore>),
+}
+
+/// Where keyring entries live: the system keyring, or a given store (tests use
+/// `keyring_core::mock`), with the bound on its running calls.
+#[derive(Clone)]
+pub struct Keyring {
+    source: Source,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Keyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Keyring::System => "Keyring::System",
-            Keyring::Store(_) => "Keyring::Store",
+        f.write_str(match self.source {
+            Source::System => "Keyring::System",
+            Source::Store(_) => "Keyring::Store",
         })
     }
 }
 
 impl Keyring {
+    /// The platform keyring (Secret Service on Linux), opened for each operation.
+    pub fn system() -> Keyring {
+        Keyring {
+            source: Source::System,
+            in_flight: SYSTEM_IN_FLIGHT.clone(),
+        }
+    }
+
+    /// A specific store, with its own bound on running calls.
+    pub fn store(store: Arc<KeyringStore>) -> Keyring {
+        Keyring {
+            source: Source::Store(store),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
     fn entry(&self, account: &str) -> Result<Entry, KError> {
-        let store: Arc<KeyringStore> = match self {
-            Keyring::Store(s) => s.clone(),
-            Keyring::System => zbus_secret_service_keyring_store::Store::new()?,
+        let store: Arc<KeyringStore> = match &self.source {
+            Source::Store(s) => s.clone(),
+            Source::System => zbus_secret_service_keyring_store::Store::new()?,
         };
         Entry::new_in_store(&store, KEYRING_SERVICE, account)
     }
 
-    /// Run `op` on the entry for `account` on a helper thread, waiting at most
-    /// [`KEYRING_TIMEOUT`].
-    fn call<T: Send + 'static>(
+    /// Run `op` on the entry for `account` on a helper thread, waiting at most `timeout`.
+    /// `hold` (a lock guard) is dropped on that thread only when `op` has really finished, so
+    /// a call the caller gave up on still keeps other writers out until it lands or fails.
+    fn call<T: Send + 'static, H: Send + 'static>(
         &self,
         account: &str,
+        timeout: Duration,
+        hold: H,
         op: impl FnOnce(&Entry) -> Result<T, KError> + Send + 'static,
     ) -> Result<T, KeyringError> {
+        let slot = Slot::take(&self.in_flight).ok_or(KeyringError::Busy)?;
         let (tx, rx) = mpsc::sync_channel(1);
         let this = self.clone();
         let account = account.to_owned();
@@ -118,35 +177,77 @@ impl Keyring {
             .name("iteron-keyring".into())
             .spawn(move || {
                 let result = this.entry(&account).and_then(|e| op(&e)).map_err(classify);
+                drop(hold);
+                drop(slot);
                 // The receiver may have given up; then the result is dropped here.
                 let _ = tx.send(result);
             });
         if spawned.is_err() {
             return Err(KeyringError::Refused);
         }
-        match rx.recv_timeout(KEYRING_TIMEOUT) {
+        match rx.recv_timeout(timeout) {
             Ok(result) => result,
             Err(_) => Err(KeyringError::TimedOut),
         }
     }
 
+    /// Store `secret` as the entry for `account`, replacing any earlier one; `hold` is released
+    /// when the write has finished (see [`Keyring::call`]).
+    pub(crate) fn set_holding<H: Send + 'static>(
+        &self,
+        account: &str,
+        secret: Zeroizing<Vec<u8>>,
+        hold: H,
+    ) -> Result<(), KeyringError> {
+        if secret.len() > MAX_KEYRING_ENTRY {
+            return Err(KeyringError::Refused);
+        }
+        self.call(account, KEYRING_TIMEOUT, hold, move |e| {
+            e.set_secret(&secret)
+        })
+    }
+
     /// Store `secret` as the entry for `account`, replacing any earlier one.
     pub fn set(&self, account: &str, secret: Zeroizing<Vec<u8>>) -> Result<(), KeyringError> {
-        self.call(account, move |e| e.set_secret(&secret))
+        self.set_holding(account, secret, ())
     }
 
-    /// The entry for `account`.
+    /// The entry for `account`; an entry over [`MAX_KEYRING_ENTRY`] is refused (and wiped).
     pub fn get(&self, account: &str) -> Result<Zeroizing<Vec<u8>>, KeyringError> {
-        self.call(account, |e| e.get_secret().map(Zeroizing::new))
+        let blob = self.call(account, KEYRING_TIMEOUT, (), |e| {
+            e.get_secret().map(Zeroizing::new)
+        })?;
+        if blob.len() > MAX_KEYRING_ENTRY {
+            return Err(KeyringError::Unreadable);
+        }
+        Ok(blob)
     }
 
-    /// Delete the entry for `account`; `Ok(false)` when there was none.
-    pub fn delete(&self, account: &str) -> Result<bool, KeyringError> {
-        match self.call(account, |e| e.delete_credential()) {
+    /// Delete the entry for `account`; `Ok(false)` when there was none. `hold` is released
+    /// when the delete has finished.
+    pub(crate) fn delete_holding<H: Send + 'static>(
+        &self,
+        account: &str,
+        hold: H,
+    ) -> Result<bool, KeyringError> {
+        match self.call(account, KEYRING_TIMEOUT, hold, |e| e.delete_credential()) {
             Ok(()) => Ok(true),
             Err(KeyringError::NoEntry) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Delete the entry for `account`; `Ok(false)` when there was none.
+    pub fn delete(&self, account: &str) -> Result<bool, KeyringError> {
+        self.delete_holding(account, ())
+    }
+
+    /// Check that the keyring can store an entry: write and delete a throwaway one beside
+    /// `account`. A keyring that only reads (no default collection, read-only) fails here.
+    pub fn probe_write(&self, account: &str) -> Result<(), KeyringError> {
+        let probe = format!("{account}.probe");
+        self.set(&probe, Zeroizing::new(b"iteron keyring probe".to_vec()))?;
+        self.delete(&probe).map(|_| ())
     }
 }
 
@@ -156,7 +257,7 @@ mod tests {
 
     #[test]
     fn set_get_delete_round_trip_in_a_mock_store() {
-        let k = Keyring::Store(keyring_core::mock::Store::new().unwrap());
+        let k = Keyring::store(keyring_core::mock::Store::new().unwrap());
         assert_eq!(k.get("a").unwrap_err(), KeyringError::NoEntry);
         k.set("a", Zeroizing::new(b"one".to_vec())).unwrap();
         k.set("b", Zeroizing::new(b"two".to_vec())).unwrap();
@@ -169,39 +270,117 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_classified_and_never_carry_platform_text() {
+    fn errors_are_classified_into_fixed_single_line_reasons() {
         let cases = [
             (KError::NoEntry, KeyringError::NoEntry),
             (KError::NoDefaultStore, KeyringError::Unavailable),
             (
-                KError::PlatformFailure("dbus: CANARY-5ecr3t".into()),
+                KError::PlatformFailure("dbus".into()),
                 KeyringError::Unavailable,
             ),
             (
-                KError::NoStorageAccess("locked CANARY-5ecr3t".into()),
+                KError::NoStorageAccess("locked".into()),
                 KeyringError::Denied,
             ),
+            (KError::BadEncoding(b"raw".to_vec()), KeyringError::Refused),
             (
-                KError::BadEncoding(b"CANARY-5ecr3t".to_vec()),
+                KError::BadDataFormat(b"raw".to_vec(), "x".into()),
                 KeyringError::Refused,
             ),
             (
-                KError::Invalid("CANARY-5ecr3t".into(), "x".into()),
+                KError::Invalid("x".into(), "y".into()),
                 KeyringError::Refused,
             ),
         ];
         for (e, want) in cases {
             let got = classify(e);
             assert_eq!(got, want);
-            assert!(!got.reason().contains("CANARY"));
             assert!(!got.reason().contains('\n'));
         }
     }
 
     #[test]
+    fn a_call_past_its_deadline_times_out_and_holds_its_guard_until_it_ends() {
+        let k = Keyring::store(keyring_core::mock::Store::new().unwrap());
+        let guard = Arc::new(());
+        let held = guard.clone();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let got = k.call("slow", Duration::from_millis(50), held, move |_| {
+            let _ = release_rx.recv();
+            Ok(())
+        });
+        assert_eq!(got.unwrap_err(), KeyringError::TimedOut);
+        // The caller gave up, but the stuck call still holds the guard.
+        assert_eq!(Arc::strong_count(&guard), 2);
+        release_tx.send(()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&guard) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(Arc::strong_count(&guard), 1);
+    }
+
+    #[test]
+    fn stuck_calls_are_bounded() {
+        let k = Keyring::store(keyring_core::mock::Store::new().unwrap());
+        let mut releases = Vec::new();
+        let mut busy = false;
+        for _ in 0..=MAX_KEYRING_CALLS {
+            let (tx, rx) = mpsc::channel::<()>();
+            releases.push(tx);
+            match k.call("stuck", Duration::from_millis(20), (), move |_| {
+                let _ = rx.recv();
+                Ok(())
+            }) {
+                Err(KeyringError::TimedOut) => {}
+                Err(KeyringError::Busy) => {
+                    busy = true;
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(busy, "more than {MAX_KEYRING_CALLS} calls ran at once");
+        drop(releases);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while k.get("none") == Err(KeyringError::Busy) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(k.get("none").unwrap_err(), KeyringError::NoEntry);
+    }
+
+    #[test]
+    fn entries_over_the_bound_are_refused_both_ways() {
+        let store: Arc<KeyringStore> = keyring_core::mock::Store::new().unwrap();
+        let k = Keyring::store(store.clone());
+        k.set("a", Zeroizing::new(vec![b'x'; MAX_KEYRING_ENTRY]))
+            .unwrap();
+        assert_eq!(k.get("a").unwrap().len(), MAX_KEYRING_ENTRY);
+        assert_eq!(
+            k.set("a", Zeroizing::new(vec![b'x'; MAX_KEYRING_ENTRY + 1]))
+                .unwrap_err(),
+            KeyringError::Refused
+        );
+        // Something else wrote a larger entry under our name: refused on read.
+        Entry::new_in_store(&store, KEYRING_SERVICE, "a")
+            .unwrap()
+            .set_secret(&vec![b'y'; MAX_KEYRING_ENTRY + 1])
+            .unwrap();
+        assert_eq!(k.get("a").unwrap_err(), KeyringError::Unreadable);
+    }
+
+    #[test]
+    fn the_write_probe_leaves_nothing_behind() {
+        let k = Keyring::store(keyring_core::mock::Store::new().unwrap());
+        k.probe_write("acct").unwrap();
+        assert_eq!(k.get("acct.probe").unwrap_err(), KeyringError::NoEntry);
+        assert_eq!(k.get("acct").unwrap_err(), KeyringError::NoEntry);
+    }
+
+    #[test]
     fn an_injected_failure_is_reported_not_papered_over() {
         let store = keyring_core::mock::Store::new().unwrap();
-        let k = Keyring::Store(store.clone());
+        let k = Keyring::store(store.clone());
         k.set("a", Zeroizing::new(b"one".to_vec())).unwrap();
         let entry =
             Entry::new_in_store(&(store as Arc<KeyringStore>), KEYRING_SERVICE, "a").unwrap();

@@ -222,6 +222,18 @@ fn unix_now() -> u64 {
 /// Refresh a stored credential: under the zone recorded at login, with the same `resource`,
 /// and the rotated refresh token persisted (atomically, under the store's lock) before the new
 /// access token is used.
+/// Load a stored credential off the async runtime: a keyring read can take up to its 15 s
+/// deadline and must not stall the other tasks.
+async fn load_stored(
+    store: &crate::credentials::CredentialStore,
+    server: &str,
+) -> Result<Option<crate::credentials::Credential>, String> {
+    let (store, server) = (store.clone(), server.to_owned());
+    tokio::task::spawn_blocking(move || store.load(&server).map_err(|e| e.to_string()))
+        .await
+        .map_err(|_| "the credential store task failed".to_owned())?
+}
+
 async fn refresh_stored(
     store: &crate::credentials::CredentialStore,
     cred: &crate::credentials::Credential,
@@ -250,15 +262,21 @@ async fn refresh_stored(
         .await
         .map_err(ConnectError::OAuth)?;
     let access = tokens.access.clone();
-    store
-        .update_secrets(&cred.binding.server, |s| {
+    let (store, server) = (store.clone(), cred.binding.server.clone());
+    // Off the runtime, like `load_stored`; the rotated refresh token is persisted before the
+    // new access token is handed out.
+    tokio::task::spawn_blocking(move || {
+        store.update_secrets(&server, |s| {
             s.access_token = tokens.access;
             if let Some(r) = tokens.refresh {
                 s.refresh_token = Some(r);
             }
             s.expires_at = tokens.expires_in.map(|e| unix_now() + e);
         })
-        .map_err(|e| ConnectError::Credentials(e.to_string()))?;
+    })
+    .await
+    .map_err(|_| ConnectError::Credentials("the credential store task failed".into()))?
+    .map_err(|e| ConnectError::Credentials(e.to_string()))?;
     Ok(access)
 }
 
@@ -275,9 +293,9 @@ pub async fn connect_with_credentials(
 ) -> Result<Client, ConnectError> {
     let store = crate::credentials::CredentialStore::new(home);
     let stored = match &server.transport {
-        Transport::Http(_) => store
-            .load(server.name.as_str())
-            .map_err(|e| ConnectError::Credentials(e.to_string()))?,
+        Transport::Http(_) => load_stored(&store, server.name.as_str())
+            .await
+            .map_err(ConnectError::Credentials)?,
         Transport::Stdio(_) => None,
     };
     let Some(cred) = stored else {
@@ -306,9 +324,9 @@ pub async fn connect_with_credentials(
             // A 401 is a refusal before anything ran: refresh once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;
-                let fresh = store
-                    .load(server.name.as_str())
-                    .map_err(|e| ConnectError::Credentials(e.to_string()))?
+                let fresh = load_stored(&store, server.name.as_str())
+                    .await
+                    .map_err(ConnectError::Credentials)?
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
                 token = refresh_stored(&store, &fresh, network).await?;
             }
@@ -328,10 +346,8 @@ struct StoredToken {
 
 impl StoredToken {
     async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
-        let cred = self
-            .store
-            .load(&self.server)
-            .map_err(|e| e.to_string())?
+        let cred = load_stored(&self.store, &self.server)
+            .await?
             .ok_or("the credential was removed; log in again")?;
         let expiring = cred
             .secrets

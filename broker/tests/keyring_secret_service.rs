@@ -75,11 +75,14 @@ fn secret_service_stores_rotates_and_deletes_without_writing_secrets_to_disk() {
     let c = again.load(&server).unwrap().unwrap();
     assert_eq!(c.secrets.refresh_token.unwrap().expose_secret(), rotated);
 
-    assert!(store.delete(&server).unwrap());
+    assert!(store.delete(&server, true).unwrap());
     assert!(!store.path_for(&server).exists());
     // The entry is gone from the service itself.
-    let id = CredentialStore::binding_id(&server);
-    assert_eq!(Keyring::System.get(&id).unwrap_err(), KeyringError::NoEntry);
+    let account = store.keyring_account(&server);
+    assert_eq!(
+        Keyring::system().get(&account).unwrap_err(),
+        KeyringError::NoEntry
+    );
     fs::remove_dir_all(base).unwrap();
 }
 
@@ -92,8 +95,8 @@ fn a_deleted_secret_service_entry_requires_a_re_login() {
     store.save(&credential(&server, CANARY)).unwrap();
     // Someone removed the entry with the keyring's own tools.
     assert!(
-        Keyring::System
-            .delete(&CredentialStore::binding_id(&server))
+        Keyring::system()
+            .delete(&store.keyring_account(&server))
             .unwrap()
     );
     let e = store.load(&server).unwrap_err();
@@ -108,6 +111,6 @@ fn a_deleted_secret_service_entry_requires_a_re_login() {
         "{e}"
     );
     assert!(e.to_string().contains("re-login required"), "{e}");
-    assert!(store.delete(&server).unwrap());
+    assert!(store.delete(&server, true).unwrap());
     fs::remove_dir_all(base).unwrap();
 }

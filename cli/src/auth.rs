@@ -222,7 +222,24 @@ pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<()
         client_secret: outcome.client.secret.clone(),
         expires_at: outcome.tokens.expires_in.map(|s| now() + s),
     };
-    store.save(&Credential { binding, secrets }).map_err(fail)?;
+    let cred = Credential { binding, secrets };
+    if let Err(e) = store.save(&cred) {
+        // The tokens exist at the authorization server but could not be kept: revoke them
+        // rather than leave a live grant nobody holds.
+        let revoked = rt.block_on(async {
+            let net =
+                Net::new(NetConfig::from_operator(&config.network).map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())?;
+            let http = net.client(zone).map_err(|e| e.to_string())?;
+            revoke_tokens(&http, &outcome.server, &outcome.client, &cred.secrets).await
+        });
+        let what = match revoked {
+            Ok(true) => "the new tokens were revoked at the authorization server",
+            Ok(false) => "the authorization server offers no revocation",
+            Err(_) => "revoking the new tokens failed",
+        };
+        return Err(fail(format!("{e}; {what}")));
+    }
     writeln!(
         out,
         "logged in to {}: issuer {}, scopes {}",
@@ -393,14 +410,57 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
     writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)
 }
 
+/// Revoke a login's refresh and access tokens (RFC 7009); `Ok(false)` when the server offers
+/// no revocation.
+async fn revoke_tokens(
+    http: &iteron_broker::net::ZoneClient,
+    meta: &metadata::ServerMetadata,
+    client: &flow::OAuthClient,
+    secrets: &Secrets,
+) -> Result<bool, String> {
+    let mut any = false;
+    if let Some(rt) = &secrets.refresh_token {
+        any |= flow::revoke(http, meta, client, rt, "refresh_token")
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    any |= flow::revoke(http, meta, client, &secrets.access_token, "access_token")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(any)
+}
+
 /// `iteron mcp auth logout <name>`: best-effort revocation, then the file is deleted whatever
 /// the remote answered.
 pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
     let config = home.load()?;
     let server = http_server(&config, raw)?;
     let store = CredentialStore::new(home);
-    let cred = store.load(server.name.as_str()).ok().flatten();
-    let mut revoked = "no credential was stored";
+    let keyring_configured = matches!(
+        &server.transport,
+        Transport::Http(h) if h.oauth.as_ref().and_then(|o| o.credential_store)
+            == Some(CredentialBackend::Keyring)
+    );
+    let (cred, mut revoked) = match store.load(server.name.as_str()) {
+        Ok(c) => (c, "no credential was stored"),
+        // A keyring that cannot be reached cannot be cleared either: stop here, keeping the
+        // file so a later logout finds the entry.
+        Err(
+            e @ CredentialError::Keyring {
+                reason:
+                    KeyringError::Unavailable
+                    | KeyringError::Denied
+                    | KeyringError::TimedOut
+                    | KeyringError::Refused
+                    | KeyringError::Busy,
+                ..
+            },
+        ) => return Err(fail(e)),
+        Err(_) => (
+            None,
+            "the stored credential could not be read, so nothing was revoked (it is deleted anyway)",
+        ),
+    };
     if let Some(c) = &cred {
         let rt = runtime()?;
         let outcome: Result<bool, String> = rt.block_on(async {
@@ -419,22 +479,7 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                 kind: c.binding.client_kind,
                 issuer: c.binding.issuer.clone(),
             };
-            let mut any = false;
-            if let Some(rt) = &c.secrets.refresh_token {
-                any |= flow::revoke(&http, &meta, &client, rt, "refresh_token")
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            any |= flow::revoke(
-                &http,
-                &meta,
-                &client,
-                &c.secrets.access_token,
-                "access_token",
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            Ok(any)
+            revoke_tokens(&http, &meta, &client, &c.secrets).await
         });
         revoked = match outcome {
             Ok(true) => "revoked at the authorization server",
@@ -442,6 +487,8 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
             Err(_) => "revocation failed (the local credential is deleted anyway)",
         };
     }
-    store.delete(server.name.as_str()).map_err(fail)?;
+    store
+        .delete(server.name.as_str(), keyring_configured)
+        .map_err(fail)?;
     writeln!(out, "logged out of {}: {revoked}", server.name).map_err(CliError::Output)
 }
