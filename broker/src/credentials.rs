@@ -192,6 +192,10 @@ pub enum CredentialError {
 impl fmt::Display for CredentialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            CredentialError::Fs(e @ FsError::LockTimeout(_)) => write!(
+                f,
+                "{e} (a keyring call stuck behind an unlock prompt also holds it)"
+            ),
             CredentialError::Fs(e) => e.fmt(f),
             CredentialError::Keyring { server, reason } => {
                 write!(
@@ -839,10 +843,13 @@ impl CredentialStore {
 
     /// The keyring account of a server in this home: a digest of the home's path and the
     /// server name, so two homes with a server of the same name never share an entry.
+    /// The home's path is resolved (symlinks, `..`) when it exists, so the same home reached
+    /// by another path keeps its entries.
     pub fn keyring_account(&self, server: &str) -> String {
+        let home = resolve_existing_prefix(&self.home);
         let mut h = Sha256::new();
         h.update(b"iteron-keyring-account-v1\0");
-        h.update(self.home.as_os_str().as_encoded_bytes());
+        h.update(home.as_os_str().as_encoded_bytes());
         h.update(b"\0");
         h.update(server.as_bytes());
         let mut id = hex(&h.finalize());
@@ -850,41 +857,43 @@ impl CredentialStore {
         id
     }
 
-    /// Read a server's file, refusing one that names another server or another home's
-    /// keyring entry.
+    /// Read a server's file, refusing one that names another server, or another home's
+    /// keyring entry (a copied or moved home: a new login is needed).
     fn read_own(&self, server: &str) -> Result<Option<Stored>, CredentialError> {
         let path = self.path_for(server);
         let Some(stored) = read_stored(&path)? else {
             return Ok(None);
         };
-        let reason = if stored.binding.server != server {
-            "it holds the credential of another server"
-        } else if stored
+        if stored.binding.server != server {
+            return Err(CredentialError::Corrupt {
+                path,
+                reason: "it holds the credential of another server",
+                at: None,
+            });
+        }
+        if stored
             .keyring_account
             .as_ref()
             .is_some_and(|a| *a != self.keyring_account(server))
         {
-            "its keyring reference belongs to another Iteron home"
-        } else {
-            return Ok(Some(stored));
-        };
-        Err(CredentialError::Corrupt {
-            path,
-            reason,
-            at: None,
-        })
+            return Err(Self::keyring_err(server)(KeyringError::Mismatch));
+        }
+        Ok(Some(stored))
     }
 
     /// Read a server's credential; `None` when there is none. A file stored under this
     /// server's id that names another server is refused as corrupt.
     pub fn load(&self, server: &str) -> Result<Option<Credential>, CredentialError> {
         match self.load_once(server) {
-            // A concurrent re-login replaces the file and the keyring entry one after the
-            // other; read once more before asking the operator for a new login.
+            // A concurrent re-login replaces the keyring entry and then the file, under the
+            // lock: wait for it and read once more before asking for a new login.
             Err(CredentialError::Keyring {
                 reason: KeyringError::Mismatch,
                 ..
-            }) => self.load_once(server),
+            }) => {
+                let _lock = self.lock()?;
+                self.load_once(server)
+            }
             other => other,
         }
     }
@@ -935,8 +944,10 @@ impl CredentialStore {
     }
 
     /// Store a credential (a login), replacing any earlier one for the same server. Creates
-    /// the directory 0700 if needed; the write is atomic under the lock.
-    pub fn save(&self, cred: &Credential) -> Result<(), CredentialError> {
+    /// the directory 0700 if needed; the write is atomic under the lock. `Ok(Some(reason))`:
+    /// stored, but the previous login's keyring entry (replaced by a file-store login) could
+    /// not be deleted — the caller tells the operator, since no file refers to it any more.
+    pub fn save(&self, cred: &Credential) -> Result<Option<KeyringError>, CredentialError> {
         let server = &cred.binding.server;
         let account = self.keyring_account(server);
         let encoded = encode(cred, &account)?;
@@ -958,11 +969,12 @@ impl CredentialStore {
         }
         self.replace(server, &encoded.file)?;
         if was_keyring && !to_keyring {
-            // The login itself succeeded. An entry that cannot be deleted now is no longer
-            // referenced by any file; `auth logout` of a keyring-configured server retries it.
-            let _ = self.keyring.delete_holding(&account, lock);
+            // The login itself succeeded; an entry that cannot be deleted is reported.
+            if let Err(reason) = self.keyring.delete_holding(&account, lock) {
+                return Ok(Some(reason));
+            }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Read-modify-write the secrets under the lock (refresh-token rotation persists here
@@ -1133,6 +1145,25 @@ impl CredentialStore {
         // directory makes it durable; if that fails there is nothing better to do than carry on.
         let _ = private_fs::sync_dir(&self.dir);
         Ok(())
+    }
+}
+
+/// `path` with its longest existing prefix resolved (symlinks, `..`): the same before and after
+/// the missing rest is created.
+fn resolve_existing_prefix(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = path;
+    loop {
+        if let Ok(real) = fs::canonicalize(cur) {
+            return rest.iter().rev().fold(real, |acc, c| acc.join(c));
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                cur = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
     }
 }
 
@@ -2007,13 +2038,31 @@ mod tests {
         assert_eq!(access_of(&b, "gh"), "at-home-b");
         assert!(b.delete("gh", true).unwrap());
         assert_eq!(access_of(&a, "gh"), "at-home-a");
-        // A file copied from another home is refused, not pointed at that home's entry.
+        // A file copied from another home is refused (re-login), never pointed at that home's
+        // entry.
         b.save(&keyring_credential("gh", "home-b")).unwrap();
         fs::copy(b.path_for("gh"), a.path_for("gh")).unwrap();
         assert!(matches!(
             a.load("gh").unwrap_err(),
-            CredentialError::Corrupt { .. }
+            CredentialError::Keyring {
+                reason: KeyringError::Mismatch,
+                ..
+            }
         ));
+        // The account of a home does not change when the home is created.
+        let fresh = base_a.join("later/home");
+        let before =
+            CredentialStore::with_keyring(&Home::at(fresh.clone()).unwrap(), keyring.clone())
+                .keyring_account("gh");
+        fs::create_dir_all(&fresh).unwrap();
+        let after = CredentialStore::with_keyring(&Home::at(fresh).unwrap(), keyring.clone())
+            .keyring_account("gh");
+        assert_eq!(before, after);
+        // The same home reached through a symlink keeps its entries.
+        let link = base_a.join("link");
+        std::os::unix::fs::symlink(home_a.dir(), &link).unwrap();
+        let via_link = CredentialStore::with_keyring(&Home::at(link).unwrap(), keyring.clone());
+        assert_eq!(via_link.keyring_account("gh"), a.keyring_account("gh"));
         fs::remove_dir_all(base_a).unwrap();
         fs::remove_dir_all(base_b).unwrap();
     }
@@ -2119,8 +2168,20 @@ mod tests {
         store.save(&keyring_credential("kr", CANARY)).unwrap();
         let good = fs::read_to_string(store.path_for("kr")).unwrap();
         let account = store.keyring_account("kr");
-        let cases = [
+        // Another account in the reference: a copied home, which needs a new login.
+        fs::write(
+            store.path_for("kr"),
             good.replace(&account, &"0".repeat(32)),
+        )
+        .unwrap();
+        assert!(matches!(
+            store.load("kr").unwrap_err(),
+            CredentialError::Keyring {
+                reason: KeyringError::Mismatch,
+                ..
+            }
+        ));
+        let cases = [
             good.replace(&account, "not-hex"),
             good.replace(KEYRING_SERVICE, "someone-else"),
             good.replace(

@@ -10,7 +10,7 @@
 //! treats it as failed, and the digest check on read (see `credentials`) refuses a secret that
 //! does not belong to the stored binding.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -22,35 +22,18 @@ use zeroize::{Zeroize, Zeroizing};
 pub const KEYRING_SERVICE: &str = "iteron-mcp-credentials";
 /// How long one keyring call may take.
 pub const KEYRING_TIMEOUT: Duration = Duration::from_secs(15);
-/// Keyring calls running at once in this process, including ones whose caller gave up after
-/// [`KEYRING_TIMEOUT`] (a call stuck behind an unlock prompt keeps its thread).
+/// Keyring calls whose caller gave up after [`KEYRING_TIMEOUT`] but which are still running (a
+/// call stuck behind an unlock prompt keeps its thread); with this many, new calls are refused.
 pub const MAX_KEYRING_CALLS: usize = 4;
 /// Largest keyring entry read or written, in bytes.
 pub const MAX_KEYRING_ENTRY: usize = 64 * 1024;
 
-/// Calls running against the system keyring, process-wide.
-static SYSTEM_IN_FLIGHT: LazyLock<Arc<AtomicUsize>> =
-    LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
+/// Abandoned calls against the system keyring, process-wide.
+static SYSTEM_STUCK: LazyLock<Arc<AtomicUsize>> = LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
 
-/// Counts one running keyring call; released on drop, on the worker thread.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(counter: &Arc<AtomicUsize>) -> Option<Slot> {
-        counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_KEYRING_CALLS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Slot(counter.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+const RUNNING: u8 = 0;
+const DONE: u8 = 1;
+const ABANDONED: u8 = 2;
 
 /// Why the keyring could not be used. Fixed texts only: platform messages are never shown
 /// (some error values even carry the raw secret bytes, which are zeroized here).
@@ -70,7 +53,7 @@ pub enum KeyringError {
     Unreadable,
     /// The entry belongs to another login than the stored binding.
     Mismatch,
-    /// [`MAX_KEYRING_CALLS`] calls are still running (some may be stuck behind a prompt).
+    /// [`MAX_KEYRING_CALLS`] abandoned calls are still running (stuck behind a prompt?).
     Busy,
 }
 
@@ -90,7 +73,7 @@ impl KeyringError {
             KeyringError::Unreadable => "the keyring entry is not an Iteron credential",
             KeyringError::Mismatch => "the keyring entry belongs to another login",
             KeyringError::Busy => {
-                "4 earlier keyring calls are still waiting for the keyring; try again later"
+                "4 earlier keyring calls are still stuck waiting for the keyring (an unlock prompt?); try again later"
             }
         }
     }
@@ -122,7 +105,7 @@ enum Source {
 #[derive(Clone)]
 pub struct Keyring {
     source: Source,
-    in_flight: Arc<AtomicUsize>,
+    stuck: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Keyring {
@@ -139,7 +122,7 @@ impl Keyring {
     pub fn system() -> Keyring {
         Keyring {
             source: Source::System,
-            in_flight: SYSTEM_IN_FLIGHT.clone(),
+            stuck: SYSTEM_STUCK.clone(),
         }
     }
 
@@ -147,7 +130,7 @@ impl Keyring {
     pub fn store(store: Arc<KeyringStore>) -> Keyring {
         Keyring {
             source: Source::Store(store),
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            stuck: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -169,16 +152,22 @@ impl Keyring {
         hold: H,
         op: impl FnOnce(&Entry) -> Result<T, KError> + Send + 'static,
     ) -> Result<T, KeyringError> {
-        let slot = Slot::take(&self.in_flight).ok_or(KeyringError::Busy)?;
+        if self.stuck.load(Ordering::Acquire) >= MAX_KEYRING_CALLS {
+            return Err(KeyringError::Busy);
+        }
+        let state = Arc::new(AtomicU8::new(RUNNING));
         let (tx, rx) = mpsc::sync_channel(1);
         let this = self.clone();
         let account = account.to_owned();
+        let worker_state = state.clone();
         let spawned = std::thread::Builder::new()
             .name("iteron-keyring".into())
             .spawn(move || {
                 let result = this.entry(&account).and_then(|e| op(&e)).map_err(classify);
                 drop(hold);
-                drop(slot);
+                if worker_state.swap(DONE, Ordering::AcqRel) == ABANDONED {
+                    this.stuck.fetch_sub(1, Ordering::AcqRel);
+                }
                 // The receiver may have given up; then the result is dropped here.
                 let _ = tx.send(result);
             });
@@ -187,7 +176,21 @@ impl Keyring {
         }
         match rx.recv_timeout(timeout) {
             Ok(result) => result,
-            Err(_) => Err(KeyringError::TimedOut),
+            Err(_) => {
+                // Count the call as stuck before marking it, so the worker's decrement can
+                // never come first; if it finished in between, take the count back.
+                self.stuck.fetch_add(1, Ordering::AcqRel);
+                if state
+                    .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    self.stuck.fetch_sub(1, Ordering::AcqRel);
+                    if let Ok(result) = rx.recv() {
+                        return result;
+                    }
+                }
+                Err(KeyringError::TimedOut)
+            }
         }
     }
 
@@ -212,7 +215,8 @@ impl Keyring {
         self.set_holding(account, secret, ())
     }
 
-    /// The entry for `account`; an entry over [`MAX_KEYRING_ENTRY`] is refused (and wiped).
+    /// The entry for `account`; an entry over [`MAX_KEYRING_ENTRY`] is refused (the copy read
+    /// is zeroized; the entry itself stays in the keyring).
     pub fn get(&self, account: &str) -> Result<Zeroizing<Vec<u8>>, KeyringError> {
         let blob = self.call(account, KEYRING_TIMEOUT, (), |e| {
             e.get_secret().map(Zeroizing::new)
@@ -347,6 +351,21 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(k.get("none").unwrap_err(), KeyringError::NoEntry);
+    }
+
+    #[test]
+    fn many_concurrent_quick_calls_are_never_refused() {
+        let k = Keyring::store(keyring_core::mock::Store::new().unwrap());
+        k.set("a", Zeroizing::new(b"v".to_vec())).unwrap();
+        let threads: Vec<_> = (0..4 * MAX_KEYRING_CALLS)
+            .map(|_| {
+                let k = k.clone();
+                std::thread::spawn(move || k.get("a").map(|v| v.to_vec()))
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap().unwrap(), b"v");
+        }
     }
 
     #[test]

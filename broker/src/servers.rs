@@ -219,9 +219,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Refresh a stored credential: under the zone recorded at login, with the same `resource`,
-/// and the rotated refresh token persisted (atomically, under the store's lock) before the new
-/// access token is used.
 /// Load a stored credential off the async runtime: a keyring read can take up to its 15 s
 /// deadline and must not stall the other tasks.
 async fn load_stored(
@@ -234,6 +231,9 @@ async fn load_stored(
         .map_err(|_| "the credential store task failed".to_owned())?
 }
 
+/// Refresh a stored credential: under the zone recorded at login, with the same `resource`,
+/// and the rotated refresh token persisted (atomically, under the store's lock) before the new
+/// access token is used.
 async fn refresh_stored(
     store: &crate::credentials::CredentialStore,
     cred: &crate::credentials::Credential,

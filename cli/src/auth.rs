@@ -59,7 +59,12 @@ fn fail(e: impl std::fmt::Display) -> CliError {
 }
 
 /// `iteron mcp auth login <name>`.
-pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn login(
+    home: &Home,
+    a: LoginArgs,
+    out: &mut dyn Write,
+    warn: &mut dyn Write,
+) -> Result<(), CliError> {
     let config = home.load()?;
     let server = http_server(&config, &a.name)?;
     let Transport::Http(h) = &server.transport else {
@@ -223,7 +228,18 @@ pub(crate) fn login(home: &Home, a: LoginArgs, out: &mut dyn Write) -> Result<()
         expires_at: outcome.tokens.expires_in.map(|s| now() + s),
     };
     let cred = Credential { binding, secrets };
-    if let Err(e) = store.save(&cred) {
+    let saved = store.save(&cred);
+    if let Ok(Some(reason)) = &saved {
+        writeln!(
+            warn,
+            "iteron: warning: the previous login's secrets could not be removed from the keyring ({}); \
+             remove the entry of service iteron-mcp-credentials, account {}, with the keyring's own tools",
+            reason.reason(),
+            store.keyring_account(server.name.as_str())
+        )
+        .map_err(CliError::Output)?;
+    }
+    if let Err(e) = saved {
         // The tokens exist at the authorization server but could not be kept: revoke them
         // rather than leave a live grant nobody holds.
         let revoked = rt.block_on(async {
@@ -351,7 +367,8 @@ pub(crate) fn status(
                         KeyringError::Unavailable
                         | KeyringError::Denied
                         | KeyringError::TimedOut
-                        | KeyringError::Refused,
+                        | KeyringError::Refused
+                        | KeyringError::Busy,
                     ..
                 } => "keyring_unavailable",
                 _ => "reauth_required",

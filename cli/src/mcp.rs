@@ -36,7 +36,7 @@ pub(crate) fn run(
         Mcp::Test(t) => crate::probe::test(home, &t.name, t.format, out),
         Mcp::Status(s) => crate::probe::status(home, s.name.as_deref(), s.connect, s.format, out),
         Mcp::Doctor(d) => crate::probe::doctor(home, d.connect, d.format, out),
-        Mcp::Auth(crate::args::Auth::Login(a)) => crate::auth::login(home, a, out),
+        Mcp::Auth(crate::args::Auth::Login(a)) => crate::auth::login(home, a, out, warn),
         Mcp::Auth(crate::args::Auth::Status(s)) => {
             crate::auth::status(home, &s.name, s.format, out)
         }
