@@ -630,3 +630,62 @@ fn a_keyring_backed_login_refreshes_and_logs_out_with_no_secret_on_disk() {
         &[&access1, &refresh1, &refresh2],
     );
 }
+
+#[test]
+fn tokens_that_cannot_be_stored_are_revoked_not_left_live() {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = fixture();
+    let pair = start_pair(&dir, "60");
+    let home = Home::new_tagged("unstorable");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    // A directory where the credential file must go: the login completes at the AS, then
+    // storing fails.
+    let creds = home.0.join("home/mcp-credentials");
+    let mut b = std::fs::DirBuilder::new();
+    b.mode(0o700).recursive(true);
+    b.create(&creds).unwrap();
+    std::fs::set_permissions(home.0.join("home"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    b.create(
+        creds.join(iteron_broker::credentials::CredentialStore::binding_id(
+            "guarded",
+        )),
+    )
+    .unwrap();
+
+    let mut login = home
+        .cmd(&["mcp", "auth", "login", "guarded", "--no-browser"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(login.stdout.take().unwrap());
+    wait_line(&mut out, "Open this URL");
+    let url = wait_line(&mut out, &pair.issuer);
+    let redirect_uri = url::Url::parse(&url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    let browser = Command::new("python3")
+        .arg(dir.join("user_agent.py"))
+        .arg("--deliver")
+        .arg(&url)
+        .arg(&redirect_uri)
+        .output()
+        .unwrap();
+    assert!(browser.status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut login.stderr.take().unwrap(), &mut err).unwrap();
+    let status = login.wait().unwrap();
+    assert_eq!(status.code(), Some(8), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the new tokens were revoked at the authorization server"),
+        "{err}"
+    );
+}

@@ -1949,6 +1949,28 @@ mod tests {
     }
 
     #[test]
+    fn the_login_probe_needs_a_keyring_that_accepts_writes() {
+        let (base, home) = temp_home();
+        let (mock, keyring) = mock_keyring();
+        let store = CredentialStore::with_keyring(&home, keyring.clone());
+        store.probe_keyring("kr").unwrap();
+        // A keyring that reads but refuses writes fails the probe.
+        let probe = format!("{}.probe", store.keyring_account("kr"));
+        let entry = keyring_core::Entry::new_in_store(&mock, KEYRING_SERVICE, &probe).unwrap();
+        let cred: &keyring_core::mock::Cred = entry.as_any().downcast_ref().unwrap();
+        cred.set_error(locked());
+        assert!(matches!(
+            store.probe_keyring("kr").unwrap_err(),
+            CredentialError::Keyring {
+                reason: KeyringError::Denied,
+                ..
+            }
+        ));
+        assert_eq!(keyring.get(&probe).unwrap_err(), KeyringError::NoEntry);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
     fn an_unusable_keyring_fails_closed_and_never_falls_back_to_a_file() {
         let (base, home) = temp_home();
         let (mock, keyring) = mock_keyring();
