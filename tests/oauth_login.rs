@@ -347,6 +347,24 @@ fn login_test_refresh_rotation_and_logout_against_a_real_authorization_server() 
     assert!(!rest.contains(&access1) && !rest.contains(&refresh1));
 }
 
+/// Play the browser for an authorization URL: follow the AS's pages and deliver the redirect
+/// to iteron's loopback callback (named by the URL's `redirect_uri`).
+fn deliver(dir: &Path, url: &str) -> Output {
+    let redirect_uri = url::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    Command::new("python3")
+        .arg(dir.join("user_agent.py"))
+        .arg("--deliver")
+        .arg(url)
+        .arg(&redirect_uri)
+        .output()
+        .unwrap()
+}
+
 /// Log in through the CLI with `extra` arguments, playing the browser; returns the CLI's output.
 fn login_via_cli(
     home: &Home,
@@ -373,19 +391,7 @@ fn login_via_cli(
         panic!("login did not start: {first} {err}");
     }
     let url = wait_line(&mut out, &pair.issuer);
-    let redirect_uri = url::Url::parse(&url)
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "redirect_uri")
-        .map(|(_, v)| v.into_owned())
-        .unwrap();
-    let browser = Command::new("python3")
-        .arg(dir.join("user_agent.py"))
-        .arg("--deliver")
-        .arg(&url)
-        .arg(&redirect_uri)
-        .output()
-        .unwrap();
+    let browser = deliver(dir, &url);
     assert!(
         browser.status.success(),
         "{}",
@@ -665,19 +671,7 @@ fn tokens_that_cannot_be_stored_are_revoked_not_left_live() {
     let mut out = BufReader::new(login.stdout.take().unwrap());
     wait_line(&mut out, "Open this URL");
     let url = wait_line(&mut out, &pair.issuer);
-    let redirect_uri = url::Url::parse(&url)
-        .unwrap()
-        .query_pairs()
-        .find(|(k, _)| k == "redirect_uri")
-        .map(|(_, v)| v.into_owned())
-        .unwrap();
-    let browser = Command::new("python3")
-        .arg(dir.join("user_agent.py"))
-        .arg("--deliver")
-        .arg(&url)
-        .arg(&redirect_uri)
-        .output()
-        .unwrap();
+    let browser = deliver(&dir, &url);
     assert!(browser.status.success());
     let mut err = String::new();
     std::io::Read::read_to_string(&mut login.stderr.take().unwrap(), &mut err).unwrap();
