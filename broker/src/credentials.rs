@@ -32,7 +32,7 @@ use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::marker::PhantomData;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -1113,17 +1113,7 @@ impl CredentialStore {
     /// Create the home and the credentials directory 0700 if missing, then check both.
     fn ensure_dirs(&self) -> Result<(), CredentialError> {
         for dir in [&self.home, &self.dir] {
-            match fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {
-                    if let Some(parent) = dir.parent() {
-                        let _ = private_fs::sync_dir(parent);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err("create directory", dir)(e)),
-            }
-            let meta = fs::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
-            private_fs::check_private(dir, &meta, true)?;
+            private_fs::ensure_private_dir(dir)?;
         }
         Ok(())
     }

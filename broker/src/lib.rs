@@ -6,12 +6,17 @@
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 
+pub mod approvals;
+pub mod audit;
 pub mod credentials;
+pub mod daemon;
+pub mod ipc;
 pub mod keyring;
 pub mod mcp;
 pub mod net;
 pub mod oauth;
 pub mod private_fs;
+pub mod registry;
 pub mod servers;
 pub mod spawn;
 pub mod store;
@@ -19,4 +24,4 @@ pub mod store;
     unsafe_code,
     reason = "the one module with FFI; every block has a SAFETY comment"
 )]
-mod sys;
+pub mod sys;

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -155,6 +155,22 @@ pub(crate) fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
     file.sync_all().map_err(io_err("fsync", path))
 }
 
+/// Create `dir` 0700 if missing (making the creation durable), then check it is a private
+/// directory of ours.
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                let _ = sync_dir(parent);
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err("create directory", dir)(e)),
+    }
+    let meta = fs::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
+    check_private(dir, &meta, true)
+}
+
 /// Make a rename in `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
     File::open(dir)
@@ -181,8 +197,17 @@ pub(crate) struct Lock {
     _file: File,
 }
 
-/// Take the exclusive lock on `path` (created 0600 if missing), waiting at most [`LOCK_TIMEOUT`].
-pub(crate) fn acquire_lock(path: &Path) -> Result<Lock, FsError> {
+/// Take the exclusive lock on `path` now, or `Ok(None)` if another process holds it.
+pub(crate) fn try_lock(path: &Path) -> Result<Option<Lock>, FsError> {
+    let file = open_lock_file(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(Lock { _file: file })),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) => Err(io_err("lock", path)(e)),
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File, FsError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -203,6 +228,12 @@ pub(crate) fn acquire_lock(path: &Path) -> Result<Lock, FsError> {
         })?;
     let meta = file.metadata().map_err(io_err("inspect", path))?;
     check_private(path, &meta, false)?;
+    Ok(file)
+}
+
+/// Take the exclusive lock on `path` (created 0600 if missing), waiting at most [`LOCK_TIMEOUT`].
+pub(crate) fn acquire_lock(path: &Path) -> Result<Lock, FsError> {
+    let file = open_lock_file(path)?;
     let deadline = Instant::now() + LOCK_TIMEOUT;
     loop {
         match file.try_lock() {

@@ -78,12 +78,16 @@ fn secret_header(value: OsString, name: &str) -> Result<HeaderValue, ConnectErro
 /// The secret values a server's configuration names (forwarded variables, header values,
 /// bearer tokens), held only to scrub them from any text a server sends back — a server that
 /// echoes an API key in an error must not get it printed.
+#[derive(Default)]
 pub struct KnownSecrets(Vec<zeroize::Zeroizing<String>>);
 
 impl KnownSecrets {
     /// Collect the values of every variable `server` names (values shorter than 4 bytes are
     /// ignored: scrubbing them would mangle ordinary text and they protect nothing).
-    pub fn of(server: &ServerConfig, lookup: &dyn Fn(&str) -> Option<OsString>) -> KnownSecrets {
+    pub fn of(
+        server: &ServerConfig,
+        lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    ) -> KnownSecrets {
         let names: Vec<String> = match &server.transport {
             Transport::Stdio(st) => st.env.iter().map(|n| n.as_str().to_owned()).collect(),
             Transport::Http(h) => h
@@ -148,7 +152,7 @@ pub fn endpoint_zone(server_url: &iteron_policy::url::EndpointUrl) -> Result<Zon
 pub async fn connect(
     server: &ServerConfig,
     network: &NetworkConfig,
-    lookup: &dyn Fn(&str) -> Option<OsString>,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
 ) -> Result<Client, ConnectError> {
     match &server.transport {
@@ -181,7 +185,7 @@ pub async fn connect(
 /// The headers the configuration names (`header_env`), with their values from `lookup`.
 fn configured_headers(
     h: &iteron_policy::config::HttpServer,
-    lookup: &dyn Fn(&str) -> Option<OsString>,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
 ) -> Result<HeaderMap, ConnectError> {
     let mut headers = HeaderMap::new();
     for (header, var) in &h.header_env {
@@ -287,7 +291,7 @@ async fn refresh_stored(
 pub async fn connect_with_credentials(
     server: &ServerConfig,
     network: &NetworkConfig,
-    lookup: &dyn Fn(&str) -> Option<OsString>,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     home: &crate::store::Home,
 ) -> Result<Client, ConnectError> {
@@ -386,7 +390,7 @@ fn is_unauthorized(e: &McpError) -> bool {
 async fn connect_bearer(
     server: &ServerConfig,
     network: &NetworkConfig,
-    lookup: &dyn Fn(&str) -> Option<OsString>,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     token: &crate::oauth::SecretString,
 ) -> Result<Client, ConnectError> {

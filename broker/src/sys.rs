@@ -63,3 +63,70 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32) {
         cmd.pre_exec(hook);
     }
 }
+
+/// What [`harden_self`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Hardened {
+    /// Names (never values) of the environment variables removed.
+    pub removed: Vec<String>,
+}
+
+/// Whether an environment variable may redirect the broker's loader, proxies or TLS roots.
+pub fn is_dangerous_env(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("LD_")
+        || upper.ends_with("_PROXY")
+        || matches!(
+            upper.as_str(),
+            "SSL_CERT_FILE"
+                | "SSL_CERT_DIR"
+                | "SSLKEYLOGFILE"
+                | "CURL_CA_BUNDLE"
+                | "REQUESTS_CA_BUNDLE"
+                | "NODE_EXTRA_CA_CERTS"
+                | "NODE_OPTIONS"
+                | "PYTHONPATH"
+                | "PYTHONSTARTUP"
+                | "RUSTLS_KEYLOG"
+        )
+}
+
+fn threads_in_process() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(usize::MAX, Iterator::count)
+}
+
+/// Harden the broker process itself; call first thing, while the process has one thread:
+/// 1. `PR_SET_DUMPABLE = 0`: no same-uid ptrace, no core dumps, `/proc/<pid>` owned by root;
+/// 2. `RLIMIT_CORE = 0` (soft and hard);
+/// 3. umask 077: everything the broker creates is private unless it sets a mode explicitly;
+/// 4. the loader (`LD_*`), proxy and TLS-root variables are removed from the environment, so
+///    no library and no child can be steered by them.
+///
+/// Fails (without touching the environment) if the process already has a second thread.
+pub fn harden_self() -> std::io::Result<Hardened> {
+    nix::sys::prctl::set_dumpable(false).map_err(std::io::Error::from)?;
+    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(std::io::Error::from)?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    if threads_in_process() != 1 {
+        return Err(std::io::Error::other(
+            "the broker must harden itself before starting any thread",
+        ));
+    }
+    let mut removed = Vec::new();
+    for (name, _) in std::env::vars_os() {
+        let shown = name.to_string_lossy().into_owned();
+        if is_dangerous_env(&shown) {
+            // SAFETY: the process has exactly one thread (checked just above, and nothing in
+            // this function starts one), so no other thread can read the environment while it
+            // is modified — the condition `remove_var` requires.
+            unsafe { std::env::remove_var(&name) };
+            removed.push(shown);
+        }
+    }
+    Ok(Hardened { removed })
+}
+
+/// Whether this process is dumpable (diagnostics and tests).
+pub fn is_dumpable() -> bool {
+    nix::sys::prctl::get_dumpable().unwrap_or(true)
+}

@@ -22,8 +22,160 @@ pub(crate) enum Top {
     /// Manage MCP server configuration in $ITERON_HOME (default ~/.iteron).
     #[command(subcommand)]
     Mcp(Mcp),
-    /// Walk the configuration flow in a throwaway home; never touches ~/.iteron.
+    /// Walk the whole story (broker, agent, approval, audit) in a throwaway home; never
+    /// touches ~/.iteron.
     Demo,
+    /// Run the privileged broker, or look at and control a running one.
+    #[command(subcommand)]
+    Broker(Broker),
+    /// Approve or deny pending tool calls and answer forms (operator socket).
+    Approvals(ApprovalsArgs),
+    /// The agent's side: talk to a broker through its socket (needs only the socket path).
+    Agent(AgentArgs),
+    /// The audit log.
+    #[command(subcommand)]
+    Audit(Audit),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Broker {
+    /// Run the broker in the foreground until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+    /// Each server's phase, generation, version and catalog size (starts nothing).
+    Status(BrokerStatusArgs),
+    /// Cancel the calls in flight on one server.
+    Cancel(BrokerServerArgs),
+    /// Restart one server: clear its catalog; it reconnects on the next request.
+    Restart(BrokerServerArgs),
+    /// Stop one server (it stays stopped until restarted).
+    Stop(BrokerServerArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The agent socket (default: $ITERON_HOME/run/agent.sock; required when another uid is
+    /// allowed, since $ITERON_HOME is private).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) socket: Option<std::path::PathBuf>,
+    /// A uid allowed on the agent socket (repeatable; default: the broker's own uid).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    pub(crate) allow_uid: Vec<u32>,
+    /// The operator socket (default: $ITERON_HOME/run/operator.sock).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) operator_socket: Option<std::path::PathBuf>,
+    /// Refuse every approval at once (no operator answers; CI).
+    #[arg(long)]
+    pub(crate) noninteractive: bool,
+    /// Seconds an approval or form waits for the operator (1-3600).
+    #[arg(long, value_name = "SECS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) approval_timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct OperatorSocketArg {
+    /// The broker's operator socket (default: $ITERON_HOME/run/operator.sock).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) operator_socket: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BrokerStatusArgs {
+    /// One server (default: all).
+    pub(crate) server: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+    #[command(flatten)]
+    pub(crate) socket: OperatorSocketArg,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BrokerServerArgs {
+    /// Server name.
+    pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) socket: OperatorSocketArg,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ApprovalsArgs {
+    #[command(subcommand)]
+    pub(crate) action: Option<Approvals>,
+    #[command(flatten)]
+    pub(crate) socket: OperatorSocketArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Approvals {
+    /// List what is waiting (the default).
+    List(FormatArg),
+    /// Approve one waiting call.
+    Approve(IdArg),
+    /// Deny one waiting call.
+    Deny(IdArg),
+    /// Answer one waiting form: --json CONTENT to accept, or --decline / --cancel.
+    Answer(AnswerArgs),
+    /// Ask about each waiting call and form on the terminal as it arrives, until end of input.
+    Watch,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct IdArg {
+    /// The waiting item's id (from `iteron approvals list`).
+    pub(crate) id: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AnswerArgs {
+    /// The waiting form's id.
+    pub(crate) id: u64,
+    /// The form content, a JSON object.
+    #[arg(long, value_name = "OBJECT", conflicts_with_all = ["decline", "cancel"])]
+    pub(crate) json: Option<String>,
+    /// Decline the form.
+    #[arg(long, conflicts_with = "cancel")]
+    pub(crate) decline: bool,
+    /// Dismiss the form.
+    #[arg(long)]
+    pub(crate) cancel: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// The broker's agent socket (default: $ITERON_AGENT_SOCKET).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) socket: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    pub(crate) action: Agent,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Agent {
+    /// The tools exposed to this agent.
+    Tools(FormatArg),
+    /// Call one exposed tool (waits for operator approval).
+    Call(CallArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CallArgs {
+    /// Server name.
+    pub(crate) server: String,
+    /// Tool name.
+    pub(crate) tool: String,
+    /// The arguments, a JSON object.
+    #[arg(long, value_name = "OBJECT", default_value = "{}")]
+    pub(crate) json: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Audit {
+    /// Check the whole hash chain: any edit, reordering or removal fails.
+    Verify(FormatArg),
 }
 
 #[derive(Debug, Subcommand)]

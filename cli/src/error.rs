@@ -28,8 +28,15 @@ pub(crate) enum Exit {
     Conflict = 6,
     /// Another iteron process held the configuration lock too long.
     Busy = 7,
-    /// A server could not be reached, started or understood (test, status, doctor).
+    /// A server could not be reached, started or understood (test, status, doctor), or a tool
+    /// call failed or reported an error.
     Server = 8,
+    /// The broker refused the request (unknown tool, approval required or denied, policy, hook).
+    Refused = 9,
+    /// The audit log failed verification.
+    AuditFailed = 10,
+    /// The broker socket could not be reached, or the broker broke the connection.
+    Unreachable = 11,
 }
 
 impl From<Exit> for ExitCode {
@@ -53,6 +60,12 @@ pub(crate) enum CliError {
     Output(std::io::Error),
     /// A server probe failed (the text is already sanitized).
     Server(String),
+    /// The broker answered with an error, or could not be reached.
+    Broker(iteron_broker::ipc::client::ClientError),
+    /// The broker could not start.
+    Serve(String),
+    /// The audit log failed verification.
+    Audit(String),
 }
 
 impl From<StoreError> for CliError {
@@ -70,8 +83,26 @@ impl fmt::Display for CliError {
                 f.write_str("no MCP server with that name (see: iteron mcp list)")
             }
             CliError::Output(e) => write!(f, "cannot write output: {e}"),
-            CliError::Server(why) => f.write_str(why),
+            CliError::Server(why) | CliError::Serve(why) => f.write_str(why),
+            CliError::Broker(e) => write!(f, "broker: {e}"),
+            CliError::Audit(why) => write!(f, "audit log verification failed: {why}"),
         }
+    }
+}
+
+fn broker_exit(e: &iteron_broker::ipc::client::ClientError) -> Exit {
+    use iteron_broker::ipc::client::ClientError;
+    match e {
+        ClientError::Connect(_)
+        | ClientError::Closed
+        | ClientError::Frame(_)
+        | ClientError::Malformed => Exit::Unreachable,
+        ClientError::Refused { code, .. } => match code.as_str() {
+            "failed" => Exit::Server,
+            "busy" | "shutting_down" => Exit::Busy,
+            "not_found" => Exit::NotFound,
+            _ => Exit::Refused,
+        },
     }
 }
 
@@ -84,6 +115,9 @@ impl CliError {
             CliError::Conflict(_) => Exit::Conflict,
             CliError::Output(_) => Exit::Failure,
             CliError::Server(_) => Exit::Server,
+            CliError::Serve(_) => Exit::Failure,
+            CliError::Audit(_) => Exit::AuditFailed,
+            CliError::Broker(e) => broker_exit(e),
             CliError::Store(e) => match e {
                 StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
                 StoreError::Fs(
@@ -124,6 +158,9 @@ mod tests {
             Exit::Conflict,
             Exit::Busy,
             Exit::Server,
+            Exit::Refused,
+            Exit::AuditFailed,
+            Exit::Unreachable,
         ];
         for e in all {
             match e {
@@ -135,7 +172,10 @@ mod tests {
                 | Exit::UnsafePermissions
                 | Exit::Conflict
                 | Exit::Busy
-                | Exit::Server => {}
+                | Exit::Server
+                | Exit::Refused
+                | Exit::AuditFailed
+                | Exit::Unreachable => {}
             }
         }
         all.to_vec()

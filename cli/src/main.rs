@@ -3,6 +3,7 @@
 
 mod args;
 mod auth;
+mod broker;
 mod demo;
 mod error;
 mod mcp;
@@ -32,6 +33,10 @@ fn main() -> ExitCode {
             .map_err(CliError::from)
             .and_then(|home| mcp::run(cmd, &home, &mut out, &mut warn)),
         Top::Demo => demo::run(&mut out),
+        Top::Broker(cmd) => broker::run_broker(cmd, &mut out),
+        Top::Approvals(args) => broker::run_approvals(args, &mut out),
+        Top::Agent(args) => broker::run_agent(args, &mut out),
+        Top::Audit(cmd) => broker::run_audit(cmd, &mut out),
     };
     let flushed = out.flush();
     match result {

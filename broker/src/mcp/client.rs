@@ -436,6 +436,52 @@ pub struct Client {
 
 /// Counts a request as in flight for exactly as long as it lives (also when its future is
 /// dropped), so session recovery never waits on a count that cannot come down.
+/// Sends `notifications/cancelled` when a request's future is dropped before it completed.
+/// Dropping cannot wait, so the notification is sent by a task on the current runtime (best
+/// effort, bounded by 5 s).
+struct AbandonGuard {
+    cancel: Option<(Arc<Transport>, Value)>,
+}
+
+impl AbandonGuard {
+    fn disarm(&mut self) {
+        self.cancel = None;
+    }
+}
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if let (Some((transport, params)), Ok(rt)) =
+            (self.cancel.take(), tokio::runtime::Handle::try_current())
+        {
+            rt.spawn(async move { send_cancel(&transport, params).await });
+        }
+    }
+}
+
+async fn send_cancel(transport: &Transport, params: Value) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        match transport {
+            Transport::Stdio(t) => t
+                .notify("notifications/cancelled", Some(params))
+                .await
+                .is_ok(),
+            Transport::Http(t) => {
+                let body = super::jsonrpc::notification("notifications/cancelled", Some(params));
+                t.post(Post {
+                    body: &body,
+                    awaits: None,
+                    headers: HeaderMap::new(),
+                    adopt_session: false,
+                })
+                .await
+                .is_ok()
+            }
+        }
+    })
+    .await;
+}
+
 struct InFlight<'a>(&'a AtomicUsize);
 
 impl<'a> InFlight<'a> {
@@ -851,6 +897,9 @@ impl Client {
         adopt_session: bool,
     ) -> Result<Result<Value, RpcError>, McpError> {
         let in_flight = InFlight::new(&self.in_flight);
+        // If the caller drops this future (an agent that disconnected), the server is told the
+        // request was abandoned; a completed request disarms the guard.
+        let mut abandon = self.abandon_guard(id);
         let out = match &*self.transport() {
             Transport::Stdio(t) => t.request(id, method, params, deadline).await,
             Transport::Http(t) => {
@@ -877,6 +926,7 @@ impl Client {
                 }
             }
         };
+        abandon.disarm();
         drop(in_flight);
         if let Err(TransportError {
             kind: TransportErrorKind::SessionLost,
@@ -899,11 +949,19 @@ impl Client {
     /// `notifications/cancelled`; in the modern era on HTTP, dropping the response stream (which
     /// the timeout already did) is the cancellation. Best effort: the outcome stays unknown.
     async fn cancel(&self, id: &Id) {
+        if let Some(params) = self.cancel_params(id, "deadline exceeded") {
+            send_cancel(&self.transport(), params).await;
+        }
+    }
+
+    /// The `notifications/cancelled` parameters for `id`, or `None` where closing the response
+    /// stream is the cancellation (the modern era on HTTP).
+    fn cancel_params(&self, id: &Id, reason: &str) -> Option<Value> {
         let modern_http = self.http_transport && self.era().version().is_modern();
         if modern_http {
-            return;
+            return None;
         }
-        let mut params = json!({"requestId": id.to_value(), "reason": "deadline exceeded"});
+        let mut params = json!({"requestId": id.to_value(), "reason": reason});
         if let Era::Modern(v) = self.era() {
             params["_meta"] = json!({
                 META_VERSION: v.as_str(),
@@ -911,27 +969,15 @@ impl Client {
                 META_INFO: {"name": self.opts.name, "version": self.opts.version_string},
             });
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            match &*self.transport() {
-                Transport::Stdio(t) => t
-                    .notify("notifications/cancelled", Some(params))
-                    .await
-                    .is_ok(),
-                Transport::Http(t) => {
-                    let body =
-                        super::jsonrpc::notification("notifications/cancelled", Some(params));
-                    t.post(Post {
-                        body: &body,
-                        awaits: None,
-                        headers: HeaderMap::new(),
-                        adopt_session: false,
-                    })
-                    .await
-                    .is_ok()
-                }
-            }
-        })
-        .await;
+        Some(params)
+    }
+
+    fn abandon_guard(&self, id: &Id) -> AbandonGuard {
+        AbandonGuard {
+            cancel: self
+                .cancel_params(id, "the caller went away")
+                .map(|params| (self.transport(), params)),
+        }
     }
 
     /// Build params (the 2026 envelope where needed) and headers, send, and repeat only what

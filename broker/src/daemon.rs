@@ -1,0 +1,1066 @@
+//! `iteron broker serve`: the sockets, the peer checks, the per-connection loop and the
+//! pipeline every effect goes through:
+//!
+//! exposure (policy ∩ filters; an unexposed tool answers exactly like an unknown one) →
+//! `PreToolUse` hook seam → operator approval → the effect through the MCP client →
+//! `PostToolUse` seam → audit → a text result.
+//!
+//! Bounds: [`frame::MAX_FRAME`] per frame, [`MAX_IN_FLIGHT`] requests per connection (the next
+//! frame is not read until one finishes), [`MAX_CONNECTIONS`] per socket, [`HELLO_DEADLINE`]
+//! for the first frame and [`frame::read_frame`]'s body deadline for every frame, the MCP
+//! client's deadlines for effects, the approval deadline, and [`MAX_RESULT_TEXT`] for a result
+//! sent back.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use iteron_policy::capability::{CapabilitySet, Exposure, decide_exposure};
+use iteron_policy::config::ServerConfig;
+use iteron_policy::names::ToolName;
+use iteron_policy::text;
+
+use crate::approvals::{self, Approvals, CallInfo, NotApproved};
+use crate::audit::{self, AuditLog, Event};
+use crate::ipc::frame::{self, MAX_FRAME};
+use crate::ipc::proto::{self, Code, Fatal, PROTOCOL_VERSION, Refusal, Request, Role, State};
+use crate::mcp::client::{McpError, Tool};
+use crate::mcp::elicit::FormAnswer;
+use crate::registry::{Registry, Slot, SlotError, Snapshot};
+use crate::store::Home;
+
+/// Requests in flight on one connection.
+pub const MAX_IN_FLIGHT: usize = 16;
+/// Open connections per socket.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The first frame (`hello`) must arrive within this.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// Once a frame has started, the rest must arrive within this.
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
+/// The longest result text sent to the agent (the frame must stay under [`MAX_FRAME`]).
+pub const MAX_RESULT_TEXT: usize = 768 * 1024;
+/// The longest client label in `hello`.
+pub const MAX_CLIENT_LABEL: usize = 64;
+/// How long in-flight work gets to wind down at shutdown before it is dropped.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The event a tool hook sees.
+#[derive(Debug, Clone)]
+pub struct ToolEvent {
+    /// Session id.
+    pub session: String,
+    /// Server.
+    pub server: String,
+    /// Tool.
+    pub tool: String,
+    /// The arguments (hooks run with operator authority).
+    pub arguments: Map<String, Value>,
+}
+
+/// What a `PreToolUse` hook decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No objection (also: no hook, a failed hook, a timed-out hook).
+    NoOpinion,
+    /// Block, with a reason for the agent.
+    Block(String),
+}
+
+/// A boxed future.
+pub type HookFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The hook seam around every effect. Hooks tighten, never widen: a hook can block a call, not
+/// approve one.
+pub trait ToolHooks: Send + Sync {
+    /// Before approval.
+    fn pre_tool_use<'a>(&'a self, event: &'a ToolEvent) -> HookFuture<'a, Verdict>;
+    /// After the effect (its outcome word).
+    fn post_tool_use<'a>(&'a self, event: &'a ToolEvent, outcome: &'a str) -> HookFuture<'a, ()>;
+}
+
+/// No hooks configured.
+pub struct NoHooks;
+
+impl ToolHooks for NoHooks {
+    fn pre_tool_use<'a>(&'a self, _: &'a ToolEvent) -> HookFuture<'a, Verdict> {
+        Box::pin(async { Verdict::NoOpinion })
+    }
+    fn post_tool_use<'a>(&'a self, _: &'a ToolEvent, _: &'a str) -> HookFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// How to run the broker.
+pub struct ServeOptions {
+    /// The agent socket.
+    pub agent_socket: PathBuf,
+    /// The operator socket.
+    pub operator_socket: PathBuf,
+    /// Uids allowed on the agent socket.
+    pub allow_uids: Vec<u32>,
+    /// Whether approvals can be asked (false: every approval is refused at once).
+    pub interactive: bool,
+    /// How long an approval or form waits for the operator.
+    pub approval_deadline: Duration,
+}
+
+/// Why the broker could not start.
+#[derive(Debug)]
+pub enum ServeError {
+    /// A socket could not be set up.
+    Socket(String),
+    /// The audit log could not be opened.
+    Audit(audit::AuditError),
+    /// The configuration cannot be read.
+    Config(String),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Socket(why) => f.write_str(why),
+            ServeError::Audit(e) => e.fmt(f),
+            ServeError::Config(why) => write!(f, "configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+/// The peer of a connection (from `SO_PEERCRED`).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    uid: u32,
+    pid: Option<i32>,
+}
+
+/// A server's exposed tools and the server generation they were taken from.
+type GenerationCatalog = (u64, Arc<Vec<Tool>>);
+
+struct Session {
+    id: String,
+    peer: Peer,
+    snapshot: Arc<Snapshot>,
+    /// Exposed tools per server, tagged with the server generation they were taken from.
+    catalogs: Mutex<HashMap<String, GenerationCatalog>>,
+}
+
+struct Broker {
+    registry: Registry,
+    approvals: Arc<Approvals>,
+    audit: AuditLog,
+    hooks: Arc<dyn ToolHooks>,
+    shutdown: watch::Receiver<bool>,
+    next_session: AtomicU64,
+    session_salt: String,
+}
+
+fn elapsed_ms(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Broker {
+    fn audit(&self, event: Event) {
+        // A record that cannot be written must not pass silently: the broker refuses new
+        // effects until the operator looks (see `effects_blocked`).
+        if self.audit.append(&event).is_err() {
+            AUDIT_FAILED.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+static AUDIT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Prepare a socket path: a private parent directory (created with `dir_mode` if missing; an
+/// existing one must be ours and not writable by others), and no live socket at the path.
+fn prepare_socket(path: &Path, dir_mode: u32) -> Result<(), ServeError> {
+    let fail = |what: &str| ServeError::Socket(format!("socket {}: {what}", path.display()));
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| fail("has no parent directory"))?;
+    if !path.is_absolute() {
+        return Err(fail("must be an absolute path"));
+    }
+    match std::fs::DirBuilder::new().mode(dir_mode).create(parent) {
+        Ok(()) => {
+            // The umask may have narrowed the mode; set exactly what was asked.
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(dir_mode))
+                .map_err(|e| fail(&format!("cannot set the directory mode: {e}")))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail(&format!("cannot create the directory: {e}"))),
+    }
+    let meta = std::fs::symlink_metadata(parent)
+        .map_err(|e| fail(&format!("cannot inspect the directory: {e}")))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if !meta.file_type().is_dir() {
+        return Err(fail("the parent is not a directory"));
+    }
+    if meta.uid() != euid {
+        return Err(fail("the parent directory is owned by another user"));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(fail("the parent directory is writable by group or others"));
+    }
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(fail(&format!("cannot inspect: {e}"))),
+        Ok(m) if !m.file_type().is_socket() => Err(fail("exists and is not a socket")),
+        Ok(_) => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(fail("another broker is listening on it"));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| fail(&format!("cannot remove a stale socket: {e}")))
+        }
+    }
+}
+
+fn bind(path: &Path, dir_mode: u32, sock_mode: u32) -> Result<UnixListener, ServeError> {
+    prepare_socket(path, dir_mode)?;
+    let listener = UnixListener::bind(path).map_err(|e| {
+        ServeError::Socket(format!("socket {}: cannot listen: {e}", path.display()))
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode)).map_err(|e| {
+        ServeError::Socket(format!(
+            "socket {}: cannot set its mode: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(listener)
+}
+
+/// What a started broker reports.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// The agent socket.
+    pub agent_socket: PathBuf,
+    /// The operator socket.
+    pub operator_socket: PathBuf,
+}
+
+/// Run the broker until `stop` resolves (SIGTERM in the CLI). Sets up both sockets, then calls
+/// `ready`. On stop: no new connections, every in-flight request is answered `shutting_down`
+/// and cancelled, every child is stopped and reaped, the sockets are removed.
+pub async fn serve(
+    home: Home,
+    opts: ServeOptions,
+    hooks: Arc<dyn ToolHooks>,
+    lookup: crate::registry::Lookup,
+    stop: impl Future<Output = ()>,
+    ready: impl FnOnce(&Ready),
+) -> Result<(), ServeError> {
+    // The configuration must be readable before anything listens.
+    home.load().map_err(|e| ServeError::Config(e.to_string()))?;
+    let audit = AuditLog::open(home.dir()).map_err(ServeError::Audit)?;
+    let own = nix::unistd::geteuid().as_raw();
+    let others = opts.allow_uids.iter().any(|u| *u != own);
+    // Another uid must be able to traverse to the agent socket and connect; the peer check is
+    // the gate. The operator socket stays private.
+    let (dir_mode, sock_mode) = if others {
+        (0o711, 0o666)
+    } else {
+        (0o700, 0o600)
+    };
+    let agent_listener = bind(&opts.agent_socket, dir_mode, sock_mode)?;
+    let operator_listener = bind(&opts.operator_socket, 0o700, 0o600)?;
+    let approvals = Approvals::new(opts.interactive, opts.approval_deadline);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut salt = [0u8; 6];
+    let _ = getrandom::fill(&mut salt);
+    let broker = Arc::new(Broker {
+        registry: Registry::new(home, Arc::clone(&approvals), lookup),
+        approvals,
+        audit,
+        hooks,
+        shutdown: stop_rx.clone(),
+        next_session: AtomicU64::new(1),
+        session_salt: audit::sha256_hex(&salt)[..8].to_owned(),
+    });
+    broker.audit(Event {
+        kind: "broker_start",
+        decision: "allowed",
+        outcome: "ok",
+        detail: Some(
+            if opts.interactive {
+                "interactive"
+            } else {
+                "noninteractive"
+            }
+            .into(),
+        ),
+        ..Event::default()
+    });
+    ready(&Ready {
+        agent_socket: opts.agent_socket.clone(),
+        operator_socket: opts.operator_socket.clone(),
+    });
+    let agents = tokio::spawn(accept_loop(
+        Arc::clone(&broker),
+        agent_listener,
+        Role::Agent,
+        Arc::new(opts.allow_uids.clone()),
+    ));
+    let operators = tokio::spawn(accept_loop(
+        Arc::clone(&broker),
+        operator_listener,
+        Role::Operator,
+        Arc::new(vec![own]),
+    ));
+    stop.await;
+    let _ = stop_tx.send(true);
+    broker.approvals.close();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, async {
+        let _ = agents.await;
+        let _ = operators.await;
+    })
+    .await;
+    broker.registry.close_all().await;
+    broker.audit(Event {
+        kind: "broker_stop",
+        decision: "allowed",
+        outcome: "ok",
+        ..Event::default()
+    });
+    broker.audit.sync();
+    let _ = std::fs::remove_file(&opts.agent_socket);
+    let _ = std::fs::remove_file(&opts.operator_socket);
+    Ok(())
+}
+
+async fn accept_loop(
+    broker: Arc<Broker>,
+    listener: UnixListener,
+    role: Role,
+    allowed: Arc<Vec<u32>>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut shutdown = broker.shutdown.clone();
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.wait_for(|s| *s) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of descriptors or similar: back off briefly instead of spinning.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let peer = match stream.peer_cred() {
+            Ok(c) => Peer {
+                uid: c.uid(),
+                pid: c.pid(),
+            },
+            Err(_) => continue,
+        };
+        if !allowed.contains(&peer.uid) {
+            broker.audit(Event {
+                peer_uid: Some(peer.uid),
+                peer_pid: peer.pid,
+                kind: if role == Role::Agent {
+                    "connect_agent"
+                } else {
+                    "connect_operator"
+                },
+                decision: "refused",
+                outcome: "peer_uid_not_allowed",
+                ..Event::default()
+            });
+            let refusal = Refusal::new(Code::Refused, "this uid may not use this socket");
+            tokio::spawn(async move {
+                let mut s = stream;
+                let body =
+                    serde_json::to_vec(&proto::error_frame(None, &refusal)).unwrap_or_default();
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    frame::write_frame(&mut s, &body, MAX_FRAME),
+                )
+                .await;
+            });
+            continue;
+        }
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            let refusal = Refusal::new(Code::Busy, "too many open connections; try again later");
+            tokio::spawn(async move {
+                let mut s = stream;
+                let body =
+                    serde_json::to_vec(&proto::error_frame(None, &refusal)).unwrap_or_default();
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    frame::write_frame(&mut s, &body, MAX_FRAME),
+                )
+                .await;
+            });
+            continue;
+        };
+        let b = Arc::clone(&broker);
+        conns.spawn(async move {
+            connection(b, stream, role, peer).await;
+            drop(permit);
+        });
+    }
+    // Let every connection answer its in-flight requests `shutting_down`, then drop the rest.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    conns.abort_all();
+}
+
+fn send(tx: &mpsc::Sender<Vec<u8>>, v: &Value) {
+    let mut body = serde_json::to_vec(v).unwrap_or_default();
+    if body.len() > MAX_FRAME {
+        let id = v.get("id").cloned().unwrap_or(Value::Null);
+        let r = Refusal::new(Code::Failed, "the answer is over the frame size bound");
+        body = serde_json::to_vec(&json!({"id": id, "error": r.to_value()})).unwrap_or_default();
+    }
+    // The channel is bounded by MAX_IN_FLIGHT + 2; a full channel means the writer is gone.
+    let _ = tx.try_send(body);
+}
+
+async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: Peer) {
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT + 2);
+    let writer = tokio::spawn(async move {
+        while let Some(body) = rx.recv().await {
+            if frame::write_frame(&mut wr, &body, MAX_FRAME).await.is_err() {
+                break;
+            }
+        }
+    });
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut tasks = tokio::task::JoinSet::new();
+    let in_flight: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
+    let mut state = State::AwaitingHello;
+    let mut session: Option<Arc<Session>> = None;
+    let mut shutdown = broker.shutdown.clone();
+    let kind_of = |role: Role| {
+        if role == Role::Agent {
+            "agent"
+        } else {
+            "operator"
+        }
+    };
+    let fatal = |f: &Fatal, session: &Option<Arc<Session>>| {
+        broker.audit(Event {
+            session: session.as_ref().map(|s| s.id.clone()),
+            peer_uid: Some(peer.uid),
+            peer_pid: peer.pid,
+            kind: "protocol_error",
+            decision: "refused",
+            outcome: "connection_closed",
+            detail: Some(format!("{} socket: {}", kind_of(role), f.refusal.message())),
+            ..Event::default()
+        });
+        send(&tx, &proto::error_frame(f.id, &f.refusal));
+    };
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&permits).acquire_owned() => p,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        let Ok(permit) = permit else { break };
+        let read = async {
+            if state == State::AwaitingHello {
+                match tokio::time::timeout(
+                    HELLO_DEADLINE,
+                    frame::read_frame(&mut rd, MAX_FRAME, FRAME_DEADLINE),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(frame::FrameError::Timeout),
+                }
+            } else {
+                frame::read_frame(&mut rd, MAX_FRAME, FRAME_DEADLINE).await
+            }
+        };
+        let got = tokio::select! {
+            r = read => r,
+            _ = shutdown.wait_for(|s| *s) => break,
+            // Reap finished requests while waiting for the next frame.
+        };
+        let body = match got {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(frame::FrameError::Io(_)) => break,
+            Err(e) => {
+                fatal(
+                    &Fatal {
+                        id: None,
+                        refusal: Refusal::new(Code::Protocol, &e.to_string()),
+                    },
+                    &session,
+                );
+                break;
+            }
+        };
+        let (id, entry, request) = match proto::decode(role, state, &body) {
+            Ok(x) => x,
+            Err(f) => {
+                fatal(&f, &session);
+                break;
+            }
+        };
+        let fresh = match in_flight.lock() {
+            Ok(mut set) => set.insert(id),
+            Err(_) => false,
+        };
+        if !fresh {
+            fatal(
+                &Fatal {
+                    id: Some(id),
+                    refusal: Refusal::new(
+                        Code::Protocol,
+                        "a request with this id is still in flight",
+                    ),
+                },
+                &session,
+            );
+            break;
+        }
+        match request {
+            Request::Hello(h) => {
+                let opened = open_session(&broker, role, peer, &h);
+                if let Ok(mut set) = in_flight.lock() {
+                    set.remove(&id);
+                }
+                match opened {
+                    Ok((s, result)) => {
+                        session = s;
+                        state = State::Open;
+                        send(&tx, &proto::ok_frame(id, result));
+                    }
+                    Err(refusal) => {
+                        fatal(
+                            &Fatal {
+                                id: Some(id),
+                                refusal,
+                            },
+                            &session,
+                        );
+                        break;
+                    }
+                }
+            }
+            Request::EndSession => {
+                if let Some(s) = &session {
+                    broker.audit(Event {
+                        session: Some(s.id.clone()),
+                        peer_uid: Some(peer.uid),
+                        peer_pid: peer.pid,
+                        kind: entry.method,
+                        decision: "allowed",
+                        outcome: "ok",
+                        ..Event::default()
+                    });
+                }
+                // Anything still in flight is cancelled by the close below.
+                send(&tx, &proto::ok_frame(id, json!({})));
+                break;
+            }
+            other => {
+                let b = Arc::clone(&broker);
+                let tx = tx.clone();
+                let s = session.clone();
+                let flights = Arc::clone(&in_flight);
+                let mut shut = broker.shutdown.clone();
+                tasks.spawn(async move {
+                    let work = dispatch(&b, role, peer, s.as_deref(), other);
+                    let answer = tokio::select! {
+                        r = work => r,
+                        _ = shut.wait_for(|s| *s) => Err(Refusal::new(
+                            Code::ShuttingDown,
+                            "the broker is shutting down; the request was cancelled (a tool call may or may not have been applied)",
+                        )),
+                    };
+                    if let Ok(mut set) = flights.lock() {
+                        set.remove(&id);
+                    }
+                    match answer {
+                        Ok(v) => send(&tx, &proto::ok_frame(id, v)),
+                        Err(r) => send(&tx, &proto::error_frame(Some(id), &r)),
+                    }
+                    drop(permit);
+                });
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    // The agent went away (or broke the protocol, or ended the session): in-flight work is
+    // cancelled by dropping it — a pending approval disappears from the operator's list, an
+    // MCP request is cancelled at the server, and each call's audit guard records it.
+    if *shutdown.borrow() {
+        // Give in-flight requests the chance to send their `shutting_down` answers.
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+    }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+}
+
+fn open_session(
+    broker: &Broker,
+    role: Role,
+    peer: Peer,
+    h: &proto::Hello,
+) -> Result<(Option<Arc<Session>>, Value), Refusal> {
+    if h.protocol != PROTOCOL_VERSION {
+        return Err(Refusal::new(
+            Code::Version,
+            &format!("this broker speaks IPC protocol {PROTOCOL_VERSION} only"),
+        ));
+    }
+    if h.client.len() > MAX_CLIENT_LABEL || text::check_untrusted(&h.client, false).is_err() {
+        return Err(Refusal::new(
+            Code::Protocol,
+            &format!("the client label must be at most {MAX_CLIENT_LABEL} bytes of plain text"),
+        ));
+    }
+    if role == Role::Operator {
+        return Ok((
+            None,
+            json!({
+                "protocol": PROTOCOL_VERSION,
+                "broker": env!("CARGO_PKG_VERSION"),
+                "interactive": broker.approvals.interactive(),
+            }),
+        ));
+    }
+    let snapshot = broker.registry.snapshot().map_err(|_| {
+        Refusal::new(
+            Code::Failed,
+            "the broker's configuration cannot be read; ask the operator",
+        )
+    })?;
+    let n = broker.next_session.fetch_add(1, Ordering::SeqCst);
+    let id = format!("s{n}-{}", broker.session_salt);
+    broker.audit(Event {
+        session: Some(id.clone()),
+        peer_uid: Some(peer.uid),
+        peer_pid: peer.pid,
+        kind: "hello",
+        decision: "allowed",
+        outcome: "ok",
+        detail: Some(format!(
+            "client {}; config epoch {}",
+            h.client, snapshot.epoch
+        )),
+        ..Event::default()
+    });
+    let session = Arc::new(Session {
+        id: id.clone(),
+        peer,
+        snapshot,
+        catalogs: Mutex::new(HashMap::new()),
+    });
+    Ok((
+        Some(session),
+        json!({"protocol": PROTOCOL_VERSION, "session": id, "broker": env!("CARGO_PKG_VERSION")}),
+    ))
+}
+
+async fn dispatch(
+    broker: &Broker,
+    role: Role,
+    peer: Peer,
+    session: Option<&Session>,
+    request: Request,
+) -> Result<Value, Refusal> {
+    match (role, request, session) {
+        (Role::Agent, Request::ListTools, Some(s)) => list_tools(broker, s).await,
+        (Role::Agent, Request::CallTool(c), Some(s)) => call_tool(broker, s, c).await,
+        (Role::Operator, req, _) => operator(broker, peer, req).await,
+        // The table admits nothing else in an open session; this is unreachable by
+        // construction, and refused rather than trusted if it ever were reached.
+        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}
+
+/// The one message for every tool the agent may not see or that does not exist.
+const UNKNOWN_TOOL: &str = "unknown tool";
+
+fn unknown_tool() -> Refusal {
+    Refusal::new(Code::UnknownTool, UNKNOWN_TOOL)
+}
+
+fn exposed(ceiling: CapabilitySet, server: &ServerConfig, tool: &str) -> bool {
+    let Ok(name) = ToolName::parse(tool) else {
+        return false;
+    };
+    matches!(
+        decide_exposure(
+            ceiling,
+            &server.tools,
+            &server.policy,
+            &name,
+            CapabilitySet::MCP_TOOL
+        ),
+        Exposure::Expose(_)
+    )
+}
+
+/// The exposed catalog of one server for this session (connecting first if needed).
+async fn session_catalog(
+    broker: &Broker,
+    s: &Session,
+    server: &ServerConfig,
+) -> Result<(Arc<Slot>, Arc<crate::mcp::client::Client>, Arc<Vec<Tool>>), SlotError> {
+    let (slot, client) = broker.registry.client(&s.snapshot, server).await?;
+    let generation = slot.generation();
+    let cached = s
+        .catalogs
+        .lock()
+        .ok()
+        .and_then(|c| c.get(server.name.as_str()).cloned())
+        .filter(|(g, _)| *g == generation);
+    if let Some((_, tools)) = cached {
+        return Ok((slot, client, tools));
+    }
+    let all = broker
+        .registry
+        .catalog(&slot, &client)
+        .await
+        .map_err(|e| SlotError::Connect(slot.secrets().scrub(&e.to_string())))?;
+    let ceiling = s.snapshot.config.ceiling();
+    let tools: Vec<Tool> = all
+        .iter()
+        .filter(|t| exposed(ceiling, server, &t.name))
+        .cloned()
+        .collect();
+    let tools = Arc::new(tools);
+    if let Ok(mut c) = s.catalogs.lock() {
+        c.insert(
+            server.name.as_str().to_owned(),
+            (generation, Arc::clone(&tools)),
+        );
+    }
+    Ok((slot, client, tools))
+}
+
+async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
+    let mut tools = Vec::new();
+    let mut unavailable = Vec::new();
+    for server in &s.snapshot.config.mcp_servers {
+        match session_catalog(broker, s, server).await {
+            Ok((_, _, catalog)) => {
+                for t in catalog.iter() {
+                    tools.push(json!({
+                        "server": server.name.as_str(),
+                        "name": t.name,
+                        "description": t.description,
+                        "input_schema": t.input_schema,
+                    }));
+                }
+            }
+            // The agent learns only that the server is unavailable; the operator sees why in
+            // `iteron broker status`.
+            Err(_) => unavailable.push(server.name.as_str().to_owned()),
+        }
+    }
+    broker.audit(Event {
+        session: Some(s.id.clone()),
+        peer_uid: Some(s.peer.uid),
+        peer_pid: s.peer.pid,
+        kind: "list_tools",
+        decision: "allowed",
+        outcome: "ok",
+        ..Event::default()
+    });
+    Ok(json!({"tools": tools, "unavailable": unavailable}))
+}
+
+/// Writes the call's audit record when the call ends however it ends — including when the
+/// agent disconnects and the call's future is dropped mid-way.
+struct CallRecord<'a> {
+    broker: &'a Broker,
+    event: Event,
+    started: Instant,
+    done: bool,
+}
+
+impl CallRecord<'_> {
+    fn finish(&mut self, decision: &'static str, outcome: &'static str, detail: Option<String>) {
+        self.event.decision = decision;
+        self.event.outcome = outcome;
+        self.event.detail = detail;
+        self.event.duration_ms = elapsed_ms(self.started);
+        self.broker.audit(self.event.clone());
+        self.done = true;
+    }
+}
+
+impl Drop for CallRecord<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.event.duration_ms = elapsed_ms(self.started);
+            if self.event.decision.is_empty() {
+                self.event.decision = "abandoned";
+            }
+            self.event.outcome = "cancelled_by_disconnect";
+            self.broker.audit(self.event.clone());
+        }
+    }
+}
+
+async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<Value, Refusal> {
+    let args_sha256 =
+        audit::sha256_hex(&audit::canonical_json(&Value::Object(c.arguments.clone())));
+    let mut record = CallRecord {
+        broker,
+        event: Event {
+            session: Some(s.id.clone()),
+            peer_uid: Some(s.peer.uid),
+            peer_pid: s.peer.pid,
+            kind: "call_tool",
+            args_sha256: Some(args_sha256.clone()),
+            ..Event::default()
+        },
+        started: Instant::now(),
+        done: false,
+    };
+    let Some(server) = s.snapshot.config.server(&c.server) else {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    };
+    record.event.server = Some(server.name.as_str().to_owned());
+    let ceiling = s.snapshot.config.ceiling();
+    // Policy and filters first: a hidden tool never starts its server.
+    if !exposed(ceiling, server, &c.tool) {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    }
+    if AUDIT_FAILED.load(Ordering::SeqCst) {
+        record.finish("refused", "audit_unavailable", None);
+        return Err(Refusal::new(
+            Code::Refused,
+            "the broker cannot write its audit log, so it performs no effects; ask the operator",
+        ));
+    }
+    let (slot, client, catalog) = match session_catalog(broker, s, server).await {
+        Ok(x) => x,
+        Err(SlotError::StaleSession) => {
+            record.finish("refused", "stale_session", None);
+            return Err(Refusal::new(
+                Code::Refused,
+                &SlotError::StaleSession.to_string(),
+            ));
+        }
+        Err(SlotError::ShuttingDown) => {
+            record.finish("refused", "shutting_down", None);
+            return Err(Refusal::new(
+                Code::ShuttingDown,
+                "the broker is shutting down",
+            ));
+        }
+        Err(_) => {
+            record.finish("refused", "server_unavailable", None);
+            return Err(Refusal::new(
+                Code::Failed,
+                "the server is unavailable; nothing was sent (the operator can see why in iteron broker status)",
+            )
+            .with_certainty("not_sent"));
+        }
+    };
+    let Some(tool) = catalog.iter().find(|t| t.name == c.tool) else {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    };
+    record.event.tool = Some(tool.name.clone());
+    let event = ToolEvent {
+        session: s.id.clone(),
+        server: server.name.as_str().to_owned(),
+        tool: tool.name.clone(),
+        arguments: c.arguments.clone(),
+    };
+    if let Verdict::Block(reason) = broker.hooks.pre_tool_use(&event).await {
+        record.finish("blocked_by_hook", "refused", None);
+        return Err(Refusal::new(
+            Code::Refused,
+            &format!("blocked by an operator hook: {reason}"),
+        ));
+    }
+    record.event.decision = "awaiting_approval";
+    let approval = broker
+        .approvals
+        .approve_call(CallInfo {
+            session: s.id.clone(),
+            peer_uid: s.peer.uid,
+            peer_pid: s.peer.pid,
+            server: server.name.as_str().to_owned(),
+            tool: tool.name.clone(),
+            args_sha256,
+            preview: approvals::preview(&c.arguments),
+        })
+        .await;
+    if let Err(why) = approval {
+        let (code, outcome, msg) = match why {
+            NotApproved::Noninteractive => (
+                Code::ApprovalRequired,
+                "approval_required",
+                "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
+            ),
+            NotApproved::Denied => (Code::Refused, "denied", "the operator denied this call; nothing was sent".to_owned()),
+            NotApproved::TimedOut => (
+                Code::Refused,
+                "approval_timed_out",
+                "no operator approved this call in time; nothing was sent".to_owned(),
+            ),
+            NotApproved::Full => (
+                Code::Busy,
+                "approval_queue_full",
+                format!("{} calls are already waiting for approval; nothing was sent", approvals::MAX_PENDING),
+            ),
+            NotApproved::ShuttingDown => (Code::ShuttingDown, "shutting_down", "the broker is shutting down; nothing was sent".to_owned()),
+        };
+        record.finish(
+            if outcome == "denied" {
+                "denied"
+            } else {
+                "refused"
+            },
+            outcome,
+            None,
+        );
+        return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
+    }
+    record.event.decision = "approved";
+    let mut guard = slot.begin_call();
+    let result = tokio::select! {
+        r = client.call_tool(&tool.name, c.arguments) => Some(r),
+        _ = guard.cancelled.changed() => None,
+    };
+    drop(guard);
+    let secrets = slot.secrets();
+    let (answer, outcome) = match result {
+        None => (
+            Err(Refusal::new(
+                Code::Cancelled,
+                "the operator cancelled calls on this server; the call may or may not have been applied",
+            )
+            .with_certainty("maybe_applied")),
+            "cancelled_by_operator",
+        ),
+        Some(Ok(p)) => {
+            let mut text_out = secrets.scrub(&p.text);
+            let mut notes = p.notes.clone();
+            if text_out.len() > MAX_RESULT_TEXT {
+                let mut cut = MAX_RESULT_TEXT;
+                while !text_out.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text_out.truncate(cut);
+                notes.push(format!("the result was cut at {MAX_RESULT_TEXT} bytes"));
+            }
+            let outcome = if p.is_error { "tool_error" } else { "ok" };
+            (
+                Ok(json!({"text": text_out, "is_error": p.is_error, "notes": notes})),
+                outcome,
+            )
+        }
+        Some(Err(e)) => {
+            let certainty = e.certainty().as_str();
+            let msg = secrets.scrub(&describe_failure(&e));
+            (
+                Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
+                "failed",
+            )
+        }
+    };
+    broker.hooks.post_tool_use(&event, outcome).await;
+    let detail = answer
+        .as_ref()
+        .err()
+        .and_then(|r| r.certainty)
+        .map(|c| format!("certainty {c}"));
+    record.finish("approved", outcome, detail);
+    answer
+}
+
+fn describe_failure(e: &McpError) -> String {
+    format!("the tool call failed: {e}")
+}
+
+async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Refusal> {
+    let not_found = || Refusal::new(Code::NotFound, "no such server");
+    let control = |kind: &'static str, server: &str| {
+        broker.audit(Event {
+            peer_uid: Some(peer.uid),
+            peer_pid: peer.pid,
+            kind,
+            server: Some(server.to_owned()),
+            decision: "allowed",
+            outcome: "ok",
+            ..Event::default()
+        });
+    };
+    match req {
+        Request::Status(a) => {
+            let servers = broker
+                .registry
+                .status(a.server.as_deref())
+                .ok_or_else(not_found)?;
+            Ok(json!({"servers": servers, "interactive": broker.approvals.interactive()}))
+        }
+        Request::Cancel(a) => {
+            let n = broker.registry.cancel(&a.server).ok_or_else(not_found)?;
+            control("operator_cancel", &a.server);
+            Ok(json!({"cancelled": n}))
+        }
+        Request::Restart(a) => {
+            broker
+                .registry
+                .restart(&a.server, false)
+                .await
+                .ok_or_else(not_found)?;
+            control("operator_restart", &a.server);
+            Ok(json!({}))
+        }
+        Request::Stop(a) => {
+            broker
+                .registry
+                .restart(&a.server, true)
+                .await
+                .ok_or_else(not_found)?;
+            control("operator_stop", &a.server);
+            Ok(json!({}))
+        }
+        Request::Pending => Ok(json!({"pending": broker.approvals.list()})),
+        Request::Decide(d) => {
+            if broker.approvals.decide(d.id, d.approve) {
+                Ok(json!({}))
+            } else {
+                Err(Refusal::new(Code::NotFound, "no such call is waiting"))
+            }
+        }
+        Request::Answer(a) => {
+            let answer = match a.action {
+                proto::FormAction::Accept => FormAnswer::Accept(a.content),
+                proto::FormAction::Decline => FormAnswer::Decline,
+                proto::FormAction::Cancel => FormAnswer::Cancel,
+            };
+            broker
+                .approvals
+                .answer(a.id, answer)
+                .map(|()| json!({}))
+                .map_err(|why| Refusal::new(Code::NotFound, &why))
+        }
+        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}

@@ -1,0 +1,145 @@
+//! The client side of the IPC channel, for the agent and the operator commands. One request at
+//! a time per connection; every answer is checked to carry the request's id.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::net::UnixStream;
+
+use super::frame::{self, FrameError, MAX_FRAME};
+use super::proto::{self, PROTOCOL_VERSION};
+
+/// How long the client waits for an answer that has started arriving.
+const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The socket could not be reached.
+    Connect(std::io::ErrorKind),
+    /// The connection failed.
+    Frame(FrameError),
+    /// The broker closed the connection without answering.
+    Closed,
+    /// The broker's answer was not a valid answer to this request.
+    Malformed,
+    /// The broker answered with an error.
+    Refused {
+        /// The code (a wire name; unknown codes are kept as sent, checked to be plain).
+        code: String,
+        /// The reason (single line; re-sanitized here).
+        message: String,
+        /// For failed effects: whether they may have been applied.
+        certainty: Option<String>,
+    },
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Connect(kind) => write!(f, "cannot reach the broker socket: {kind}"),
+            ClientError::Frame(e) => write!(f, "broker connection: {e}"),
+            ClientError::Closed => f.write_str("the broker closed the connection"),
+            ClientError::Malformed => f.write_str("the broker sent an answer that is not valid"),
+            ClientError::Refused {
+                code,
+                message,
+                certainty,
+            } => {
+                write!(f, "{code}: {message}")?;
+                if let Some(c) = certainty {
+                    write!(f, " (effect: {c})")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// One connection to a broker socket.
+pub struct Connection {
+    stream: UnixStream,
+    next: u64,
+}
+
+fn plain_word(s: &str) -> String {
+    if !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+        s.to_owned()
+    } else {
+        "error".to_owned()
+    }
+}
+
+impl Connection {
+    /// Connect to a socket.
+    pub async fn connect(path: &Path) -> Result<Connection, ClientError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|e| ClientError::Connect(e.kind()))?;
+        Ok(Connection { stream, next: 1 })
+    }
+
+    /// Open the session (`hello`) with a client label.
+    pub async fn hello(&mut self, client: &str) -> Result<Value, ClientError> {
+        self.request(
+            "hello",
+            json!({"protocol": PROTOCOL_VERSION, "client": client}),
+        )
+        .await
+    }
+
+    /// Send raw bytes as one frame (tests and fuzzing).
+    pub async fn send_raw(&mut self, body: &[u8]) -> Result<(), ClientError> {
+        frame::write_frame(&mut self.stream, body, usize::MAX)
+            .await
+            .map_err(ClientError::Frame)
+    }
+
+    /// Read one frame as JSON (tests and fuzzing). `Ok(None)` when the broker closed.
+    pub async fn read_value(&mut self) -> Result<Option<Value>, ClientError> {
+        match frame::read_frame(&mut self.stream, MAX_FRAME, BODY_DEADLINE).await {
+            Ok(None) => Ok(None),
+            Ok(Some(body)) => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|_| ClientError::Malformed),
+            Err(FrameError::Io(_)) => Ok(None),
+            Err(e) => Err(ClientError::Frame(e)),
+        }
+    }
+
+    /// Send one request and wait for its answer.
+    pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        let id = self.next;
+        self.next += 1;
+        let body = serde_json::to_vec(&proto::request_frame(id, method, params))
+            .map_err(|_| ClientError::Malformed)?;
+        frame::write_frame(&mut self.stream, &body, MAX_FRAME)
+            .await
+            .map_err(ClientError::Frame)?;
+        let answer = self.read_value().await?.ok_or(ClientError::Closed)?;
+        let answered = answer.get("id").and_then(Value::as_u64);
+        if let Some(err) = answer.get("error") {
+            // A fatal error may carry a null id; any other id is a broken answer.
+            if answered.is_some_and(|a| a != id) {
+                return Err(ClientError::Malformed);
+            }
+            let text = |k: &str| err.get(k).and_then(Value::as_str).map(str::to_owned);
+            return Err(ClientError::Refused {
+                code: plain_word(&text("code").unwrap_or_default()),
+                message: iteron_policy::text::single_line_capped(
+                    &text("message").unwrap_or_default(),
+                    proto::MAX_REASON,
+                ),
+                certainty: text("certainty").map(|c| plain_word(&c)),
+            });
+        }
+        if answered != Some(id) {
+            return Err(ClientError::Malformed);
+        }
+        answer.get("result").cloned().ok_or(ClientError::Malformed)
+    }
+}

@@ -1,0 +1,664 @@
+//! The request vocabulary of both sockets, and the one dispatch table.
+//!
+//! A frame body is `{"id": <u64>, "method": "<name>", "params": {...}}` (`params` may be
+//! omitted when a request takes none). Each socket has a closed set of methods; the table below
+//! says, per method, which socket accepts it, which capability class it exercises and in which
+//! session states it is allowed. Anything else — malformed JSON, an unknown or duplicate key,
+//! an unknown method, a method of the other socket, a method out of state — is a protocol error:
+//! the broker answers with one error frame and closes the connection.
+//!
+//! Answers are `{"id": n, "result": {...}}` or `{"id": n, "error": {"code", "message"}}`; a
+//! fatal error before the id could be read carries `"id": null`.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+use iteron_policy::capability::Capability;
+use iteron_policy::text;
+
+/// The protocol version this broker speaks (the `hello` request must name it).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Which socket a connection came in on. Each has its own closed set of requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The unprivileged agent.
+    Agent,
+    /// The operator (approvals, live server control).
+    Operator,
+}
+
+/// Where a connection's session is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Connected; only `hello` is allowed.
+    AwaitingHello,
+    /// After a successful `hello`.
+    Open,
+}
+
+/// What a request is (one per table row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Open the session.
+    Hello,
+    /// The exposed tools.
+    ListTools,
+    /// Call one exposed tool (an effect).
+    CallTool,
+    /// End the session.
+    EndSession,
+    /// Server phases (operator).
+    Status,
+    /// Cancel a server's in-flight calls (operator).
+    Cancel,
+    /// Restart a server (operator).
+    Restart,
+    /// Stop a server (operator).
+    Stop,
+    /// Pending approvals and forms (operator).
+    Pending,
+    /// Approve or deny one pending call (operator).
+    Decide,
+    /// Answer one pending form (operator).
+    Answer,
+}
+
+/// One row of the dispatch table.
+#[derive(Debug)]
+pub struct Entry {
+    /// The method name on the wire.
+    pub method: &'static str,
+    /// The socket that accepts it.
+    pub role: Role,
+    /// The request kind.
+    pub kind: Kind,
+    /// The capability class it exercises (`None`: session control or operator control).
+    pub class: Option<Capability>,
+    /// The states in which it is allowed.
+    pub states: &'static [State],
+}
+
+const OPEN: &[State] = &[State::Open];
+const NEW: &[State] = &[State::AwaitingHello];
+
+/// The dispatch table: every request either socket accepts, and nothing else.
+pub const TABLE: &[Entry] = &[
+    Entry {
+        method: "hello",
+        role: Role::Agent,
+        kind: Kind::Hello,
+        class: None,
+        states: NEW,
+    },
+    Entry {
+        method: "list_tools",
+        role: Role::Agent,
+        kind: Kind::ListTools,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "call_tool",
+        role: Role::Agent,
+        kind: Kind::CallTool,
+        class: Some(Capability::IrreversibleExternal),
+        states: OPEN,
+    },
+    Entry {
+        method: "end_session",
+        role: Role::Agent,
+        kind: Kind::EndSession,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "hello",
+        role: Role::Operator,
+        kind: Kind::Hello,
+        class: None,
+        states: NEW,
+    },
+    Entry {
+        method: "status",
+        role: Role::Operator,
+        kind: Kind::Status,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "cancel",
+        role: Role::Operator,
+        kind: Kind::Cancel,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "restart",
+        role: Role::Operator,
+        kind: Kind::Restart,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "stop",
+        role: Role::Operator,
+        kind: Kind::Stop,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "pending",
+        role: Role::Operator,
+        kind: Kind::Pending,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "decide",
+        role: Role::Operator,
+        kind: Kind::Decide,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "answer",
+        role: Role::Operator,
+        kind: Kind::Answer,
+        class: None,
+        states: OPEN,
+    },
+];
+
+/// Find a method's row for a socket.
+pub fn lookup(role: Role, method: &str) -> Option<&'static Entry> {
+    TABLE.iter().find(|e| e.role == role && e.method == method)
+}
+
+/// `hello` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hello {
+    /// The protocol version the client speaks.
+    pub protocol: u32,
+    /// A label for the client (shown to the operator and audited; at most 64 bytes).
+    #[serde(default)]
+    pub client: String,
+}
+
+/// `call_tool` parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallTool {
+    /// The server's configured name.
+    pub server: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments (an object).
+    #[serde(default)]
+    pub arguments: Map<String, Value>,
+}
+
+/// A request naming one server (operator).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerArg {
+    /// The server's configured name.
+    pub server: String,
+}
+
+/// `status` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StatusArg {
+    /// One server, or all.
+    #[serde(default)]
+    pub server: Option<String>,
+}
+
+/// `decide` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decide {
+    /// The pending request's id.
+    pub id: u64,
+    /// Approve (true) or deny (false).
+    pub approve: bool,
+}
+
+/// What the operator does with a form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FormAction {
+    /// Submit the content.
+    Accept,
+    /// Decline the request.
+    Decline,
+    /// Dismiss it.
+    Cancel,
+}
+
+/// `answer` parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answer {
+    /// The pending form's id.
+    pub id: u64,
+    /// What to do.
+    pub action: FormAction,
+    /// The answers (for `accept`).
+    #[serde(default)]
+    pub content: Map<String, Value>,
+}
+
+/// A decoded request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// `hello`.
+    Hello(Hello),
+    /// `list_tools`.
+    ListTools,
+    /// `call_tool`.
+    CallTool(CallTool),
+    /// `end_session`.
+    EndSession,
+    /// `status`.
+    Status(StatusArg),
+    /// `cancel`.
+    Cancel(ServerArg),
+    /// `restart`.
+    Restart(ServerArg),
+    /// `stop`.
+    Stop(ServerArg),
+    /// `pending`.
+    Pending,
+    /// `decide`.
+    Decide(Decide),
+    /// `answer`.
+    Answer(Answer),
+}
+
+/// Error codes on the wire (a closed set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Malformed, oversized, unknown or out-of-state: the connection is closed.
+    Protocol,
+    /// The `hello` named a protocol version this broker does not speak.
+    Version,
+    /// No such (exposed) tool or server.
+    UnknownTool,
+    /// Refused by policy, a hook or the operator.
+    Refused,
+    /// The call needs operator approval and none can be given (noninteractive broker).
+    ApprovalRequired,
+    /// The effect failed; `certainty` says whether it may have been applied.
+    Failed,
+    /// A bound on concurrent work was reached; nothing was attempted.
+    Busy,
+    /// The broker is stopping.
+    ShuttingDown,
+    /// No such server or pending item (operator).
+    NotFound,
+    /// The call was cancelled (by the operator, or a restart/stop of its server).
+    Cancelled,
+}
+
+impl Code {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Protocol => "protocol",
+            Code::Version => "version",
+            Code::UnknownTool => "unknown_tool",
+            Code::Refused => "refused",
+            Code::ApprovalRequired => "approval_required",
+            Code::Failed => "failed",
+            Code::Busy => "busy",
+            Code::ShuttingDown => "shutting_down",
+            Code::NotFound => "not_found",
+            Code::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Code> {
+        [
+            Code::Protocol,
+            Code::Version,
+            Code::UnknownTool,
+            Code::Refused,
+            Code::ApprovalRequired,
+            Code::Failed,
+            Code::Busy,
+            Code::ShuttingDown,
+            Code::NotFound,
+            Code::Cancelled,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The longest reason text on the wire (DESIGN §4: single line, ≤ 512 bytes).
+pub const MAX_REASON: usize = text::MAX_LINE_BYTES;
+
+/// An error answer: code plus a one-line, redacted, terminal-safe reason of at most
+/// [`MAX_REASON`] bytes. The only constructor applies those rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The code.
+    pub code: Code,
+    message: String,
+    /// For failed effects: `not_sent`, `maybe_applied` or `applied`.
+    pub certainty: Option<&'static str>,
+}
+
+impl Refusal {
+    /// Build one; `message` is made single-line, redacted and capped.
+    pub fn new(code: Code, message: &str) -> Refusal {
+        Refusal {
+            code,
+            message: text::single_line_capped(message, MAX_REASON),
+            certainty: None,
+        }
+    }
+
+    /// With the certainty of a failed effect.
+    pub fn with_certainty(mut self, certainty: &'static str) -> Refusal {
+        self.certainty = Some(certainty);
+        self
+    }
+
+    /// The reason.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The `error` object.
+    pub fn to_value(&self) -> Value {
+        let mut v = json!({"code": self.code.as_str(), "message": self.message});
+        if let (Some(c), Some(obj)) = (self.certainty, v.as_object_mut()) {
+            obj.insert("certainty".into(), c.into());
+        }
+        v
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// A request that cannot be served: the error frame to send before closing. `id` is `None`
+/// when the frame's id could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fatal {
+    /// The request id, if it could be read.
+    pub id: Option<u64>,
+    /// What to send.
+    pub refusal: Refusal,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    id: u64,
+    method: String,
+    /// Kept raw so that the typed parameter structs see every key (a duplicate key is an
+    /// error there; a `Value` would silently keep the last one).
+    #[serde(default)]
+    params: Option<Box<serde_json::value::RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+fn params<T: DeserializeOwned>(
+    p: Option<Box<serde_json::value::RawValue>>,
+    id: u64,
+    method: &str,
+) -> Result<T, Fatal> {
+    let raw = p.as_deref().map_or("{}", serde_json::value::RawValue::get);
+    serde_json::from_str(raw).map_err(|e| Fatal {
+        id: Some(id),
+        refusal: Refusal::new(
+            Code::Protocol,
+            &format!("invalid parameters for {method}: {}", serde_detail(&e)),
+        ),
+    })
+}
+
+/// serde's message, without the caller's text: "unknown field `x`" and "invalid type: string
+/// \"x\"" quote what the caller sent, so those parts are dropped; field names of our own
+/// (missing or duplicate fields) and JSON syntax positions are kept.
+fn serde_detail(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    let out = if s.starts_with("unknown field") {
+        "unknown field".to_owned()
+    } else if s.starts_with("unknown variant") {
+        "unknown value".to_owned()
+    } else if s.starts_with("invalid ") {
+        let head = s.split(':').next().unwrap_or("invalid value");
+        match s.find(", expected") {
+            Some(i) => format!("{head}{}", &s[i..]),
+            None => head.to_owned(),
+        }
+    } else {
+        s
+    };
+    text::single_line_capped(&out, 160)
+}
+
+/// Decode one frame body arriving on `role`'s socket in `state`. Every failure is fatal for
+/// the connection.
+pub fn decode(
+    role: Role,
+    state: State,
+    body: &[u8],
+) -> Result<(u64, &'static Entry, Request), Fatal> {
+    let env: Envelope = serde_json::from_slice(body).map_err(|e| Fatal {
+        id: None,
+        refusal: Refusal::new(
+            Code::Protocol,
+            &format!("malformed frame: {}", serde_detail(&e)),
+        ),
+    })?;
+    let id = env.id;
+    let Some(entry) = lookup(role, &env.method) else {
+        return Err(Fatal {
+            id: Some(id),
+            refusal: Refusal::new(Code::Protocol, "unknown request"),
+        });
+    };
+    if !entry.states.contains(&state) {
+        let why = match state {
+            State::AwaitingHello => format!("{} before hello", entry.method),
+            State::Open => format!("{} is not allowed in an open session", entry.method),
+        };
+        return Err(Fatal {
+            id: Some(id),
+            refusal: Refusal::new(Code::Protocol, &why),
+        });
+    }
+    let m = entry.method;
+    let req = match entry.kind {
+        Kind::Hello => Request::Hello(params(env.params, id, m)?),
+        Kind::ListTools => {
+            params::<NoParams>(env.params, id, m)?;
+            Request::ListTools
+        }
+        Kind::CallTool => Request::CallTool(params(env.params, id, m)?),
+        Kind::EndSession => {
+            params::<NoParams>(env.params, id, m)?;
+            Request::EndSession
+        }
+        Kind::Status => Request::Status(params(env.params, id, m)?),
+        Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
+        Kind::Restart => Request::Restart(params(env.params, id, m)?),
+        Kind::Stop => Request::Stop(params(env.params, id, m)?),
+        Kind::Pending => {
+            params::<NoParams>(env.params, id, m)?;
+            Request::Pending
+        }
+        Kind::Decide => Request::Decide(params(env.params, id, m)?),
+        Kind::Answer => Request::Answer(params(env.params, id, m)?),
+    };
+    Ok((id, entry, req))
+}
+
+/// A success answer.
+pub fn ok_frame(id: u64, result: Value) -> Value {
+    json!({"id": id, "result": result})
+}
+
+/// An error answer.
+pub fn error_frame(id: Option<u64>, refusal: &Refusal) -> Value {
+    json!({"id": id, "error": refusal.to_value()})
+}
+
+/// Encode a request (client side).
+pub fn request_frame(id: u64, method: &str, params: Value) -> Value {
+    json!({"id": id, "method": method, "params": params})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn agent_open(body: &str) -> Result<(u64, &'static Entry, Request), Fatal> {
+        decode(Role::Agent, State::Open, body.as_bytes())
+    }
+
+    #[test]
+    fn every_method_has_exactly_one_row_per_socket() {
+        for e in TABLE {
+            let same: Vec<_> = TABLE
+                .iter()
+                .filter(|x| x.role == e.role && x.method == e.method)
+                .collect();
+            assert_eq!(same.len(), 1, "{}", e.method);
+        }
+        // Operator control is not reachable from the agent socket, and the reverse.
+        for m in [
+            "status", "cancel", "restart", "stop", "pending", "decide", "answer",
+        ] {
+            assert!(lookup(Role::Agent, m).is_none(), "{m}");
+        }
+        for m in ["list_tools", "call_tool", "end_session"] {
+            assert!(lookup(Role::Operator, m).is_none(), "{m}");
+        }
+        // The only effect is classified irreversible_external.
+        assert_eq!(
+            lookup(Role::Agent, "call_tool").unwrap().class,
+            Some(Capability::IrreversibleExternal)
+        );
+    }
+
+    #[test]
+    fn requests_decode_strictly() {
+        let (id, e, r) = agent_open(
+            r#"{"id":7,"method":"call_tool","params":{"server":"s","tool":"t","arguments":{"a":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!((id, e.kind), (7, Kind::CallTool));
+        assert!(matches!(r, Request::CallTool(c) if c.server == "s" && c.arguments["a"] == 1));
+        assert_eq!(
+            agent_open(r#"{"id":1,"method":"list_tools"}"#).unwrap().2,
+            Request::ListTools
+        );
+        for bad in [
+            r#"{"id":1,"method":"list_tools","params":{"x":1}}"#,
+            r#"{"id":1,"method":"list_tools","extra":1}"#,
+            r#"{"id":1,"id":2,"method":"list_tools"}"#,
+            r#"{"id":1,"method":"call_tool","params":{"server":"s","server":"t","tool":"x"}}"#,
+            r#"{"id":1,"method":"call_tool","params":{"server":"s"}}"#,
+            r#"{"id":1,"method":"call_tool","params":{"server":"s","tool":"t","arguments":[]}}"#,
+            r#"{"id":-1,"method":"list_tools"}"#,
+            r#"{"id":1,"method":"status"}"#,
+            r#"{"id":1,"method":"hello","params":{"protocol":1}}"#,
+            r#"{"method":"list_tools"}"#,
+            r#"[1,2]"#,
+            "\u{feff}{}",
+            "",
+        ] {
+            let err = agent_open(bad).unwrap_err();
+            assert_eq!(err.refusal.code, Code::Protocol, "{bad}");
+        }
+        let early = decode(
+            Role::Agent,
+            State::AwaitingHello,
+            br#"{"id":3,"method":"call_tool","params":{"server":"s","tool":"t"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(early.id, Some(3));
+        assert!(early.refusal.message().contains("before hello"));
+    }
+
+    #[test]
+    fn refusals_are_single_line_capped_and_redacted() {
+        let r = Refusal::new(
+            Code::Refused,
+            &format!(
+                "line one\nline two Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123456789 {}",
+                "x".repeat(900)
+            ),
+        );
+        assert!(!r.message().contains('\n'));
+        assert!(r.message().len() <= MAX_REASON);
+        assert!(!r.message().contains("abcdefghijklmnop"));
+    }
+
+    #[test]
+    fn protocol_errors_never_quote_the_callers_text() {
+        for bad in [
+            r#"{"id":1,"method":"list_tools","params":{"CANARY_KEY":1}}"#,
+            r#"{"id":1,"method":"call_tool","params":{"server":"s","tool":"CANARY_VALUE_not_ok"}}"#,
+            r#"{"id":1,"method":"call_tool","params":{"server":["CANARY_VALUE"],"tool":"t"}}"#,
+            r#"{"id":1,"method":"hello","params":{"protocol":"CANARY_VALUE"}}"#,
+            r#"{"id":1,"method":"CANARY_METHOD"}"#,
+            r#"{"id":"CANARY_ID","method":"list_tools"}"#,
+        ] {
+            let msg = match decode(Role::Agent, State::Open, bad.as_bytes()) {
+                Err(f) => f.refusal.message().to_owned(),
+                Ok(_) => continue,
+            };
+            assert!(!msg.contains("CANARY"), "{msg}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #[test]
+        fn arbitrary_bodies_never_panic_and_errors_are_bounded(body in prop::collection::vec(any::<u8>(), 0..300), open in any::<bool>(), agent in any::<bool>()) {
+            let role = if agent { Role::Agent } else { Role::Operator };
+            let state = if open { State::Open } else { State::AwaitingHello };
+            if let Err(f) = decode(role, state, &body) {
+                prop_assert_eq!(f.refusal.code, Code::Protocol);
+                prop_assert!(f.refusal.message().len() <= MAX_REASON);
+                prop_assert!(!f.refusal.message().contains('\n'));
+            }
+        }
+
+        #[test]
+        fn structured_garbage_is_refused_not_accepted(method in "[a-z_]{0,12}", key in "[a-z]{1,8}", v in any::<i64>()) {
+            let body = format!(r#"{{"id":1,"method":"{method}","params":{{"{key}":{v}}}}}"#);
+            if let Ok((_, e, _)) = decode(Role::Agent, State::Open, body.as_bytes()) {
+                // Only a real method with a real parameter name can pass.
+                prop_assert!(e.method == method);
+                prop_assert!(key == "server" || key == "tool" || key == "arguments");
+            }
+        }
+    }
+}

@@ -1,0 +1,519 @@
+//! `iteron broker …`, `iteron approvals …`, `iteron agent …` and `iteron audit verify`.
+//!
+//! `broker serve` runs the daemon; the others are thin clients of its two sockets. The agent
+//! commands need nothing but the agent socket's path: they never read `ITERON_HOME`.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iteron_broker::daemon::{self, NoHooks, ServeOptions};
+use iteron_broker::ipc::client::Connection;
+use iteron_broker::store::Home;
+use iteron_policy::text;
+use serde_json::{Map, Value, json};
+
+use crate::args::{
+    Agent, AgentArgs, Approvals, ApprovalsArgs, Audit, Broker, Format, OperatorSocketArg, ServeArgs,
+};
+use crate::error::CliError;
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)
+}
+
+fn current_thread() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)
+}
+
+fn default_operator_socket(home: &Home) -> PathBuf {
+    home.dir().join("run").join("operator.sock")
+}
+
+fn operator_socket(arg: &OperatorSocketArg) -> Result<PathBuf, CliError> {
+    match &arg.operator_socket {
+        Some(p) => Ok(p.clone()),
+        None => Ok(default_operator_socket(&home()?)),
+    }
+}
+
+fn home() -> Result<Home, CliError> {
+    Home::from_env(|k| std::env::var_os(k)).map_err(CliError::from)
+}
+
+fn out_line(out: &mut dyn Write, line: &str) -> Result<(), CliError> {
+    writeln!(out, "{line}").map_err(CliError::Output)
+}
+
+fn json_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(v).unwrap_or_default();
+    out_line(out, &s)
+}
+
+/// `iteron broker …`
+pub(crate) fn run_broker(cmd: Broker, out: &mut dyn Write) -> Result<(), CliError> {
+    match cmd {
+        Broker::Serve(args) => serve(args),
+        Broker::Status(a) => {
+            let socket = operator_socket(&a.socket)?;
+            let params = match &a.server {
+                Some(s) => json!({"server": s}),
+                None => json!({}),
+            };
+            let v = operator_request(&socket, "status", params)?;
+            match a.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => status_text(out, &v),
+            }
+        }
+        Broker::Cancel(a) => {
+            let v = operator_request(
+                &operator_socket(&a.socket)?,
+                "cancel",
+                json!({"server": a.server}),
+            )?;
+            let n = v.get("cancelled").and_then(Value::as_u64).unwrap_or(0);
+            out_line(out, &format!("cancelled {n} call(s) in flight"))
+        }
+        Broker::Restart(a) => {
+            operator_request(
+                &operator_socket(&a.socket)?,
+                "restart",
+                json!({"server": a.server}),
+            )?;
+            out_line(
+                out,
+                "restarted: the catalog is cleared; the server reconnects on the next request",
+            )
+        }
+        Broker::Stop(a) => {
+            operator_request(
+                &operator_socket(&a.socket)?,
+                "stop",
+                json!({"server": a.server}),
+            )?;
+            out_line(out, "stopped: the server stays down until restarted")
+        }
+    }
+}
+
+fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
+    let mode = if v.get("interactive").and_then(Value::as_bool) == Some(true) {
+        "interactive"
+    } else {
+        "noninteractive"
+    };
+    out_line(out, &format!("broker: {mode}"))?;
+    let empty = Vec::new();
+    let servers = v.get("servers").and_then(Value::as_array).unwrap_or(&empty);
+    for s in servers {
+        let field = |k: &str| match s.get(k) {
+            Some(Value::String(x)) => text::single_line_capped(x, 200),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => "-".into(),
+        };
+        let mut line = format!(
+            "{}  {}  phase={}  generation={}  version={}  tools={}  in_flight={}",
+            field("name"),
+            field("transport"),
+            field("phase"),
+            field("generation"),
+            field("version"),
+            field("tools"),
+            field("in_flight"),
+        );
+        if s.get("error").is_some_and(Value::is_string) {
+            line.push_str(&format!("  error: {}", field("error")));
+        }
+        out_line(out, &line)?;
+    }
+    Ok(())
+}
+
+fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
+    current_thread()?.block_on(async {
+        let mut c = Connection::connect(socket)
+            .await
+            .map_err(CliError::Broker)?;
+        c.hello("iteron-cli").await.map_err(CliError::Broker)?;
+        c.request(method, params).await.map_err(CliError::Broker)
+    })
+}
+
+fn serve(args: ServeArgs) -> Result<(), CliError> {
+    // First, while the process still has one thread: no ptrace, no core, umask 077, no
+    // loader/proxy/TLS variables.
+    let hardened = iteron_broker::sys::harden_self()
+        .map_err(|e| CliError::Serve(format!("cannot harden the broker process: {e}")))?;
+    let home = home()?;
+    let own = nix::unistd::geteuid().as_raw();
+    let allow = if args.allow_uid.is_empty() {
+        vec![own]
+    } else {
+        args.allow_uid.clone()
+    };
+    let agent_socket = match args.socket {
+        Some(p) => p,
+        None if allow.iter().all(|u| *u == own) => home.dir().join("run").join("agent.sock"),
+        None => {
+            return Err(CliError::Usage(
+                "--socket is required when another uid is allowed: the default lies inside the private ITERON_HOME".into(),
+            ));
+        }
+    };
+    if agent_socket.starts_with(home.dir()) && allow.iter().any(|u| *u != own) {
+        return Err(CliError::Usage(
+            "the agent socket of another uid cannot be inside the private ITERON_HOME".into(),
+        ));
+    }
+    let operator_socket = args
+        .operator_socket
+        .unwrap_or_else(|| default_operator_socket(&home));
+    let interactive = !args.noninteractive;
+    let opts = ServeOptions {
+        agent_socket,
+        operator_socket,
+        allow_uids: allow,
+        interactive,
+        approval_deadline: Duration::from_secs(args.approval_timeout),
+    };
+    let mut err = std::io::stderr();
+    if !hardened.removed.is_empty() {
+        let _ = writeln!(
+            err,
+            "{}",
+            text::single_line(&format!(
+                "iteron broker: ignoring environment variables: {}",
+                hardened.removed.join(", ")
+            ))
+        );
+    }
+    let rt = runtime()?;
+    rt.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Without signal handling the broker could not stop cleanly: refuse to run.
+        let (mut term, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            _ => {
+                return Err(CliError::Serve(
+                    "cannot install the SIGTERM/SIGINT handlers".into(),
+                ));
+            }
+        };
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        };
+        daemon::serve(
+            home,
+            opts,
+            Arc::new(NoHooks),
+            Arc::new(|k: &str| std::env::var_os(k)),
+            stop,
+            |ready| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{}",
+                    text::single_line(&format!(
+                        "iteron broker: ready; agent socket {}, operator socket {}, {}",
+                        ready.agent_socket.display(),
+                        ready.operator_socket.display(),
+                        if interactive {
+                            "interactive"
+                        } else {
+                            "noninteractive"
+                        }
+                    ))
+                );
+            },
+        )
+        .await
+        .map_err(|e| CliError::Serve(e.to_string()))
+    })
+}
+
+/// `iteron approvals …`
+pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let socket = operator_socket(&args.socket)?;
+    match args
+        .action
+        .unwrap_or(Approvals::List(crate::args::FormatArg {
+            format: Format::Text,
+        })) {
+        Approvals::List(f) => {
+            let v = operator_request(&socket, "pending", json!({}))?;
+            match f.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
+                    if items.is_empty() {
+                        return out_line(out, "nothing is waiting");
+                    }
+                    for item in items {
+                        out_line(out, &describe_item(item))?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        Approvals::Approve(id) => {
+            operator_request(&socket, "decide", json!({"id": id.id, "approve": true}))?;
+            out_line(out, &format!("approved {}", id.id))
+        }
+        Approvals::Deny(id) => {
+            operator_request(&socket, "decide", json!({"id": id.id, "approve": false}))?;
+            out_line(out, &format!("denied {}", id.id))
+        }
+        Approvals::Answer(a) => {
+            let (action, content) = if a.decline {
+                ("decline", Map::new())
+            } else if a.cancel {
+                ("cancel", Map::new())
+            } else {
+                let raw = a.json.ok_or_else(|| {
+                    CliError::Usage("give --json OBJECT, --decline or --cancel".into())
+                })?;
+                (
+                    "accept",
+                    parse_object(&raw)
+                        .ok_or_else(|| CliError::Usage("--json must be a JSON object".into()))?,
+                )
+            };
+            operator_request(
+                &socket,
+                "answer",
+                json!({"id": a.id, "action": action, "content": content}),
+            )?;
+            out_line(out, &format!("answered {}", a.id))
+        }
+        Approvals::Watch => watch(&socket, out),
+    }
+}
+
+fn parse_object(raw: &str) -> Option<Map<String, Value>> {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn describe_item(item: &Value) -> String {
+    let s = |k: &str| {
+        item.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
+    let line = if s("kind") == "call" {
+        format!(
+            "[{id}] call {}/{} from uid {} (session {}) arguments {}",
+            s("server"),
+            s("tool"),
+            item.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
+            s("session"),
+            s("arguments")
+        )
+    } else {
+        format!(
+            "[{id}] form from {}: {} (schema {})",
+            s("server"),
+            s("message"),
+            item.get("schema").map(Value::to_string).unwrap_or_default()
+        )
+    };
+    text::single_line_capped(&line, 8192)
+}
+
+fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
+    let rt = current_thread()?;
+    let mut conn = rt.block_on(async {
+        let mut c = Connection::connect(socket)
+            .await
+            .map_err(CliError::Broker)?;
+        c.hello("iteron-approvals")
+            .await
+            .map_err(CliError::Broker)?;
+        Ok::<_, CliError>(c)
+    })?;
+    let mut asked = std::collections::HashSet::new();
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    out_line(out, "waiting for calls and forms (end input to stop)")?;
+    loop {
+        let v = rt
+            .block_on(conn.request("pending", json!({})))
+            .map_err(CliError::Broker)?;
+        let empty = Vec::new();
+        let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
+        for item in items {
+            let Some(id) = item.get("id").and_then(Value::as_u64) else {
+                continue;
+            };
+            if !asked.insert(id) {
+                continue;
+            }
+            out_line(out, &describe_item(item))?;
+            let form = item.get("kind").and_then(Value::as_str) == Some("form");
+            let prompt = if form {
+                "answer with a JSON object, or an empty line to decline: "
+            } else {
+                "approve? [y/N] "
+            };
+            write!(out, "{prompt}").map_err(CliError::Output)?;
+            out.flush().map_err(CliError::Output)?;
+            let mut line = String::new();
+            if input.read_line(&mut line).map_err(CliError::Output)? == 0 {
+                return Ok(());
+            }
+            let line = line.trim();
+            let (method, params) = if form {
+                match parse_object(line) {
+                    Some(content) if !line.is_empty() => (
+                        "answer",
+                        json!({"id": id, "action": "accept", "content": content}),
+                    ),
+                    _ => ("answer", json!({"id": id, "action": "decline"})),
+                }
+            } else {
+                let yes = matches!(line, "y" | "Y" | "yes");
+                ("decide", json!({"id": id, "approve": yes}))
+            };
+            match rt.block_on(conn.request(method, params)) {
+                Ok(_) => out_line(out, "sent")?,
+                Err(e) => out_line(out, &text::single_line(&format!("not sent: {e}")))?,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn agent_socket(args: &AgentArgs) -> Result<PathBuf, CliError> {
+    args.socket
+        .clone()
+        .or_else(|| std::env::var_os("ITERON_AGENT_SOCKET").map(PathBuf::from))
+        .ok_or_else(|| CliError::Usage("give --socket PATH (or set ITERON_AGENT_SOCKET)".into()))
+}
+
+/// `iteron agent …`: needs only the socket.
+pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let socket = agent_socket(&args)?;
+    let rt = current_thread()?;
+    match args.action {
+        Agent::Tools(f) => {
+            let v = rt.block_on(async {
+                let mut c = Connection::connect(&socket).await?;
+                c.hello("iteron-agent").await?;
+                c.request("list_tools", json!({})).await
+            });
+            let v = v.map_err(CliError::Broker)?;
+            match f.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    for t in v.get("tools").and_then(Value::as_array).unwrap_or(&empty) {
+                        let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
+                        out_line(
+                            out,
+                            &text::single_line(&format!(
+                                "{}/{}  {}",
+                                s("server"),
+                                s("name"),
+                                s("description")
+                            )),
+                        )?;
+                    }
+                    for u in v
+                        .get("unavailable")
+                        .and_then(Value::as_array)
+                        .unwrap_or(&empty)
+                    {
+                        out_line(
+                            out,
+                            &text::single_line(&format!(
+                                "{}: unavailable",
+                                u.as_str().unwrap_or("")
+                            )),
+                        )?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        Agent::Call(c) => {
+            let arguments = parse_object(&c.json)
+                .ok_or_else(|| CliError::Usage("--json must be a JSON object".into()))?;
+            let v = rt
+                .block_on(async {
+                    let mut conn = Connection::connect(&socket).await?;
+                    conn.hello("iteron-agent").await?;
+                    conn.request(
+                        "call_tool",
+                        json!({"server": c.server, "tool": c.tool, "arguments": arguments}),
+                    )
+                    .await
+                })
+                .map_err(CliError::Broker)?;
+            let is_error = v.get("is_error").and_then(Value::as_bool) == Some(true);
+            match c.format {
+                Format::Json => json_out(out, &v)?,
+                Format::Text => {
+                    let t = v.get("text").and_then(Value::as_str).unwrap_or("");
+                    // Tool output is untrusted: make it terminal-safe, keeping line breaks.
+                    for line in t.lines() {
+                        out_line(out, &text::single_line_capped(line, usize::MAX))?;
+                    }
+                }
+            }
+            if is_error {
+                return Err(CliError::Server("the tool reported an error".into()));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `iteron audit verify`
+pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError> {
+    let Audit::Verify(f) = cmd;
+    let home = home()?;
+    match iteron_broker::audit::verify(home.dir()) {
+        Ok(v) => match f.format {
+            Format::Json => json_out(
+                out,
+                &json!({"ok": true, "records": v.records, "files": v.files, "head": v.head, "head_lagging": v.head_lagging}),
+            ),
+            Format::Text => {
+                out_line(
+                    out,
+                    &format!(
+                        "audit log verified: {} records in {} files; head {}",
+                        v.records, v.files, v.head
+                    ),
+                )?;
+                if v.head_lagging {
+                    out_line(
+                        out,
+                        "note: the head was one record behind (the broker stopped between writing a record and its head)",
+                    )?;
+                }
+                Ok(())
+            }
+        },
+        Err(t) => Err(CliError::Audit(t.to_string())),
+    }
+}
