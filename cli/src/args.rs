@@ -75,7 +75,7 @@ pub(crate) struct ServeArgs {
 #[derive(Debug, Args)]
 pub(crate) struct OperatorSocketArg {
     /// The broker's operator socket (default: $ITERON_HOME/run/operator.sock).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub(crate) operator_socket: Option<std::path::PathBuf>,
 }
 

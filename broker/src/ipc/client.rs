@@ -117,10 +117,14 @@ impl Connection {
         self.next += 1;
         let body = serde_json::to_vec(&proto::request_frame(id, method, params))
             .map_err(|_| ClientError::Malformed)?;
-        frame::write_frame(&mut self.stream, &body, MAX_FRAME)
-            .await
-            .map_err(ClientError::Frame)?;
-        let answer = self.read_value().await?.ok_or(ClientError::Closed)?;
+        let written = frame::write_frame(&mut self.stream, &body, MAX_FRAME).await;
+        // A broker that refuses the connection (peer check, too many connections) answers and
+        // closes at once, so the write may fail: its error frame is still there to read.
+        let answer = match self.read_value().await {
+            Ok(Some(v)) => v,
+            Ok(None) => return Err(written.err().map_or(ClientError::Closed, ClientError::Frame)),
+            Err(e) => return Err(written.err().map_or(e, ClientError::Frame)),
+        };
         let answered = answer.get("id").and_then(Value::as_u64);
         if let Some(err) = answer.get("error") {
             // A fatal error may carry a null id; any other id is a broken answer.

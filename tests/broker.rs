@@ -1,0 +1,1087 @@
+//! End-to-end tests of `iteron broker serve` and its two sockets, with the real `iteron` binary
+//! as broker, operator and agent, and real MCP servers as children: the official
+//! `@modelcontextprotocol/server-everything` (installed from `tests/interop/package-lock.json`)
+//! and the repository's scripted fixture where the test must see what the server received.
+//!
+//! Privilege tests run the hostile side as uid 65534 (the suite runs as root in CI, and root
+//! bypasses file modes and a same-uid peer check, so nothing negative would be proven as root).
+
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use iteron_broker::ipc::client::Connection;
+use serde_json::{Value, json};
+
+const NOBODY: u32 = 65534;
+
+fn iteron() -> &'static str {
+    env!("CARGO_BIN_EXE_iteron")
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn everything_js() -> PathBuf {
+    let p = repo()
+        .join("tests/interop/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        p.exists(),
+        "the official everything server is not installed: run tests/interop/setup (./scripts/test does)"
+    );
+    p
+}
+
+fn node() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("node"))
+                .find(|c| c.exists())
+        })
+        .expect("node is not on PATH")
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A private test area: `base` (0755, so uid 65534 can traverse where a test allows it) with
+/// `home` (0700) inside.
+struct Area {
+    base: PathBuf,
+}
+
+impl Area {
+    fn new(name: &str) -> Area {
+        let base =
+            std::env::temp_dir().join(format!("iteron-broker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&base)
+            .unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(base.join("home"))
+            .unwrap();
+        Area { base }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.base.join("home")
+    }
+
+    fn agent_socket(&self) -> PathBuf {
+        self.base.join("run").join("agent.sock")
+    }
+
+    fn operator_socket(&self) -> PathBuf {
+        self.home().join("run").join("operator.sock")
+    }
+
+    fn config(&self, servers: Value) {
+        let c = json!({"schema_version": 2, "mcp_servers": servers});
+        let path = self.home().join("config.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn everything(&self) {
+        self.config(json!([{
+            "name": "ev",
+            "transport": "stdio",
+            "command": node().to_str().unwrap(),
+            "args": [everything_js().to_str().unwrap(), "stdio"],
+            "env": ["ITERON_TEST_FORWARDED"],
+            "tools": {"deny": ["trigger-sampling-request"]},
+            "policy": {"tools": {"get-sum": []}}
+        }]));
+    }
+
+    fn iteron(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(iteron());
+        c.args(args)
+            .env("ITERON_HOME", self.home())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.iteron(args).output().unwrap()
+    }
+
+    /// Start a broker; `extra` are more flags; `env` more variables for the broker.
+    fn broker(&self, extra: &[&str], env: &[(&str, &str)]) -> Broker {
+        let sock = self.agent_socket();
+        let mut args = vec!["broker", "serve", "--socket", sock.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut cmd = self.iteron(&args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let b = Broker {
+            child,
+            socket: self.operator_socket(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&sock).is_ok()
+                && std::os::unix::net::UnixStream::connect(self.operator_socket()).is_ok()
+            {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the broker did not start: {}", b.finish().1);
+    }
+
+    fn agent(&self, args: &[&str]) -> Command {
+        let sock = self.agent_socket();
+        let mut full = vec!["agent", "--socket", sock.to_str().unwrap()];
+        full.extend_from_slice(args);
+        let mut c = Command::new(iteron());
+        // The agent needs only the socket: no ITERON_HOME.
+        c.args(&full)
+            .env_remove("ITERON_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    fn pending(&self) -> Vec<Value> {
+        let out = self.run(&["approvals", "list", "--format", "json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["pending"].as_array().unwrap().clone()
+    }
+
+    fn wait_pending(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let p = self.pending();
+            if p.len() == n {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} pending, have {p:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn status(&self) -> Value {
+        let out = self.run(&["broker", "status", "--format", "json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn audit_records(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut files: Vec<_> = std::fs::read_dir(self.home().join("audit"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .collect();
+        files.sort();
+        for f in files {
+            for line in std::fs::read_to_string(f).unwrap().lines() {
+                out.push(serde_json::from_str(line).unwrap());
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+struct Broker {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Broker {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGTERM, wait (bounded), and return the exit code and stderr.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let code = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("the broker did not stop within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (code, err)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = &self.socket;
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn wait_child(mut c: Child) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "a child did not finish in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_noninteractive_broker_hides_unexposed_tools_and_refuses_every_call() {
+    let area = Area::new("nonint");
+    area.everything();
+    let broker = area.broker(&["--noninteractive"], &[]);
+
+    // Nothing starts before a request needs it.
+    let st = area.status();
+    assert_eq!(st["servers"][0]["phase"], "idle");
+    assert_eq!(st["servers"][0]["generation"], 0);
+    assert_eq!(st["interactive"], false);
+
+    let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"echo"), "{names:?}");
+    // Hidden by policy (admits nothing) and by the deny filter: invisible.
+    assert!(!names.contains(&"get-sum"), "{names:?}");
+    assert!(!names.contains(&"trigger-sampling-request"), "{names:?}");
+
+    // An unexposed tool answers exactly like one that does not exist.
+    let hidden = area
+        .agent(&["call", "ev", "get-sum", "--json", r#"{"a":1,"b":2}"#])
+        .output()
+        .unwrap();
+    let unknown = area
+        .agent(&["call", "ev", "no-such-tool"])
+        .output()
+        .unwrap();
+    let no_server = area.agent(&["call", "nope", "echo"]).output().unwrap();
+    assert_eq!(hidden.status.code(), Some(9));
+    assert_eq!(hidden.stderr, unknown.stderr);
+    assert_eq!(hidden.stderr, no_server.stderr);
+    assert_eq!(hidden.stdout, unknown.stdout);
+    assert_eq!(
+        text(&hidden.stderr).trim(),
+        "iteron: error: broker: unknown_tool: unknown tool"
+    );
+
+    // An exposed tool needs approval, and a noninteractive broker refuses with a reason.
+    let refused = area
+        .agent(&["call", "ev", "echo", "--json", r#"{"message":"hi"}"#])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(9), "{}", text(&refused.stderr));
+    let line = text(&refused.stderr);
+    assert_eq!(line.lines().count(), 1);
+    assert!(
+        line.contains("approval_required") && line.contains("noninteractive"),
+        "{line}"
+    );
+    assert!(line.contains("not_sent"), "{line}");
+
+    let st = area.status();
+    assert_eq!(st["servers"][0]["phase"], "ready");
+    assert_eq!(st["servers"][0]["generation"], 1);
+    assert!(st["servers"][0]["tools"].as_u64().unwrap() >= 10);
+    assert_eq!(st["servers"][0]["version"], "2025-11-25");
+
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let records = area.audit_records();
+    let outcomes: Vec<&str> = records
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert!(outcomes.contains(&"approval_required"), "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == "unknown_tool").count(), 3);
+    // Arguments never appear, only their digest.
+    let raw = std::fs::read_dir(area.home().join("audit"))
+        .unwrap()
+        .flatten()
+        .fold(String::new(), |mut acc, e| {
+            acc.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            acc
+        });
+    assert!(!raw.contains("\"message\""));
+    let verify = area.run(&["audit", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+}
+
+#[test]
+fn the_operator_approves_or_denies_each_call_and_secrets_stay_out_of_results() {
+    let area = Area::new("approve");
+    area.everything();
+    let canary_env = "iteron-canary-not-for-the-agent-7d1f";
+    let forwarded = "iteron-forwarded-canary-0b3e";
+    let broker = area.broker(
+        &[],
+        &[
+            ("ITERON_TEST_UNNAMED_SECRET", canary_env),
+            ("ITERON_TEST_FORWARDED", forwarded),
+        ],
+    );
+
+    let call = area
+        .agent(&[
+            "call",
+            "ev",
+            "echo",
+            "--json",
+            r#"{"message":"approved hello"}"#,
+        ])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    assert_eq!(p[0]["kind"], "call");
+    assert_eq!(p[0]["server"], "ev");
+    assert_eq!(p[0]["tool"], "echo");
+    assert!(
+        p[0]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("approved hello")
+    );
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    // Nothing reached the server before approval: the agent is still waiting.
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "Echo: approved hello");
+    // Approving twice finds nothing.
+    assert_eq!(
+        area.run(&["approvals", "approve", &id]).status.code(),
+        Some(4)
+    );
+
+    let call = area
+        .agent(&["call", "ev", "echo", "--json", r#"{"message":"no"}"#])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "deny", &id]).status.success());
+    let out = wait_child(call);
+    assert_eq!(out.status.code(), Some(9));
+    assert!(
+        text(&out.stderr).contains("denied"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The child's environment: the unnamed secret never reaches it; the forwarded one does
+    // (the operator named it) but is scrubbed from what the agent gets back.
+    let call = area
+        .agent(&["call", "ev", "get-env", "--format", "json"])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("ITERON_TEST_FORWARDED"), "{shown}");
+    assert!(!shown.contains(forwarded), "{shown}");
+    assert!(!shown.contains(canary_env), "{shown}");
+    assert!(!shown.contains("ITERON_TEST_UNNAMED_SECRET"), "{shown}");
+
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains(canary_env) && !err.contains(forwarded));
+    let records = area.audit_records();
+    let decided: Vec<(&str, &str)> = records
+        .iter()
+        .filter(|r| r["kind"] == "call_tool")
+        .map(|r| {
+            (
+                r["decision"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        vec![("approved", "ok"), ("denied", "denied"), ("approved", "ok")]
+    );
+    let all = serde_json::to_string(&records).unwrap();
+    assert!(
+        !all.contains(canary_env) && !all.contains(forwarded) && !all.contains("approved hello")
+    );
+    assert!(area.run(&["audit", "verify"]).status.success());
+}
+
+#[test]
+fn live_control_cancels_restarts_and_stops_that_exact_server() {
+    let area = Area::new("control");
+    area.everything();
+    let broker = area.broker(&[], &[]);
+
+    // A long call, approved, then cancelled by the operator.
+    let call = area
+        .agent(&[
+            "call",
+            "ev",
+            "trigger-long-running-operation",
+            "--json",
+            r#"{"duration":30,"steps":30}"#,
+        ])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while area.status()["servers"][0]["in_flight"] != 1 {
+        assert!(Instant::now() < deadline, "the call never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cancelled = area.run(&["broker", "cancel", "ev"]);
+    assert!(cancelled.status.success(), "{}", text(&cancelled.stderr));
+    assert_eq!(
+        text(&cancelled.stdout).trim(),
+        "cancelled 1 call(s) in flight"
+    );
+    let out = wait_child(call);
+    assert_eq!(out.status.code(), Some(9));
+    let line = text(&out.stderr);
+    assert!(
+        line.contains("cancelled") && line.contains("maybe_applied"),
+        "{line}"
+    );
+
+    let st = area.status()["servers"][0].clone();
+    assert_eq!(
+        (st["phase"].as_str(), st["generation"].as_u64()),
+        (Some("ready"), Some(1))
+    );
+
+    // Restart: back to idle, catalog cleared; the next request reconnects (generation 2).
+    assert!(area.run(&["broker", "restart", "ev"]).status.success());
+    let st = area.status()["servers"][0].clone();
+    assert_eq!(st["phase"], "idle");
+    assert_eq!(st["tools"], Value::Null);
+    assert!(area.agent(&["tools"]).output().unwrap().status.success());
+    let st = area.status()["servers"][0].clone();
+    assert_eq!(
+        (st["phase"].as_str(), st["generation"].as_u64()),
+        (Some("ready"), Some(2))
+    );
+
+    // Stop: the server stays down, the agent gets a clear refusal, nothing is sent.
+    assert!(area.run(&["broker", "stop", "ev"]).status.success());
+    assert_eq!(area.status()["servers"][0]["phase"], "stopped");
+    let out = area
+        .agent(&["call", "ev", "echo", "--json", r#"{"message":"x"}"#])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        text(&out.stderr).contains("not_sent"),
+        "{}",
+        text(&out.stderr)
+    );
+    let listed = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(v["unavailable"], json!(["ev"]));
+
+    // Unknown servers are reported as such; status of one server works.
+    assert_eq!(
+        area.run(&["broker", "restart", "nope"]).status.code(),
+        Some(4)
+    );
+    let one = area.run(&["broker", "status", "ev"]);
+    assert!(
+        text(&one.stdout).contains("phase=stopped"),
+        "{}",
+        text(&one.stdout)
+    );
+
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let kinds: Vec<String> = area
+        .audit_records()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_owned())
+        .collect();
+    for k in ["operator_cancel", "operator_restart", "operator_stop"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} not audited: {kinds:?}");
+    }
+}
+
+fn scripted_area(name: &str) -> (Area, PathBuf, String) {
+    let area = Area::new(name);
+    let log = area.base.join("server.log");
+    let marker = format!("marker-{name}-{}", std::process::id());
+    area.config(json!([{
+        "name": "hang",
+        "transport": "stdio",
+        "command": "/usr/bin/python3",
+        "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), "hang", marker],
+        "env": ["SCRIPT_LOG"],
+    }]));
+    (area, log, marker)
+}
+
+fn processes_with(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+#[test]
+fn an_agent_that_disconnects_cancels_its_approval_and_its_call() {
+    let (area, log, _) = scripted_area("disconnect");
+    let broker = area.broker(&[], &[("SCRIPT_LOG", log.to_str().unwrap())]);
+
+    // Waiting for approval, the agent goes away: the item disappears from the operator's list.
+    let mut call = area.agent(&["call", "hang", "echo"]).spawn().unwrap();
+    area.wait_pending(1);
+    call.kill().unwrap();
+    call.wait().unwrap();
+    area.wait_pending(0);
+
+    // Approved and in flight at the server, the agent goes away: the server is told.
+    let mut call = area
+        .agent(&["call", "hang", "echo", "--json", r#"{"text":"x"}"#])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("tools/call")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    call.kill().unwrap();
+    call.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = std::fs::read_to_string(&log).unwrap_or_default();
+        if seen.contains("notifications/cancelled") {
+            assert!(seen.contains("the caller went away"), "{seen}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no cancellation reached the server: {seen}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let outcomes: Vec<(String, String)> = area
+        .audit_records()
+        .iter()
+        .filter(|r| r["kind"] == "call_tool")
+        .map(|r| {
+            (
+                r["decision"].as_str().unwrap().into(),
+                r["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (
+                "awaiting_approval".to_owned(),
+                "cancelled_by_disconnect".to_owned()
+            ),
+            ("approved".to_owned(), "cancelled_by_disconnect".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn sigterm_answers_in_flight_calls_and_reaps_every_child() {
+    let (area, log, marker) = scripted_area("sigterm");
+    let broker = area.broker(&[], &[("SCRIPT_LOG", log.to_str().unwrap())]);
+    let call = area.agent(&["call", "hang", "echo"]).spawn().unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("tools/call")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(processes_with(&marker), 1);
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let out = wait_child(call);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let line = text(&out.stderr);
+    assert!(line.contains("shutting_down"), "{line}");
+    assert_eq!(
+        processes_with(&marker),
+        0,
+        "a server process outlived the broker"
+    );
+    assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
+    let records = area.audit_records();
+    assert_eq!(records.last().unwrap()["kind"], "broker_stop");
+    assert!(area.run(&["audit", "verify"]).status.success());
+}
+
+#[test]
+fn a_second_broker_on_the_same_home_or_socket_is_refused() {
+    let area = Area::new("twice");
+    area.config(json!([]));
+    let first = area.broker(&["--noninteractive"], &[]);
+    let second = area.run(&[
+        "broker",
+        "serve",
+        "--noninteractive",
+        "--socket",
+        area.agent_socket().to_str().unwrap(),
+    ]);
+    assert_eq!(second.status.code(), Some(1));
+    let all = text(&second.stderr);
+    // The first line (if any) names ignored environment variables; the error is one line.
+    let errors: Vec<&str> = all.lines().filter(|l| l.starts_with("iteron: error")).collect();
+    assert_eq!(errors.len(), 1, "{all}");
+    let line = errors[0];
+    assert!(
+        line.contains("another running broker") || line.contains("another broker"),
+        "{line}"
+    );
+    drop(first);
+}
+
+#[test]
+fn protocol_violations_get_one_error_frame_and_the_connection_closes() {
+    let area = Area::new("frames");
+    area.config(json!([]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sock = area.agent_socket();
+    rt.block_on(async {
+        // Out of state: a call before hello.
+        let mut c = Connection::connect(&sock).await.unwrap();
+        let err = c
+            .request("call_tool", json!({"server": "s", "tool": "t"}))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("before hello"), "{err}");
+        assert_eq!(c.read_value().await.unwrap(), None);
+
+        // A second hello is out of state too.
+        let mut c = Connection::connect(&sock).await.unwrap();
+        c.hello("t").await.unwrap();
+        let err = c.hello("t").await.unwrap_err();
+        assert!(err.to_string().starts_with("protocol"), "{err}");
+        assert_eq!(c.read_value().await.unwrap(), None);
+
+        // Wrong protocol version.
+        let mut c = Connection::connect(&sock).await.unwrap();
+        let err = c
+            .request("hello", json!({"protocol": 2}))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().starts_with("version"), "{err}");
+
+        // Operator requests on the agent socket are unknown.
+        let mut c = Connection::connect(&sock).await.unwrap();
+        c.hello("t").await.unwrap();
+        let err = c.request("pending", json!({})).await.unwrap_err();
+        assert!(err.to_string().contains("unknown request"), "{err}");
+
+        // One byte over the frame bound: refused from the header alone.
+        let mut raw = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let over = u32::try_from(iteron_broker::ipc::frame::MAX_FRAME + 1).unwrap();
+        raw.write_all(&over.to_be_bytes()).await.unwrap();
+        let mut len = [0u8; 4];
+        raw.read_exact(&mut len).await.unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        raw.read_exact(&mut body).await.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "protocol");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("over the maximum")
+        );
+        let mut rest = Vec::new();
+        raw.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    });
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let protocol_errors = area
+        .audit_records()
+        .iter()
+        .filter(|r| r["kind"] == "protocol_error")
+        .count();
+    assert_eq!(protocol_errors, 5);
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    const CANARY: &str = "iteron-fuzz-canary-5c2a9e";
+
+    #[derive(Debug, Clone)]
+    enum Input {
+        Raw(Vec<u8>),
+        Truncated(Vec<u8>, usize),
+        Oversized(u32),
+        Frames(Vec<Vec<u8>>),
+    }
+
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut v = (body.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn json_frames() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(br#"{"id":1,"method":"hello","params":{"protocol":1}}"#.to_vec()),
+            Just(br#"{"id":2,"method":"list_tools"}"#.to_vec()),
+            Just(br#"{"id":3,"method":"call_tool","params":{"server":"s","tool":"t"}}"#.to_vec()),
+            Just(br#"{"id":4,"method":"status"}"#.to_vec()),
+            Just(br#"{"id":5,"method":"end_session"}"#.to_vec()),
+            "[ -~]{0,40}".prop_map(|s| format!(r#"{{"id":9,"method":"{s}"}}"#).into_bytes()),
+            prop::collection::vec(any::<u8>(), 1..64),
+        ]
+    }
+
+    fn inputs() -> impl Strategy<Value = Input> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 1..200).prop_map(Input::Raw),
+            (json_frames(), 0usize..40).prop_map(|(b, cut)| Input::Truncated(frame(&b), cut)),
+            ((iteron_broker::ipc::frame::MAX_FRAME as u32 + 1)..=u32::MAX)
+                .prop_map(Input::Oversized),
+            prop::collection::vec(json_frames(), 1..5).prop_map(Input::Frames),
+        ]
+    }
+
+    #[test]
+    fn random_truncated_oversized_and_out_of_state_frames_never_crash_or_leak() {
+        let area = Area::new("fuzz");
+        area.config(json!([{
+            "name": "s",
+            "transport": "stdio",
+            "command": "/usr/bin/python3",
+            "args": [repo().join("fixtures/stdio/echo_server.py").to_str().unwrap()],
+            "env": ["ITERON_FUZZ_SECRET"],
+        }]));
+        let broker = area.broker(&["--noninteractive"], &[("ITERON_FUZZ_SECRET", CANARY)]);
+        let sock = area.agent_socket();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 300,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        let executed = std::sync::atomic::AtomicUsize::new(0);
+        runner
+            .run(&inputs(), |input| {
+                executed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                rt.block_on(async {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+                    let bytes = match &input {
+                        Input::Raw(b) => b.clone(),
+                        Input::Truncated(f, cut) => f[..(*cut).min(f.len())].to_vec(),
+                        Input::Oversized(n) => n.to_be_bytes().to_vec(),
+                        Input::Frames(fs) => fs.iter().flat_map(|f| frame(f)).collect(),
+                    };
+                    let _ = s.write_all(&bytes).await;
+                    // Half-close: a truncated frame then ends; the broker must close.
+                    let _ = s.shutdown().await;
+                    let mut got = Vec::new();
+                    let read =
+                        tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut got))
+                            .await;
+                    prop_assert!(
+                        read.is_ok(),
+                        "the broker kept the connection open: {input:?}"
+                    );
+                    prop_assert!(!String::from_utf8_lossy(&got).contains(CANARY));
+                    // Every answer is a well-formed frame.
+                    let mut rest = &got[..];
+                    while !rest.is_empty() {
+                        prop_assert!(rest.len() >= 4);
+                        let n = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                        prop_assert!(rest.len() >= 4 + n);
+                        let v: Value = serde_json::from_slice(&rest[4..4 + n]).unwrap();
+                        prop_assert!(v.get("result").is_some() || v.get("error").is_some());
+                        if let Some(m) = v["error"]["message"].as_str() {
+                            prop_assert!(m.len() <= 512 && !m.contains('\n'));
+                        }
+                        rest = &rest[4 + n..];
+                    }
+                    Ok(())
+                })
+            })
+            .unwrap();
+        // Still alive and serving.
+        let out = area.agent(&["tools"]).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let (code, err) = broker.finish();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(!err.contains(CANARY));
+        let audit = serde_json::to_string(&area.audit_records()).unwrap();
+        assert!(!audit.contains(CANARY));
+        eprintln!(
+            "fuzz: {} inputs against the live broker, 0 crashes",
+            executed.load(std::sync::atomic::Ordering::SeqCst)
+        );
+    }
+}
+
+mod privilege {
+    use super::*;
+
+    fn as_nobody(cmd: &mut Command) -> &mut Command {
+        cmd.uid(NOBODY).gid(NOBODY).env_remove("ITERON_HOME")
+    }
+
+    #[test]
+    fn uid_65534_is_refused_unless_allowed_and_never_reaches_the_operator_or_the_home() {
+        if !is_root() {
+            eprintln!("skipped: dropping to uid 65534 needs root (CI runs as root)");
+            return;
+        }
+        let area = Area::new("nobody");
+        area.config(json!([{
+            "name": "s",
+            "transport": "stdio",
+            "command": "/usr/bin/python3",
+            "args": [repo().join("fixtures/stdio/echo_server.py").to_str().unwrap()],
+        }]));
+
+        // Not on the allowlist (another uid is): the socket is reachable by modes (0711 dir,
+        // 0666 socket), so the refusal comes from the peer-credential check.
+        let broker = area.broker(&["--noninteractive", "--allow-uid", "12345"], &[]);
+        let dir_mode = std::fs::metadata(area.agent_socket().parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        let sock_mode = std::fs::metadata(area.agent_socket())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!((dir_mode, sock_mode), (0o711, 0o666));
+        let out = as_nobody(&mut area.agent(&["tools"])).output().unwrap();
+        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("this uid may not use this socket"));
+        drop(broker);
+        let refused: Vec<Value> = area
+            .audit_records()
+            .into_iter()
+            .filter(|r| r["outcome"] == "peer_uid_not_allowed" && r["peer_uid"] == NOBODY)
+            .collect();
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0]["peer_uid"], NOBODY);
+
+        // On the allowlist: it works, with nothing but the socket path.
+        let broker = area.broker(&["--noninteractive", "--allow-uid", "65534"], &[]);
+        let out = as_nobody(&mut area.agent(&["tools"])).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("s/echo"));
+        let out = as_nobody(&mut area.agent(&["call", "s", "echo"]))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(9));
+        assert!(text(&out.stderr).contains("approval_required"));
+
+        // The operator socket refuses uid 65534 even when its modes would let it in.
+        std::fs::set_permissions(area.home(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            area.operator_socket().parent().unwrap(),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            area.operator_socket(),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        let op = area.operator_socket();
+        let out = as_nobody(&mut area.iteron(&[
+            "broker",
+            "status",
+            "--operator-socket",
+            op.to_str().unwrap(),
+        ]))
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        let out = as_nobody(&mut area.iteron(&[
+            "approvals",
+            "list",
+            "--operator-socket",
+            op.to_str().unwrap(),
+        ]))
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        std::fs::set_permissions(area.home(), std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        // The home stays unreadable to the agent uid.
+        let cat = as_nobody(Command::new("/bin/cat").arg(area.home().join("config.json")))
+            .output()
+            .unwrap();
+        assert!(!cat.status.success());
+        assert!(
+            text(&cat.stderr).contains("Permission denied"),
+            "{}",
+            text(&cat.stderr)
+        );
+        let ls = as_nobody(Command::new("/bin/ls").arg(area.home().join("audit")))
+            .output()
+            .unwrap();
+        assert!(!ls.status.success());
+        drop(broker);
+    }
+
+    /// The broker is not dumpable: a same-uid ptrace attach fails with EPERM, while the same
+    /// attach to an ordinary process of that uid succeeds (so the test can fail). The tracer is
+    /// the parent of both targets, so Yama's "descendants only" rule allows both attaches.
+    #[test]
+    fn ptrace_attach_to_the_broker_is_refused() {
+        if !is_root() {
+            eprintln!("skipped: dropping to uid 65534 needs root (CI runs as root)");
+            return;
+        }
+        let area = Area::new("ptrace");
+        area.config(json!([]));
+        let uid = nix::unistd::Uid::from_raw(NOBODY);
+        let gid = nix::unistd::Gid::from_raw(NOBODY);
+        nix::unistd::chown(&area.home(), Some(uid), Some(gid)).unwrap();
+        nix::unistd::chown(&area.home().join("config.json"), Some(uid), Some(gid)).unwrap();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(area.base.join("run"))
+            .unwrap();
+        nix::unistd::chown(&area.base.join("run"), Some(uid), Some(gid)).unwrap();
+        let script = r#"
+import ctypes, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+def attach(pid):
+    r = libc.ptrace(16, pid, None, None)
+    e = ctypes.get_errno()
+    if r == 0:
+        os.waitpid(pid, 0)
+        libc.ptrace(17, pid, None, None)
+    return r, e
+broker = subprocess.Popen(sys.argv[1:], stderr=subprocess.PIPE)
+sock = sys.argv[sys.argv.index("--socket") + 1]
+for _ in range(500):
+    if os.path.exists(sock):
+        break
+    time.sleep(0.02)
+time.sleep(0.2)
+plain = subprocess.Popen(["/bin/sleep", "30"])
+print("broker", *attach(broker.pid))
+print("plain", *attach(plain.pid))
+plain.kill(); broker.terminate(); broker.wait()
+"#;
+        let sock = area.agent_socket();
+        let out = Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(script)
+            .args([
+                iteron(),
+                "broker",
+                "serve",
+                "--noninteractive",
+                "--socket",
+                sock.to_str().unwrap(),
+            ])
+            .env("ITERON_HOME", area.home())
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap();
+        let shown = text(&out.stdout);
+        assert!(
+            shown.contains(&format!("broker -1 {}", nix::libc::EPERM)),
+            "{shown} {}",
+            text(&out.stderr)
+        );
+        assert!(
+            shown.contains("plain 0"),
+            "the control attach failed, so this test proves nothing: {shown}"
+        );
+    }
+}
