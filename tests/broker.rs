@@ -6,6 +6,7 @@
 //! Privilege tests run the hostile side as uid 65534 (the suite runs as root in CI, and root
 //! bypasses file modes and a same-uid peer check, so nothing negative would be proven as root).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
