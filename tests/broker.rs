@@ -458,6 +458,46 @@ fn the_operator_approves_or_denies_each_call_and_secrets_stay_out_of_results() {
     assert!(area.run(&["audit", "verify"]).status.success());
 }
 
+/// The official server asks for a form in the middle of a call (`elicitation/create`): it
+/// reaches the operator through the operator socket, an answer that does not fit the schema is
+/// refused, a fitting one reaches the server; a noninteractive broker offers no forms at all.
+#[test]
+fn forms_reach_the_operator_and_only_the_operator() {
+    let area = Area::new("forms");
+    area.everything();
+    let broker = area.broker(&[], &[]);
+    let call = area
+        .agent(&["call", "ev", "trigger-elicitation-request"])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    assert_eq!(p[0]["kind"], "call");
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let p = area.wait_pending(1);
+    assert_eq!(p[0]["kind"], "form");
+    assert_eq!(p[0]["server"], "ev");
+    assert_eq!(p[0]["schema"]["required"], json!(["name"]));
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    let wrong = area.run(&["approvals", "answer", &id, "--json", r#"{"name": 5}"#]);
+    assert_eq!(wrong.status.code(), Some(4), "{}", text(&wrong.stderr));
+    assert_eq!(area.pending().len(), 1, "a refused answer must leave the form waiting");
+    let right = area.run(&["approvals", "answer", &id, "--json", r#"{"name": "Op Erator"}"#]);
+    assert!(right.status.success(), "{}", text(&right.stderr));
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("Op Erator"), "{}", text(&out.stdout));
+    drop(broker);
+
+    // Noninteractive: the client advertises no form support, so the server does not even
+    // offer the tool.
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let out = area.agent(&["tools"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(!text(&out.stdout).contains("trigger-elicitation-request"));
+    drop(broker);
+}
+
 #[test]
 fn live_control_cancels_restarts_and_stops_that_exact_server() {
     let area = Area::new("control");

@@ -497,13 +497,12 @@ impl Drop for InFlight<'_> {
     }
 }
 
-fn capabilities(opts: &Options, era: Era, http: bool) -> Value {
+fn capabilities(opts: &Options, era: Era, _http: bool) -> Value {
     let mut caps = Map::new();
     if opts.elicitor.is_some() {
+        // Server requests are routed to the elicitor on every transport (the stdio reader
+        // answers them while a call is in flight), so every era advertises forms.
         match era {
-            // Over stdio the stateful era does not advertise elicitation (no server-request
-            // routing is promised there); HTTP and the modern era do.
-            Era::Legacy(_) if !http => {}
             Era::Legacy(Version::V2025_06_18) => {
                 caps.insert("elicitation".into(), json!({}));
             }
@@ -1527,7 +1526,7 @@ mod tests {
         );
         assert_eq!(
             capabilities(&opts, Era::Legacy(Version::V2025_11_25), false),
-            json!({})
+            json!({"elicitation": {"form": {}}})
         );
         assert_eq!(
             capabilities(&opts, Era::Legacy(Version::V2025_11_25), true),
