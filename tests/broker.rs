@@ -481,12 +481,26 @@ fn forms_reach_the_operator_and_only_the_operator() {
     let id = p[0]["id"].as_u64().unwrap().to_string();
     let wrong = area.run(&["approvals", "answer", &id, "--json", r#"{"name": 5}"#]);
     assert_eq!(wrong.status.code(), Some(4), "{}", text(&wrong.stderr));
-    assert_eq!(area.pending().len(), 1, "a refused answer must leave the form waiting");
-    let right = area.run(&["approvals", "answer", &id, "--json", r#"{"name": "Op Erator"}"#]);
+    assert_eq!(
+        area.pending().len(),
+        1,
+        "a refused answer must leave the form waiting"
+    );
+    let right = area.run(&[
+        "approvals",
+        "answer",
+        &id,
+        "--json",
+        r#"{"name": "Op Erator"}"#,
+    ]);
     assert!(right.status.success(), "{}", text(&right.stderr));
     let out = wait_child(call);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("Op Erator"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("Op Erator"),
+        "{}",
+        text(&out.stdout)
+    );
     drop(broker);
 
     // Noninteractive: the client advertises no form support, so the server does not even
@@ -745,7 +759,10 @@ fn a_second_broker_on_the_same_home_or_socket_is_refused() {
     assert_eq!(second.status.code(), Some(1));
     let all = text(&second.stderr);
     // The first line (if any) names ignored environment variables; the error is one line.
-    let errors: Vec<&str> = all.lines().filter(|l| l.starts_with("iteron: error")).collect();
+    let errors: Vec<&str> = all
+        .lines()
+        .filter(|l| l.starts_with("iteron: error"))
+        .collect();
     assert_eq!(errors.len(), 1, "{all}");
     let line = errors[0];
     assert!(

@@ -735,7 +735,15 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         "added stdio MCP server demo-echo",
         "demo-echo    stdio",
         "--env takes a variable name, not NAME=value",
-        "removed MCP server demo-echo",
+        "removed MCP server demo-remote",
+        "$ iteron agent --socket",
+        "demo-echo/echo  Return the given text.",
+        "unknown_tool: unknown tool",
+        "approval_required",
+        "[1] call demo-echo/echo from uid ",
+        "approved 1",
+        "hello, approved",
+        "audit log verified:",
         "~/.iteron was not touched",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
@@ -743,6 +751,12 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
     assert!(
         !text.contains("sk-demo-not-a-real-token"),
         "the refused value is not echoed"
+    );
+    // The value the demo's broker forwards to its server never reaches the agent or the output.
+    assert!(!text.contains("sk-demo-forwarded-token"));
+    assert!(
+        !text.contains("delete_all ran"),
+        "the denied tool never ran"
     );
     assert!(!sb.root.join("user").join(".iteron").exists());
     assert!(!sb.home().exists());

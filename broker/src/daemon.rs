@@ -288,10 +288,7 @@ pub async fn serve(
         session_salt: audit::sha256_hex(&salt)[..8].to_owned(),
     });
     // Every configured server is listed (idle) from the start; nothing is started.
-    broker
-        .registry
-        .snapshot()
-        .map_err(ServeError::Config)?;
+    broker.registry.snapshot().map_err(ServeError::Config)?;
     broker.audit(Event {
         kind: "broker_start",
         decision: "allowed",

@@ -501,8 +501,10 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
                 out_line(
                     out,
                     &format!(
-                        "audit log verified: {} records in {} files; head {}",
-                        v.records, v.files, v.head
+                        "audit log verified: {} records in {} files; head {}… (the full value: --format json)",
+                        v.records,
+                        v.files,
+                        v.head.get(..12).unwrap_or_default()
                     ),
                 )?;
                 if v.head_lagging {

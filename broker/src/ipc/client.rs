@@ -122,7 +122,11 @@ impl Connection {
         // closes at once, so the write may fail: its error frame is still there to read.
         let answer = match self.read_value().await {
             Ok(Some(v)) => v,
-            Ok(None) => return Err(written.err().map_or(ClientError::Closed, ClientError::Frame)),
+            Ok(None) => {
+                return Err(written
+                    .err()
+                    .map_or(ClientError::Closed, ClientError::Frame));
+            }
             Err(e) => return Err(written.err().map_or(e, ClientError::Frame)),
         };
         let answered = answer.get("id").and_then(Value::as_u64);
