@@ -844,6 +844,96 @@ fn protocol_violations_get_one_error_frame_and_the_connection_closes() {
     assert_eq!(protocol_errors, 5);
 }
 
+/// Every frame the agent receives during a full session — listing, unknown and hidden tools, a
+/// refused call, approved calls including one that dumps the server's environment, a cancelled
+/// call — is scanned for the secrets the broker holds (a forwarded variable, an unnamed one).
+#[test]
+fn no_frame_sent_to_the_agent_carries_a_secret() {
+    let area = Area::new("canary");
+    area.everything();
+    let forwarded = "iteron-canary-forwarded-4a8e1c";
+    let unnamed = "iteron-canary-unnamed-93bd07";
+    let broker = area.broker(
+        &[],
+        &[
+            ("ITERON_TEST_FORWARDED", forwarded),
+            ("ITERON_TEST_UNNAMED_SECRET", unnamed),
+        ],
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let approver = {
+        let stop = std::sync::Arc::clone(&stop);
+        let home = area.home();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let out = Command::new(iteron())
+                    .args(["approvals", "list", "--format", "json"])
+                    .env("ITERON_HOME", &home)
+                    .output()
+                    .unwrap();
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+                for item in v["pending"].as_array().cloned().unwrap_or_default() {
+                    let id = item["id"].as_u64().unwrap().to_string();
+                    let deny = item["tool"] == "get-annotated-message";
+                    let _ = Command::new(iteron())
+                        .args(["approvals", if deny { "deny" } else { "approve" }, &id])
+                        .env("ITERON_HOME", &home)
+                        .output();
+                }
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut frames: Vec<String> = Vec::new();
+    rt.block_on(async {
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        let mut keep = |r: Result<Value, iteron_broker::ipc::client::ClientError>| match r {
+            Ok(v) => frames.push(v.to_string()),
+            Err(e) => frames.push(e.to_string()),
+        };
+        keep(c.hello("canary-agent").await);
+        keep(c.request("list_tools", json!({})).await);
+        for (tool, args) in [
+            ("echo", json!({"message": "plain"})),
+            ("get-env", json!({})),
+            ("get-sum", json!({"a": 1, "b": 2})),
+            ("no-such-tool", json!({})),
+            ("get-annotated-message", json!({"messageType": "error"})),
+            ("get-structured-content", json!({"location": "New York"})),
+            ("echo", json!({"wrong": 1})),
+        ] {
+            keep(
+                c.request(
+                    "call_tool",
+                    json!({"server": "ev", "tool": tool, "arguments": args}),
+                )
+                .await,
+            );
+        }
+        keep(c.request("end_session", json!({})).await);
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    approver.join().unwrap();
+    let all = frames.join("\n");
+    assert!(
+        all.contains("ITERON_TEST_FORWARDED"),
+        "get-env did not run: {all}"
+    );
+    assert!(all.contains("the operator denied this call"), "{all}");
+    for secret in [forwarded, unnamed] {
+        assert!(!all.contains(secret), "a secret reached the agent");
+    }
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0));
+    assert!(!err.contains(forwarded) && !err.contains(unnamed));
+    let audit = serde_json::to_string(&area.audit_records()).unwrap();
+    assert!(!audit.contains(forwarded) && !audit.contains(unnamed));
+}
+
 mod fuzz {
     use super::*;
     use proptest::prelude::*;
