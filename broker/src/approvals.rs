@@ -39,6 +39,15 @@ pub enum NotApproved {
     ShuttingDown,
 }
 
+/// Why a form answer was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerError {
+    /// No such form is waiting.
+    NotWaiting,
+    /// The content does not fit the form's schema (the form stays waiting).
+    Invalid(String),
+}
+
 /// A call waiting for approval, as the operator sees it.
 #[derive(Debug, Clone)]
 pub struct CallInfo {
@@ -84,6 +93,7 @@ pub struct Approvals {
     next: AtomicU64,
     items: Mutex<BTreeMap<u64, Waiting>>,
     closed: std::sync::atomic::AtomicBool,
+    arrived: tokio::sync::Notify,
 }
 
 /// Removes an item when its requester stops waiting, however that happens.
@@ -104,6 +114,7 @@ impl Approvals {
             next: AtomicU64::new(1),
             items: Mutex::new(BTreeMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            arrived: tokio::sync::Notify::new(),
         })
     }
 
@@ -135,6 +146,8 @@ impl Approvals {
                 since: SystemTime::now(),
             },
         );
+        drop(items);
+        self.arrived.notify_waiters();
         Ok(id)
     }
 
@@ -185,6 +198,19 @@ impl Approvals {
             approvals: Arc::clone(self),
             server: server.to_owned(),
         }))
+    }
+
+    /// Like [`Approvals::list`], but when nothing is waiting, wait up to `wait` for an item.
+    pub async fn list_wait(&self, wait: Duration) -> Vec<Value> {
+        let arrived = self.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        let now = self.list();
+        if !now.is_empty() || wait.is_zero() {
+            return now;
+        }
+        let _ = tokio::time::timeout(wait, arrived).await;
+        self.list()
     }
 
     /// Everything waiting, oldest first, as shown to the operator.
@@ -248,17 +274,17 @@ impl Approvals {
 
     /// Answer a waiting form. Accepted content is checked against the form's schema first; a
     /// content that does not fit is refused and the form stays waiting.
-    pub fn answer(&self, id: u64, answer: FormAnswer) -> Result<(), String> {
+    pub fn answer(&self, id: u64, answer: FormAnswer) -> Result<(), AnswerError> {
         let mut items = self.lock();
         let Some(Waiting {
             item: Item::Form { schema, .. },
             ..
         }) = items.get(&id)
         else {
-            return Err("no such form is waiting".into());
+            return Err(AnswerError::NotWaiting);
         };
         if let FormAnswer::Accept(content) = &answer {
-            elicit::check_answers(schema, content)?;
+            elicit::check_answers(schema, content).map_err(AnswerError::Invalid)?;
         }
         match items.remove(&id) {
             Some(Waiting {
@@ -268,7 +294,7 @@ impl Approvals {
                 let _ = reply.send(answer);
                 Ok(())
             }
-            _ => Err("no such form is waiting".into()),
+            _ => Err(AnswerError::NotWaiting),
         }
     }
 

@@ -123,6 +123,7 @@ struct Chain {
     prev: String,
     day: String,
     file: Option<File>,
+    head: Option<File>,
 }
 
 /// The open log of one broker (it holds `audit/.lock` for its lifetime).
@@ -305,6 +306,7 @@ impl AuditLog {
                 prev,
                 day: String::new(),
                 file: None,
+                head: None,
             }),
             _lock: lock,
         })
@@ -367,16 +369,21 @@ impl AuditLog {
                 .map_err(private_fs::io_err("append", &path))?;
         }
         let head = self.dir.join(HEAD);
-        let hf = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&head)
-            .map_err(private_fs::io_err("open", &head))?;
-        hf.write_all_at(&head_bytes(chain.seq, &hash), 0)
-            .map_err(private_fs::io_err("write", &head))?;
+        if chain.head.is_none() {
+            let hf = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(&head)
+                .map_err(private_fs::io_err("open", &head))?;
+            chain.head = Some(hf);
+        }
+        if let Some(hf) = chain.head.as_ref() {
+            hf.write_all_at(&head_bytes(chain.seq, &hash), 0)
+                .map_err(private_fs::io_err("write", &head))?;
+        }
         chain.seq += 1;
         chain.prev = hash;
         Ok(())
@@ -389,8 +396,10 @@ impl AuditLog {
         {
             let _ = f.sync_all();
         }
-        if let Ok(f) = File::open(self.dir.join(HEAD)) {
-            let _ = f.sync_all();
+        if let Ok(c) = self.chain.lock()
+            && let Some(h) = c.head.as_ref()
+        {
+            let _ = h.sync_all();
         }
     }
 }

@@ -421,19 +421,32 @@ async fn accept_loop(
     conns.abort_all();
 }
 
-fn send(tx: &mpsc::Sender<Vec<u8>>, v: &Value) {
-    let mut body = serde_json::to_vec(v).unwrap_or_default();
-    if body.len() > MAX_FRAME {
-        let id = v.get("id").cloned().unwrap_or(Value::Null);
-        let r = Refusal::new(Code::Failed, "the answer is over the frame size bound");
-        body = serde_json::to_vec(&json!({"id": id, "error": r.to_value()})).unwrap_or_default();
+/// Serialize an answer; one over the frame bound becomes a `failed` answer that says the
+/// effect (if the request had one) may have been applied.
+fn encode_answer(v: &Value) -> Vec<u8> {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    if body.len() <= MAX_FRAME {
+        return body;
     }
-    // The channel is bounded by MAX_IN_FLIGHT + 2; a full channel means the writer is gone.
-    let _ = tx.try_send(body);
+    let id = v.get("id").cloned().unwrap_or(Value::Null);
+    let r = Refusal::new(
+        Code::Failed,
+        "the answer is over the frame size bound and was not sent",
+    )
+    .with_certainty("maybe_applied");
+    serde_json::to_vec(&json!({"id": id, "error": r.to_value()})).unwrap_or_default()
+}
+
+/// Queue an answer for the writer, waiting while the queue is full (a slow reader slows the
+/// broker's answers down; nothing is dropped). Fails only when the writer is gone.
+async fn send(tx: &mpsc::Sender<Vec<u8>>, v: &Value) {
+    let _ = tx.send(encode_answer(v)).await;
 }
 
 async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: Peer) {
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    // Buffered: a frame is usually one read, not three.
+    let mut rd = tokio::io::BufReader::with_capacity(16 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT + 2);
     let writer = tokio::spawn(async move {
         while let Some(body) = rx.recv().await {
@@ -455,7 +468,7 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             "operator"
         }
     };
-    let fatal = |f: &Fatal, session: &Option<Arc<Session>>| {
+    let fatal = |f: &Fatal, session: &Option<Arc<Session>>| -> Value {
         broker.audit(Event {
             session: session.as_ref().map(|s| s.id.clone()),
             peer_uid: Some(peer.uid),
@@ -466,14 +479,23 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             detail: Some(format!("{} socket: {}", kind_of(role), f.refusal.message())),
             ..Event::default()
         });
-        send(&tx, &proto::error_frame(f.id, &f.refusal));
+        proto::error_frame(f.id, &f.refusal)
     };
     loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&permits).acquire_owned() => p,
-            _ = shutdown.wait_for(|s| *s) => break,
+        // Wait for a free request slot, but keep watching the socket: an agent that goes away
+        // while all its slots are busy must have its work cancelled now, not when a slot frees.
+        let mut peeked = false;
+        let permit = loop {
+            tokio::select! {
+                p = Arc::clone(&permits).acquire_owned() => break p.ok(),
+                _ = shutdown.wait_for(|s| *s) => break None,
+                r = tokio::io::AsyncBufReadExt::fill_buf(&mut rd), if !peeked => match r {
+                    Ok(b) if !b.is_empty() => peeked = true,
+                    _ => break None,
+                },
+            }
         };
-        let Ok(permit) = permit else { break };
+        let Some(permit) = permit else { break };
         let read = async {
             if state == State::AwaitingHello {
                 match tokio::time::timeout(
@@ -499,20 +521,24 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             Ok(None) => break,
             Err(frame::FrameError::Io(_)) => break,
             Err(e) => {
-                fatal(
-                    &Fatal {
-                        id: None,
-                        refusal: Refusal::new(Code::Protocol, &e.to_string()),
-                    },
-                    &session,
-                );
+                send(
+                    &tx,
+                    &fatal(
+                        &Fatal {
+                            id: None,
+                            refusal: Refusal::new(Code::Protocol, &e.to_string()),
+                        },
+                        &session,
+                    ),
+                )
+                .await;
                 break;
             }
         };
         let (id, entry, request) = match proto::decode(role, state, &body) {
             Ok(x) => x,
             Err(f) => {
-                fatal(&f, &session);
+                send(&tx, &fatal(&f, &session)).await;
                 break;
             }
         };
@@ -521,16 +547,20 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             Err(_) => false,
         };
         if !fresh {
-            fatal(
-                &Fatal {
-                    id: Some(id),
-                    refusal: Refusal::new(
-                        Code::Protocol,
-                        "a request with this id is still in flight",
-                    ),
-                },
-                &session,
-            );
+            send(
+                &tx,
+                &fatal(
+                    &Fatal {
+                        id: Some(id),
+                        refusal: Refusal::new(
+                            Code::Protocol,
+                            "a request with this id is still in flight",
+                        ),
+                    },
+                    &session,
+                ),
+            )
+            .await;
             break;
         }
         match request {
@@ -543,16 +573,20 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                     Ok((s, result)) => {
                         session = s;
                         state = State::Open;
-                        send(&tx, &proto::ok_frame(id, result));
+                        send(&tx, &proto::ok_frame(id, result)).await;
                     }
                     Err(refusal) => {
-                        fatal(
-                            &Fatal {
-                                id: Some(id),
-                                refusal,
-                            },
-                            &session,
-                        );
+                        send(
+                            &tx,
+                            &fatal(
+                                &Fatal {
+                                    id: Some(id),
+                                    refusal,
+                                },
+                                &session,
+                            ),
+                        )
+                        .await;
                         break;
                     }
                 }
@@ -570,7 +604,7 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                     });
                 }
                 // Anything still in flight is cancelled by the close below.
-                send(&tx, &proto::ok_frame(id, json!({})));
+                send(&tx, &proto::ok_frame(id, json!({}))).await;
                 break;
             }
             other => {
@@ -586,14 +620,14 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                         _ = shut.wait_for(|s| *s) => Err(Refusal::new(
                             Code::ShuttingDown,
                             "the broker is shutting down; the request was cancelled (a tool call may or may not have been applied)",
-                        )),
+                        ).with_certainty("maybe_applied")),
                     };
                     if let Ok(mut set) = flights.lock() {
                         set.remove(&id);
                     }
                     match answer {
-                        Ok(v) => send(&tx, &proto::ok_frame(id, v)),
-                        Err(r) => send(&tx, &proto::error_frame(Some(id), &r)),
+                        Ok(v) => send(&tx, &proto::ok_frame(id, v)).await,
+                        Err(r) => send(&tx, &proto::error_frame(Some(id), &r)).await,
                     }
                     drop(permit);
                 });
@@ -815,7 +849,11 @@ impl Drop for CallRecord<'_> {
             if self.event.decision.is_empty() {
                 self.event.decision = "abandoned";
             }
-            self.event.outcome = "cancelled_by_disconnect";
+            self.event.outcome = if *self.broker.shutdown.borrow() {
+                "cancelled_by_shutdown"
+            } else {
+                "cancelled_by_disconnect"
+            };
             self.broker.audit(self.event.clone());
         }
     }
@@ -880,6 +918,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
             .with_certainty("not_sent"));
         }
     };
+    let generation = slot.generation();
     let Some(tool) = catalog.iter().find(|t| t.name == c.tool) else {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
@@ -943,6 +982,16 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
     }
     record.event.decision = "approved";
+    // The operator may have restarted or stopped the server while the call waited: never send
+    // it to a different (or closed) connection than the one the catalog came from.
+    if slot.generation() != generation || !slot.is_ready() {
+        record.finish("approved", "server_restarted", None);
+        return Err(Refusal::new(
+            Code::Failed,
+            "the server was restarted or stopped while the call waited for approval; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
     let mut guard = slot.begin_call();
     let result = tokio::select! {
         r = client.call_tool(&tool.name, c.arguments) => Some(r),
@@ -962,13 +1011,10 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         Some(Ok(p)) => {
             let mut text_out = secrets.scrub(&p.text);
             let mut notes = p.notes.clone();
-            if text_out.len() > MAX_RESULT_TEXT {
-                let mut cut = MAX_RESULT_TEXT;
-                while !text_out.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text_out.truncate(cut);
-                notes.push(format!("the result was cut at {MAX_RESULT_TEXT} bytes"));
+            if cut_escaped(&mut text_out, MAX_RESULT_TEXT) {
+                notes.push(format!(
+                    "the result was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
+                ));
             }
             let outcome = if p.is_error { "tool_error" } else { "ok" };
             (
@@ -993,6 +1039,24 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         .map(|c| format!("certainty {c}"));
     record.finish("approved", outcome, detail);
     answer
+}
+
+/// Cut `text` so that its JSON-escaped form is at most `max` bytes (control characters take six
+/// bytes escaped, so the raw length alone could still overflow a frame). Returns whether it cut.
+fn cut_escaped(text: &mut String, max: usize) -> bool {
+    let mut size = 0usize;
+    for (i, c) in text.char_indices() {
+        size += match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if size > max {
+            text.truncate(i);
+            return true;
+        }
+    }
+    false
 }
 
 fn describe_failure(e: &McpError) -> String {
@@ -1043,9 +1107,22 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             control("operator_stop", &a.server);
             Ok(json!({}))
         }
-        Request::Pending => Ok(json!({"pending": broker.approvals.list()})),
+        Request::Pending(p) => {
+            let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));
+            Ok(json!({"pending": broker.approvals.list_wait(wait).await}))
+        }
         Request::Decide(d) => {
-            if broker.approvals.decide(d.id, d.approve) {
+            let done = broker.approvals.decide(d.id, d.approve);
+            broker.audit(Event {
+                peer_uid: Some(peer.uid),
+                peer_pid: peer.pid,
+                kind: "operator_decide",
+                decision: if d.approve { "approved" } else { "denied" },
+                outcome: if done { "ok" } else { "not_found" },
+                detail: Some(format!("pending item {}", d.id)),
+                ..Event::default()
+            });
+            if done {
                 Ok(json!({}))
             } else {
                 Err(Refusal::new(Code::NotFound, "no such call is waiting"))
@@ -1057,11 +1134,31 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
                 proto::FormAction::Decline => FormAnswer::Decline,
                 proto::FormAction::Cancel => FormAnswer::Cancel,
             };
-            broker
-                .approvals
-                .answer(a.id, answer)
-                .map(|()| json!({}))
-                .map_err(|why| Refusal::new(Code::NotFound, &why))
+            let action = match &answer {
+                FormAnswer::Accept(_) => "accepted",
+                FormAnswer::Decline => "declined",
+                FormAnswer::Cancel => "cancelled",
+            };
+            let result = broker.approvals.answer(a.id, answer);
+            broker.audit(Event {
+                peer_uid: Some(peer.uid),
+                peer_pid: peer.pid,
+                kind: "operator_answer",
+                decision: action,
+                outcome: if result.is_ok() { "ok" } else { "refused" },
+                detail: Some(format!("form {}", a.id)),
+                ..Event::default()
+            });
+            match result {
+                Ok(()) => Ok(json!({})),
+                Err(crate::approvals::AnswerError::NotWaiting) => {
+                    Err(Refusal::new(Code::NotFound, "no such form is waiting"))
+                }
+                Err(crate::approvals::AnswerError::Invalid(why)) => Err(Refusal::new(
+                    Code::Refused,
+                    &format!("the answer does not fit the form: {why}"),
+                )),
+            }
         }
         _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
     }

@@ -145,6 +145,12 @@ impl Slot {
         self.lock().generation
     }
 
+    /// Whether the server is connected.
+    pub fn is_ready(&self) -> bool {
+        let s = self.lock();
+        s.phase == Phase::Ready && s.client.is_some()
+    }
+
     /// Secrets the server's configuration names, to scrub from what it sends back.
     pub fn secrets(&self) -> Arc<KnownSecrets> {
         Arc::clone(&self.lock().secrets)
@@ -302,6 +308,10 @@ impl Registry {
                     s.phase = Phase::Starting;
                     s.client.take()
                 }
+                // Not running: an older session must not bring back an older configuration.
+                (None, false) if s.epoch > snap.epoch && !s.digest.is_empty() => {
+                    return Err(SlotError::StaleSession);
+                }
                 (None, _) => {
                     s.phase = Phase::Starting;
                     None
@@ -436,7 +446,7 @@ impl Registry {
             Ok(g) => g.values().cloned().collect(),
             Err(p) => p.into_inner().values().cloned().collect(),
         };
-        let mut closing = Vec::new();
+        let mut closing = tokio::task::JoinSet::new();
         for slot in slots {
             slot.cancel.send_modify(|x| *x += 1);
             let client = {
@@ -446,12 +456,13 @@ impl Registry {
                 s.client.take()
             };
             if let Some(c) = client {
-                closing.push(async move { c.close().await });
+                // All servers are stopped at once: a slow one does not delay the others.
+                closing.spawn(async move {
+                    c.close().await;
+                });
             }
         }
-        for c in closing {
-            c.await;
-        }
+        while closing.join_next().await.is_some() {}
     }
 }
 

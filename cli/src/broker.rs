@@ -356,10 +356,18 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     out_line(out, "waiting for calls and forms (end input to stop)")?;
     loop {
         let v = rt
-            .block_on(conn.request("pending", json!({})))
+            .block_on(conn.request("pending", json!({"wait_ms": 1000})))
             .map_err(CliError::Broker)?;
         let empty = Vec::new();
         let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
+        if items.iter().all(|i| {
+            i.get("id")
+                .and_then(Value::as_u64)
+                .is_none_or(|id| asked.contains(&id))
+        }) {
+            // Nothing new (only items already answered or skipped): do not spin.
+            std::thread::sleep(Duration::from_millis(250));
+        }
         for item in items {
             let Some(id) = item.get("id").and_then(Value::as_u64) else {
                 continue;
@@ -398,7 +406,6 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
                 Err(e) => out_line(out, &text::single_line(&format!("not sent: {e}")))?,
             }
         }
-        std::thread::sleep(Duration::from_millis(250));
     }
 }
 

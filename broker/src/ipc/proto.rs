@@ -219,6 +219,19 @@ pub struct StatusArg {
     pub server: Option<String>,
 }
 
+/// The longest `pending` long-poll.
+pub const MAX_PENDING_WAIT_MS: u64 = 30_000;
+
+/// `pending` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PendingArg {
+    /// When nothing is waiting, wait up to this long for something to arrive (at most
+    /// [`MAX_PENDING_WAIT_MS`]; default 0: answer at once).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
 /// `decide` parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -274,7 +287,7 @@ pub enum Request {
     /// `stop`.
     Stop(ServerArg),
     /// `pending`.
-    Pending,
+    Pending(PendingArg),
     /// `decide`.
     Decide(Decide),
     /// `answer`.
@@ -507,10 +520,7 @@ pub fn decode(
         Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
         Kind::Stop => Request::Stop(params(env.params, id, m)?),
-        Kind::Pending => {
-            params::<NoParams>(env.params, id, m)?;
-            Request::Pending
-        }
+        Kind::Pending => Request::Pending(params(env.params, id, m)?),
         Kind::Decide => Request::Decide(params(env.params, id, m)?),
         Kind::Answer => Request::Answer(params(env.params, id, m)?),
     };
