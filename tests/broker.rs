@@ -353,6 +353,23 @@ fn a_noninteractive_broker_hides_unexposed_tools_and_refuses_every_call() {
     assert!(!raw.contains("\"message\""));
     let verify = area.run(&["audit", "verify"]);
     assert!(verify.status.success(), "{}", text(&verify.stderr));
+
+    // Any edit is caught by the command, with the file and line named.
+    let day = std::fs::read_dir(area.home().join("audit"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
+    let log = std::fs::read_to_string(&day).unwrap();
+    std::fs::write(&day, log.replacen("\"approval_required\"", "\"ok\"", 1)).unwrap();
+    let verify = area.run(&["audit", "verify"]);
+    assert_eq!(verify.status.code(), Some(10));
+    let line = text(&verify.stderr);
+    assert!(
+        line.contains("audit log verification failed") && line.contains(".jsonl line"),
+        "{line}"
+    );
 }
 
 #[test]
