@@ -181,6 +181,14 @@ impl Area {
         }
     }
 
+    /// Wait for one call to need approval, approve it, return its id.
+    fn approve_next(&self) -> String {
+        let p = self.wait_pending(1);
+        let id = p[0]["id"].as_u64().unwrap().to_string();
+        assert!(self.run(&["approvals", "approve", &id]).status.success());
+        id
+    }
+
     fn status(&self) -> Value {
         let out = self.run(&["broker", "status", "--format", "json"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -439,9 +447,7 @@ fn the_operator_approves_or_denies_each_call_and_secrets_stay_out_of_results() {
         .agent(&["call", "ev", "get-env", "--format", "json"])
         .spawn()
         .unwrap();
-    let p = area.wait_pending(1);
-    let id = p[0]["id"].as_u64().unwrap().to_string();
-    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    area.approve_next();
     let out = wait_child(call);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
@@ -547,9 +553,7 @@ fn live_control_cancels_restarts_and_stops_that_exact_server() {
         ])
         .spawn()
         .unwrap();
-    let p = area.wait_pending(1);
-    let id = p[0]["id"].as_u64().unwrap().to_string();
-    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    area.approve_next();
     let deadline = Instant::now() + Duration::from_secs(20);
     while area.status()["servers"][0]["in_flight"] != 1 {
         assert!(Instant::now() < deadline, "the call never started");
@@ -642,6 +646,21 @@ fn scripted_area(name: &str) -> (Area, PathBuf, String) {
     (area, log, marker)
 }
 
+/// Wait until the scripted server has logged a message containing `needle`.
+fn wait_for_log(log: &std::path::Path, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the server never received {needle}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn processes_with(marker: &str) -> usize {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -671,20 +690,8 @@ fn an_agent_that_disconnects_cancels_its_approval_and_its_call() {
         .agent(&["call", "hang", "echo", "--json", r#"{"text":"x"}"#])
         .spawn()
         .unwrap();
-    let p = area.wait_pending(1);
-    let id = p[0]["id"].as_u64().unwrap().to_string();
-    assert!(area.run(&["approvals", "approve", &id]).status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("tools/call")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the call never reached the server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    area.approve_next();
+    wait_for_log(&log, "tools/call");
     call.kill().unwrap();
     call.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -730,20 +737,8 @@ fn sigterm_answers_in_flight_calls_and_reaps_every_child() {
     let (area, log, marker) = scripted_area("sigterm");
     let broker = area.broker(&[], &[("SCRIPT_LOG", log.to_str().unwrap())]);
     let call = area.agent(&["call", "hang", "echo"]).spawn().unwrap();
-    let p = area.wait_pending(1);
-    let id = p[0]["id"].as_u64().unwrap().to_string();
-    assert!(area.run(&["approvals", "approve", &id]).status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("tools/call")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the call never reached the server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    area.approve_next();
+    wait_for_log(&log, "tools/call");
     assert_eq!(processes_with(&marker), 1);
     let (code, err) = broker.finish();
     assert_eq!(code, Some(0), "{err}");

@@ -15,60 +15,21 @@
     reason = "benchmark harness: any failure should abort loudly"
 )]
 
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 use iteron_broker::mcp::client::{Client, Options};
 use iteron_broker::spawn::{ChildSpec, child_env};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const CALLS: usize = 2000;
 const START: &str = "<!-- bench:stdio_call:start -->";
 const END: &str = "<!-- bench:stdio_call:end -->";
 
-/// The fixture server: answers on stdout, one JSON line per request.
-fn serve() {
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        let Some(id) = msg.get("id").cloned() else {
-            continue;
-        };
-        let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
-        let result = match method {
-            "initialize" => json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                                   "serverInfo": {"name": "bench-fixture", "version": "1"}}),
-            "tools/list" => json!({"tools": [{"name": "echo", "description": "Echo.",
-                "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]}),
-            "tools/call" => {
-                let text = msg["params"]["arguments"]["text"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_owned();
-                json!({"content": [{"type": "text", "text": text}], "isError": false})
-            }
-            _ => {
-                let reply = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found"}});
-                writeln!(out, "{reply}").unwrap();
-                out.flush().unwrap();
-                continue;
-            }
-        };
-        writeln!(
-            out,
-            "{}",
-            json!({"jsonrpc": "2.0", "id": id, "result": result})
-        )
-        .unwrap();
-        out.flush().unwrap();
-    }
-}
+#[path = "common/echo_fixture.rs"]
+mod echo_fixture;
+use echo_fixture::serve;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

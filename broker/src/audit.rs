@@ -135,17 +135,7 @@ pub struct AuditLog {
 
 /// Hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
+    crate::credentials::hex(&Sha256::digest(bytes))
 }
 
 /// JSON with object keys sorted (recursively) and no whitespace: the form whose SHA-256 the

@@ -295,7 +295,8 @@ pub fn check_binding(b: &Binding, server: &ServerConfig) -> Result<(), Mismatch>
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of bytes (digests in file names, bindings and the audit chain).
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {

@@ -340,6 +340,18 @@ pub async fn serve(
     Ok(())
 }
 
+/// Answer a connection that is not served with one error frame (bounded to 1 s), then close.
+fn refuse_connection(mut stream: UnixStream, refusal: Refusal) {
+    tokio::spawn(async move {
+        let body = serde_json::to_vec(&proto::error_frame(None, &refusal)).unwrap_or_default();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            frame::write_frame(&mut stream, &body, MAX_FRAME),
+        )
+        .await;
+    });
+}
+
 async fn accept_loop(
     broker: Arc<Broker>,
     listener: UnixListener,
@@ -380,31 +392,17 @@ async fn accept_loop(
                 outcome: "peer_uid_not_allowed",
                 ..Event::default()
             });
-            let refusal = Refusal::new(Code::Refused, "this uid may not use this socket");
-            tokio::spawn(async move {
-                let mut s = stream;
-                let body =
-                    serde_json::to_vec(&proto::error_frame(None, &refusal)).unwrap_or_default();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    frame::write_frame(&mut s, &body, MAX_FRAME),
-                )
-                .await;
-            });
+            refuse_connection(
+                stream,
+                Refusal::new(Code::Refused, "this uid may not use this socket"),
+            );
             continue;
         }
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            let refusal = Refusal::new(Code::Busy, "too many open connections; try again later");
-            tokio::spawn(async move {
-                let mut s = stream;
-                let body =
-                    serde_json::to_vec(&proto::error_frame(None, &refusal)).unwrap_or_default();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    frame::write_frame(&mut s, &body, MAX_FRAME),
-                )
-                .await;
-            });
+            refuse_connection(
+                stream,
+                Refusal::new(Code::Busy, "too many open connections; try again later"),
+            );
             continue;
         };
         let b = Arc::clone(&broker);

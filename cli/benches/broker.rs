@@ -19,7 +19,6 @@
     reason = "benchmark harness: any failure should abort loudly"
 )]
 
-use std::io::{BufRead, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -37,42 +36,9 @@ const PER_AGENT: usize = 100;
 const START: &str = "<!-- bench:broker:start -->";
 const END: &str = "<!-- bench:broker:end -->";
 
-fn serve() {
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        let Some(id) = msg.get("id").cloned() else {
-            continue;
-        };
-        let result = match msg.get("method").and_then(Value::as_str).unwrap_or("") {
-            "initialize" => json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                                   "serverInfo": {"name": "bench-fixture", "version": "1"}}),
-            "tools/list" => json!({"tools": [{"name": "echo", "description": "Echo.",
-                "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]}),
-            "tools/call" => {
-                let text = msg["params"]["arguments"]["text"].as_str().unwrap_or("");
-                json!({"content": [{"type": "text", "text": text}], "isError": false})
-            }
-            _ => {
-                let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found"}});
-                writeln!(out, "{e}").unwrap();
-                out.flush().unwrap();
-                continue;
-            }
-        };
-        writeln!(
-            out,
-            "{}",
-            json!({"jsonrpc": "2.0", "id": id, "result": result})
-        )
-        .unwrap();
-        out.flush().unwrap();
-    }
-}
+#[path = "../../broker/benches/common/echo_fixture.rs"]
+mod echo_fixture;
+use echo_fixture::serve;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;

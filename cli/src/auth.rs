@@ -46,14 +46,6 @@ fn http_server<'a>(
     Ok(server)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(CliError::Output)
-}
-
 fn fail(e: impl std::fmt::Display) -> CliError {
     CliError::Server(text::single_line_capped(&e.to_string(), 400))
 }
@@ -164,7 +156,7 @@ pub(crate) fn login(
         }
     }
     let no_browser = a.no_browser;
-    let rt = runtime()?;
+    let rt = crate::rt::multi_thread()?;
     let outcome = rt.block_on(async {
         let net = Net::new(NetConfig::from_operator(&config.network).map_err(fail)?).map_err(fail)?;
         let http = net.client(zone).map_err(fail)?;
@@ -479,7 +471,7 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
         ),
     };
     if let Some(c) = &cred {
-        let rt = runtime()?;
+        let rt = crate::rt::multi_thread()?;
         let outcome: Result<bool, String> = rt.block_on(async {
             let net =
                 Net::new(NetConfig::from_operator(&config.network).map_err(|e| e.to_string())?)

@@ -19,21 +19,6 @@ use crate::args::{
 };
 use crate::error::CliError;
 
-fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(CliError::Output)
-}
-
-fn current_thread() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(CliError::Output)
-}
-
 fn default_operator_socket(home: &Home) -> PathBuf {
     home.dir().join("run").join("operator.sock")
 }
@@ -139,7 +124,7 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
 }
 
 fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
-    current_thread()?.block_on(async {
+    crate::rt::current_thread()?.block_on(async {
         let mut c = Connection::connect(socket)
             .await
             .map_err(CliError::Broker)?;
@@ -196,7 +181,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             ))
         );
     }
-    let rt = runtime()?;
+    let rt = crate::rt::multi_thread()?;
     rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         // Without signal handling the broker could not stop cleanly: refuse to run.
@@ -340,7 +325,7 @@ fn describe_item(item: &Value) -> String {
 }
 
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
-    let rt = current_thread()?;
+    let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
         let mut c = Connection::connect(socket)
             .await
@@ -419,7 +404,7 @@ fn agent_socket(args: &AgentArgs) -> Result<PathBuf, CliError> {
 /// `iteron agent …`: needs only the socket.
 pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let socket = agent_socket(&args)?;
-    let rt = current_thread()?;
+    let rt = crate::rt::current_thread()?;
     match args.action {
         Agent::Tools(f) => {
             let v = rt.block_on(async {

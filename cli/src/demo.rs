@@ -264,6 +264,18 @@ impl Drop for DemoBroker {
     }
 }
 
+/// `iteron agent --socket <sock> <args>`, run as the agent and shown.
+fn agent_step(
+    home: &Home,
+    out: &mut dyn Write,
+    sock: &str,
+    args: &[&str],
+) -> Result<Option<i32>, CliError> {
+    let mut full = vec!["agent", "--socket", sock];
+    full.extend_from_slice(args);
+    shown_run(home, out, &full, true)
+}
+
 fn broker_story(dir: &Path, home: &Home, out: &mut dyn Write) -> Result<(), CliError> {
     say(out, "\n== Part 2: the broker and an unprivileged agent")?;
     say(
@@ -296,49 +308,16 @@ fn broker_story(dir: &Path, home: &Home, out: &mut dyn Write) -> Result<(), CliE
     )?;
     let broker = DemoBroker::start(home, &socket, false)?;
     shown_run(home, out, &["broker", "status"], false)?;
-    shown_run(home, out, &["agent", "--socket", &sock, "tools"], true)?;
+    agent_step(home, out, &sock, &["tools"])?;
     // Unexposed: answered exactly like a tool that does not exist.
-    shown_run(
-        home,
-        out,
-        &[
-            "agent",
-            "--socket",
-            &sock,
-            "call",
-            "demo-echo",
-            "delete_all",
-        ],
-        true,
-    )?;
-    shown_run(
-        home,
-        out,
-        &[
-            "agent",
-            "--socket",
-            &sock,
-            "call",
-            "demo-echo",
-            "no_such_tool",
-        ],
-        true,
-    )?;
+    agent_step(home, out, &sock, &["call", "demo-echo", "delete_all"])?;
+    agent_step(home, out, &sock, &["call", "demo-echo", "no_such_tool"])?;
     // Every MCP tool call needs approval; a noninteractive broker refuses.
-    shown_run(
+    agent_step(
         home,
         out,
-        &[
-            "agent",
-            "--socket",
-            &sock,
-            "call",
-            "demo-echo",
-            "echo",
-            "--json",
-            r#"{"text":"hello"}"#,
-        ],
-        true,
+        &sock,
+        &["call", "demo-echo", "echo", "--json", r#"{"text":"hello"}"#],
     )?;
     broker.stop()?;
 
@@ -411,10 +390,7 @@ fn broker_story(dir: &Path, home: &Home, out: &mut dyn Write) -> Result<(), CliE
 
 fn wait_for_pending(home: &Home) -> Result<u64, CliError> {
     let socket = home.dir().join("run").join("operator.sock");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(CliError::Output)?;
+    let rt = crate::rt::current_thread()?;
     rt.block_on(async {
         let mut c = iteron_broker::ipc::client::Connection::connect(&socket)
             .await

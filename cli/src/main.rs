@@ -8,6 +8,7 @@ mod demo;
 mod error;
 mod mcp;
 mod probe;
+mod rt;
 
 use std::io::Write;
 use std::process::ExitCode;

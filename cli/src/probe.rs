@@ -24,14 +24,6 @@ use crate::error::CliError;
 /// Deadline of one probe (connect + negotiate + list).
 pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
 
-fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(CliError::Output)
-}
-
 fn lookup(name: &str) -> Option<OsString> {
     std::env::var_os(name)
 }
@@ -171,7 +163,7 @@ pub(crate) fn test(
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = runtime()?.block_on(probe(home, &config, server));
+    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -227,7 +219,7 @@ pub(crate) fn status(
     };
     let mut rows = Vec::new();
     if connect {
-        let rt = runtime()?;
+        let rt = crate::rt::multi_thread()?;
         for s in &chosen {
             let r = rt.block_on(probe(home, &config, s));
             let mut v = probe_json(s, r.clone());
@@ -362,7 +354,11 @@ pub(crate) fn doctor(
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let mut servers = Vec::new();
-    let rt = if connect { Some(runtime()?) } else { None };
+    let rt = if connect {
+        Some(crate::rt::multi_thread()?)
+    } else {
+        None
+    };
     let mut all_ok = true;
     for s in &config.mcp_servers {
         let mut checks = check_server(s, Some(home));

@@ -459,6 +459,23 @@ impl Drop for AbandonGuard {
     }
 }
 
+/// Post a notification (no answer awaited) on an HTTP transport.
+async fn notify_http(
+    t: &HttpTransport,
+    method: &str,
+    params: Option<Value>,
+) -> Result<(), TransportError> {
+    let body = super::jsonrpc::notification(method, params);
+    t.post(Post {
+        body: &body,
+        awaits: None,
+        headers: HeaderMap::new(),
+        adopt_session: false,
+    })
+    .await
+    .map(|_| ())
+}
+
 async fn send_cancel(transport: &Transport, params: Value) {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         match transport {
@@ -466,17 +483,9 @@ async fn send_cancel(transport: &Transport, params: Value) {
                 .notify("notifications/cancelled", Some(params))
                 .await
                 .is_ok(),
-            Transport::Http(t) => {
-                let body = super::jsonrpc::notification("notifications/cancelled", Some(params));
-                t.post(Post {
-                    body: &body,
-                    awaits: None,
-                    headers: HeaderMap::new(),
-                    adopt_session: false,
-                })
+            Transport::Http(t) => notify_http(t, "notifications/cancelled", Some(params))
                 .await
-                .is_ok()
-            }
+                .is_ok(),
         }
     })
     .await;
@@ -870,18 +879,7 @@ impl Client {
     async fn notify(&self, method: &str) -> Result<(), McpError> {
         match &*self.transport() {
             Transport::Stdio(t) => t.notify(method, None).await.map_err(McpError::from),
-            Transport::Http(t) => {
-                let body = super::jsonrpc::notification(method, None);
-                t.post(Post {
-                    body: &body,
-                    awaits: None,
-                    headers: HeaderMap::new(),
-                    adopt_session: false,
-                })
-                .await
-                .map(|_| ())
-                .map_err(McpError::from)
-            }
+            Transport::Http(t) => notify_http(t, method, None).await.map_err(McpError::from),
         }
     }
 
