@@ -2,10 +2,13 @@
 //! every function maps inputs to a decision, so each can be tested and fuzzed in isolation.
 #![forbid(unsafe_code)]
 
+pub mod agentdef;
 pub mod capability;
 pub mod config;
+pub mod frontmatter;
 pub mod json;
 pub mod names;
+pub mod skill;
 pub mod text;
 pub mod url;
 pub mod zone;
