@@ -24,13 +24,17 @@ use serde_json::{Map, Value, json};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use iteron_policy::capability::{CapabilitySet, Exposure, decide_exposure};
+use iteron_policy::agentdef::{self, AgentDef};
+use iteron_policy::capability::{Capability, CapabilitySet, Exposure, decide_exposure};
+use iteron_policy::config::HookEvent;
 use iteron_policy::config::ServerConfig;
 use iteron_policy::names::ToolName;
 use iteron_policy::text;
 
 use crate::approvals::{self, Approvals, CallInfo, NotApproved};
 use crate::audit::{self, AuditLog, Event};
+use crate::catalog::Catalog;
+use crate::hooks::Report;
 use crate::ipc::frame::{self, MAX_FRAME};
 use crate::ipc::proto::{self, Code, Fatal, PROTOCOL_VERSION, Refusal, Request, Role, State};
 use crate::mcp::client::{McpError, Tool};
@@ -81,21 +85,30 @@ pub type HookFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The hook seam around every effect. Hooks tighten, never widen: a hook can block a call, not
 /// approve one.
 pub trait ToolHooks: Send + Sync {
-    /// Before approval.
-    fn pre_tool_use<'a>(&'a self, event: &'a ToolEvent) -> HookFuture<'a, Verdict>;
+    /// Before approval: a verdict, and a report per hook run (for the audit log).
+    fn pre_tool_use<'a>(&'a self, event: &'a ToolEvent) -> HookFuture<'a, (Verdict, Vec<Report>)>;
     /// After the effect (its outcome word).
-    fn post_tool_use<'a>(&'a self, event: &'a ToolEvent, outcome: &'a str) -> HookFuture<'a, ()>;
+    fn post_tool_use<'a>(
+        &'a self,
+        event: &'a ToolEvent,
+        outcome: &'a str,
+    ) -> HookFuture<'a, Vec<Report>>;
+    /// `SessionStart`, `UserPromptSubmit`, `Stop`: notifications, no opinion is taken.
+    fn lifecycle<'a>(&'a self, event: HookEvent, payload: Value) -> HookFuture<'a, Vec<Report>>;
 }
 
 /// No hooks configured.
 pub struct NoHooks;
 
 impl ToolHooks for NoHooks {
-    fn pre_tool_use<'a>(&'a self, _: &'a ToolEvent) -> HookFuture<'a, Verdict> {
-        Box::pin(async { Verdict::NoOpinion })
+    fn pre_tool_use<'a>(&'a self, _: &'a ToolEvent) -> HookFuture<'a, (Verdict, Vec<Report>)> {
+        Box::pin(async { (Verdict::NoOpinion, Vec::new()) })
     }
-    fn post_tool_use<'a>(&'a self, _: &'a ToolEvent, _: &'a str) -> HookFuture<'a, ()> {
-        Box::pin(async {})
+    fn post_tool_use<'a>(&'a self, _: &'a ToolEvent, _: &'a str) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async { Vec::new() })
+    }
+    fn lifecycle<'a>(&'a self, _: HookEvent, _: Value) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async { Vec::new() })
     }
 }
 
@@ -111,6 +124,8 @@ pub struct ServeOptions {
     pub interactive: bool,
     /// How long an approval or form waits for the operator.
     pub approval_deadline: Duration,
+    /// Skills and agent definitions, discovered once for this run.
+    pub catalog: Arc<Catalog>,
 }
 
 /// Why the broker could not start.
@@ -152,6 +167,28 @@ struct Session {
     snapshot: Arc<Snapshot>,
     /// Exposed tools per server, tagged with the server generation they were taken from.
     catalogs: Mutex<HashMap<String, GenerationCatalog>>,
+    /// Set for a child session bound to an agent definition.
+    child: Option<Child>,
+}
+
+/// A child session: a read-only ceiling, no lifecycle hooks, and the budgets the broker can
+/// observe (tool calls, wall seconds, consecutive tool errors).
+struct Child {
+    def: AgentDef,
+    started: Instant,
+    turns: AtomicU64,
+    consecutive_errors: AtomicU64,
+}
+
+impl Session {
+    /// The classes this session may use: the host ceiling, narrowed to `read_only` for a child.
+    fn ceiling(&self) -> CapabilitySet {
+        let host = self.snapshot.config.ceiling();
+        match self.child {
+            Some(_) => host.intersect(CapabilitySet::of(&[Capability::ReadOnly])),
+            None => host,
+        }
+    }
 }
 
 struct Broker {
@@ -159,6 +196,7 @@ struct Broker {
     approvals: Arc<Approvals>,
     audit: AuditLog,
     hooks: Arc<dyn ToolHooks>,
+    catalog: Arc<Catalog>,
     shutdown: watch::Receiver<bool>,
     next_session: AtomicU64,
     session_salt: String,
@@ -169,6 +207,32 @@ fn elapsed_ms(t: Instant) -> u64 {
 }
 
 impl Broker {
+    fn audit_hooks(&self, session: Option<&str>, peer: Peer, reports: &[Report]) {
+        for r in reports {
+            self.audit(Event {
+                session: session.map(str::to_owned),
+                peer_uid: Some(peer.uid),
+                peer_pid: peer.pid,
+                kind: "hook",
+                decision: if matches!(r.outcome, crate::hooks::Outcome::Blocked(_)) {
+                    "blocked"
+                } else {
+                    "no_opinion"
+                },
+                outcome: match r.outcome {
+                    crate::hooks::Outcome::Exited(0) => "ok",
+                    crate::hooks::Outcome::Exited(_) => "exited",
+                    crate::hooks::Outcome::Blocked(_) => "blocked",
+                    crate::hooks::Outcome::Signalled(_) => "signalled",
+                    crate::hooks::Outcome::TimedOut => "timed_out",
+                    crate::hooks::Outcome::SpawnFailed(_) => "spawn_failed",
+                },
+                detail: Some(r.detail()),
+                ..Event::default()
+            });
+        }
+    }
+
     fn audit(&self, event: Event) {
         // A record that cannot be written must not pass silently: the broker refuses new
         // effects until the operator looks (see `effects_blocked`).
@@ -283,6 +347,7 @@ pub async fn serve(
         approvals,
         audit,
         hooks,
+        catalog: Arc::clone(&opts.catalog),
         shutdown: stop_rx.clone(),
         next_session: AtomicU64::new(1),
         session_salt: audit::sha256_hex(&salt)[..8].to_owned(),
@@ -569,6 +634,16 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                 }
                 match opened {
                     Ok((s, result)) => {
+                        if let Some(sess) = s.as_ref().filter(|s| s.child.is_none()) {
+                            let reports = broker
+                                .hooks
+                                .lifecycle(
+                                    HookEvent::SessionStart,
+                                    json!({"event": "SessionStart", "session": sess.id, "client": h.client}),
+                                )
+                                .await;
+                            broker.audit_hooks(Some(&sess.id), peer, &reports);
+                        }
                         session = s;
                         state = State::Open;
                         send(&tx, &proto::ok_frame(id, result)).await;
@@ -590,6 +665,13 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                 }
             }
             Request::EndSession => {
+                if let Some(s) = session.as_ref().filter(|s| s.child.is_none()) {
+                    let reports = broker
+                        .hooks
+                        .lifecycle(HookEvent::Stop, json!({"event": "Stop", "session": s.id}))
+                        .await;
+                    broker.audit_hooks(Some(&s.id), peer, &reports);
+                }
                 if let Some(s) = &session {
                     broker.audit(Event {
                         session: Some(s.id.clone()),
@@ -683,8 +765,41 @@ fn open_session(
             "the broker's configuration cannot be read; ask the operator",
         )
     })?;
+    let child = match &h.agent_type {
+        None => None,
+        Some(t) => {
+            let def = resolve(&broker.catalog, t, h.model.as_deref()).map_err(|why| {
+                broker.audit(Event {
+                    peer_uid: Some(peer.uid),
+                    peer_pid: peer.pid,
+                    kind: "hello",
+                    decision: "refused",
+                    outcome: "agent_type_refused",
+                    detail: Some(why.clone()),
+                    ..Event::default()
+                });
+                Refusal::new(Code::Refused, &why)
+            })?;
+            Some(Child {
+                def: def.clone(),
+                started: Instant::now(),
+                turns: AtomicU64::new(0),
+                consecutive_errors: AtomicU64::new(0),
+            })
+        }
+    };
     let n = broker.next_session.fetch_add(1, Ordering::SeqCst);
     let id = format!("s{n}-{}", broker.session_salt);
+    let detail = match &child {
+        None => format!("client {}; config epoch {}", h.client, snapshot.epoch),
+        Some(c) => format!(
+            "child session of agent definition {} ({} tier), identity {}; client {}",
+            c.def.name,
+            c.def.tier.as_str(),
+            c.def.identity,
+            h.client
+        ),
+    };
     broker.audit(Event {
         session: Some(id.clone()),
         peer_uid: Some(peer.uid),
@@ -692,22 +807,22 @@ fn open_session(
         kind: "hello",
         decision: "allowed",
         outcome: "ok",
-        detail: Some(format!(
-            "client {}; config epoch {}",
-            h.client, snapshot.epoch
-        )),
+        detail: Some(detail),
         ..Event::default()
     });
+    let mut result =
+        json!({"protocol": PROTOCOL_VERSION, "session": id, "broker": env!("CARGO_PKG_VERSION")});
+    if let (Some(c), Some(obj)) = (&child, result.as_object_mut()) {
+        obj.insert("agent".into(), crate::catalog::agent_json(&c.def, None));
+    }
     let session = Arc::new(Session {
         id: id.clone(),
         peer,
         snapshot,
         catalogs: Mutex::new(HashMap::new()),
+        child,
     });
-    Ok((
-        Some(session),
-        json!({"protocol": PROTOCOL_VERSION, "session": id, "broker": env!("CARGO_PKG_VERSION")}),
-    ))
+    Ok((Some(session), result))
 }
 
 async fn dispatch(
@@ -717,13 +832,180 @@ async fn dispatch(
     session: Option<&Session>,
     request: Request,
 ) -> Result<Value, Refusal> {
+    if let Some(s) = session {
+        check_wall_budget(s)?;
+    }
     match (role, request, session) {
         (Role::Agent, Request::ListTools, Some(s)) => list_tools(broker, s).await,
-        (Role::Agent, Request::CallTool(c), Some(s)) => call_tool(broker, s, c).await,
+        (Role::Agent, Request::CallTool(c), Some(s)) => match &s.child {
+            None => call_tool(broker, s, c).await,
+            Some(child) => {
+                let turn = child.turns.fetch_add(1, Ordering::SeqCst) + 1;
+                if turn > child.def.budget.max_turns {
+                    return Err(Refusal::new(
+                        Code::Refused,
+                        "the child's turn budget is spent; nothing was sent",
+                    )
+                    .with_certainty("not_sent"));
+                }
+                // Zero means: stop after the first error.
+                let limit = child.def.budget.max_consecutive_tool_errors.max(1);
+                if child.consecutive_errors.load(Ordering::SeqCst) >= limit {
+                    return Err(Refusal::new(
+                        Code::Refused,
+                        "the child reached its limit of consecutive tool errors; nothing was sent",
+                    )
+                    .with_certainty("not_sent"));
+                }
+                let r = call_tool(broker, s, c).await;
+                let failed = match &r {
+                    Ok(v) => v.get("is_error").and_then(Value::as_bool) == Some(true),
+                    Err(_) => true,
+                };
+                if failed {
+                    child.consecutive_errors.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    child.consecutive_errors.store(0, Ordering::SeqCst);
+                }
+                r
+            }
+        },
+        (Role::Agent, Request::ListSkills, Some(_)) => Ok(skills_index(&broker.catalog)),
+        (Role::Agent, Request::UseSkill(u), Some(s)) => use_skill(broker, s, &u.name),
+        (Role::Agent, Request::ResolveAgent(r), Some(s)) => {
+            let answer = match resolve(&broker.catalog, &r.agent_type, r.model.as_deref()) {
+                Ok(def) => json!({"agent": crate::catalog::agent_json(def, None), "reason": null}),
+                Err(why) => json!({"agent": null, "reason": why}),
+            };
+            broker.audit(Event {
+                session: Some(s.id.clone()),
+                peer_uid: Some(s.peer.uid),
+                peer_pid: s.peer.pid,
+                kind: "resolve_agent",
+                decision: if answer["agent"].is_null() {
+                    "refused"
+                } else {
+                    "allowed"
+                },
+                outcome: "ok",
+                ..Event::default()
+            });
+            Ok(answer)
+        }
+        (Role::Agent, Request::SubmitPrompt(p), Some(s)) => {
+            if p.prompt.len() > proto::MAX_PROMPT {
+                return Err(Refusal::new(
+                    Code::Refused,
+                    &format!("the prompt is over {} bytes", proto::MAX_PROMPT),
+                ));
+            }
+            if s.child.is_none() {
+                let reports = broker
+                    .hooks
+                    .lifecycle(
+                        HookEvent::UserPromptSubmit,
+                        json!({"event": "UserPromptSubmit", "session": s.id, "prompt": p.prompt}),
+                    )
+                    .await;
+                broker.audit_hooks(Some(&s.id), s.peer, &reports);
+            }
+            Ok(json!({}))
+        }
         (Role::Operator, req, _) => operator(broker, peer, req).await,
         // The table admits nothing else in an open session; this is unreachable by
         // construction, and refused rather than trusted if it ever were reached.
         _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}
+
+/// A child whose wall-clock budget is spent gets nothing more.
+fn check_wall_budget(s: &Session) -> Result<(), Refusal> {
+    match &s.child {
+        Some(c) if c.started.elapsed() > Duration::from_secs(c.def.budget.max_wall_secs) => {
+            Err(Refusal::new(
+                Code::Refused,
+                "the child's wall-clock budget is spent; nothing was sent",
+            )
+            .with_certainty("not_sent"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Look up an agent definition for a request: the request-side grammar first, then the exact
+/// (case-sensitive) name, then the model policy. Refusals are fixed texts that never quote the
+/// caller's `agentType` or model.
+fn resolve<'a>(
+    catalog: &'a Catalog,
+    agent_type: &str,
+    model: Option<&str>,
+) -> Result<&'a AgentDef, String> {
+    if agentdef::check_agent_type(agent_type).is_err() {
+        return Err(format!(
+            "the agent type must be 1-{} bytes of ASCII letters, digits, '.', '_' or '-'",
+            agentdef::MAX_NAME
+        ));
+    }
+    if let Some(m) = model {
+        agentdef::check_model_override(m).map_err(str::to_owned)?;
+    }
+    let Some(entry) = catalog.agent(agent_type) else {
+        return Err("no agent definition with that name (names are case-sensitive)".into());
+    };
+    if matches!(entry.def.model, agentdef::ModelPolicy::Route(_))
+        || model.is_some_and(|m| m != "inherit")
+    {
+        return Err("only the parent's model (inherit) can be used: this broker has no resolved provider, capability and pricing evidence for another route".into());
+    }
+    Ok(&entry.def)
+}
+
+fn skills_index(catalog: &Catalog) -> Value {
+    json!({
+        "skills": catalog.skills.iter().map(|s| json!({
+            "name": s.name,
+            "tier": s.tier.as_str(),
+            "description": s.description,
+        })).collect::<Vec<_>>()
+    })
+}
+
+fn use_skill(broker: &Broker, s: &Session, name: &str) -> Result<Value, Refusal> {
+    let outcome = broker.catalog.skill_body(name);
+    broker.audit(Event {
+        session: Some(s.id.clone()),
+        peer_uid: Some(s.peer.uid),
+        peer_pid: s.peer.pid,
+        kind: "use_skill",
+        decision: if outcome.is_ok() {
+            "allowed"
+        } else {
+            "refused"
+        },
+        outcome: match &outcome {
+            Ok(_) => "ok",
+            Err(crate::catalog::UseSkillError::Unknown) => "unknown_skill",
+            Err(crate::catalog::UseSkillError::Changed) => "changed_since_discovery",
+        },
+        detail: outcome
+            .as_ref()
+            .ok()
+            .map(|(e, _)| format!("skill {} ({} tier)", e.name, e.tier.as_str())),
+        ..Event::default()
+    });
+    match outcome {
+        Ok((entry, body)) => Ok(json!({
+            "name": entry.name,
+            "tier": entry.tier.as_str(),
+            "body": body,
+        })),
+        Err(crate::catalog::UseSkillError::Unknown) => {
+            Err(Refusal::new(Code::NotFound, "unknown skill"))
+        }
+        Err(crate::catalog::UseSkillError::Changed) => Err(Refusal::new(
+            Code::Refused,
+            "the skill changed since it was discovered; it is available again after the broker restarts",
+        )),
     }
 }
 
@@ -772,7 +1054,7 @@ async fn session_catalog(
         .catalog(&slot, &client)
         .await
         .map_err(|e| SlotError::Connect(slot.secrets().scrub(&e.to_string())))?;
-    let ceiling = s.snapshot.config.ceiling();
+    let ceiling = s.ceiling();
     let tools: Vec<Tool> = all
         .iter()
         .filter(|t| exposed(ceiling, server, &t.name))
@@ -878,7 +1160,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         return Err(unknown_tool());
     };
     record.event.server = Some(server.name.as_str().to_owned());
-    let ceiling = s.snapshot.config.ceiling();
+    let ceiling = s.ceiling();
     // Policy and filters first: a hidden tool never starts its server.
     if !exposed(ceiling, server, &c.tool) {
         record.finish("refused", "unknown_tool", None);
@@ -928,7 +1210,14 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         tool: tool.name.clone(),
         arguments: c.arguments.clone(),
     };
-    if let Verdict::Block(reason) = broker.hooks.pre_tool_use(&event).await {
+    let verdict = if s.child.is_none() {
+        let (verdict, reports) = broker.hooks.pre_tool_use(&event).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+        verdict
+    } else {
+        Verdict::NoOpinion
+    };
+    if let Verdict::Block(reason) = verdict {
         record.finish("blocked_by_hook", "refused", None);
         return Err(Refusal::new(
             Code::Refused,
@@ -1029,7 +1318,10 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
             )
         }
     };
-    broker.hooks.post_tool_use(&event, outcome).await;
+    if s.child.is_none() {
+        let reports = broker.hooks.post_tool_use(&event, outcome).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+    }
     let detail = answer
         .as_ref()
         .err()

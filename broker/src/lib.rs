@@ -8,8 +8,10 @@
 
 pub mod approvals;
 pub mod audit;
+pub mod catalog;
 pub mod credentials;
 pub mod daemon;
+pub mod hooks;
 pub mod ipc;
 pub mod keyring;
 pub mod mcp;

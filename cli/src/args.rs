@@ -14,10 +14,6 @@ pub(crate) struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "parsed once per process; size is irrelevant"
-)]
 pub(crate) enum Top {
     /// Manage MCP server configuration in $ITERON_HOME (default ~/.iteron).
     #[command(subcommand)]
@@ -35,6 +31,20 @@ pub(crate) enum Top {
     /// The audit log.
     #[command(subcommand)]
     Audit(Audit),
+    /// The skills discovered in ~/.iteron/skills and <repo>/.iteron/skills, and what was refused.
+    Skills(CatalogArgs),
+    /// The agent definitions discovered in ~/.iteron/agents and <repo>/.iteron/agents.
+    Agents(CatalogArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CatalogArgs {
+    /// The repository whose .iteron directory is read (workspace input, never authority).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) repo: Option<std::path::PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +76,9 @@ pub(crate) struct ServeArgs {
     /// Refuse every approval at once (no operator answers; CI).
     #[arg(long)]
     pub(crate) noninteractive: bool,
+    /// The repository whose skills and agent definitions are offered (workspace input).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) repo: Option<std::path::PathBuf>,
     /// Seconds an approval or form waits for the operator (1-3600).
     #[arg(long, value_name = "SECS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -146,16 +159,47 @@ pub(crate) struct AgentArgs {
     /// The broker's agent socket (default: $ITERON_AGENT_SOCKET).
     #[arg(long, value_name = "PATH")]
     pub(crate) socket: Option<std::path::PathBuf>,
+    /// Open a child session bound to this agent definition (read-only, budgeted).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) agent_type: Option<String>,
     #[command(subcommand)]
     pub(crate) action: Agent,
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "resolve-agent is the command's documented name"
+)]
 pub(crate) enum Agent {
     /// The tools exposed to this agent.
     Tools(FormatArg),
     /// Call one exposed tool (waits for operator approval).
     Call(CallArgs),
+    /// The skill index (names and descriptions).
+    Skills(FormatArg),
+    /// One skill's instructions.
+    UseSkill(SkillArg),
+    /// Look up an agent definition by its exact name.
+    ResolveAgent(ResolveArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SkillArg {
+    /// The skill's name.
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ResolveArgs {
+    /// The agent type (exact, case-sensitive name).
+    pub(crate) agent_type: String,
+    /// A model override.
+    #[arg(long, value_name = "MODEL")]
+    pub(crate) model: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Args)]

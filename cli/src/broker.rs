@@ -8,14 +8,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use iteron_broker::daemon::{self, NoHooks, ServeOptions};
-use iteron_broker::ipc::client::Connection;
+use iteron_broker::daemon::{self, ServeOptions};
+use iteron_broker::ipc::client::{ClientError, Connection};
 use iteron_broker::store::Home;
 use iteron_policy::text;
 use serde_json::{Map, Value, json};
 
 use crate::args::{
-    Agent, AgentArgs, Approvals, ApprovalsArgs, Audit, Broker, Format, OperatorSocketArg, ServeArgs,
+    Agent, AgentArgs, Approvals, ApprovalsArgs, Audit, Broker, CatalogArgs, Format,
+    OperatorSocketArg, ServeArgs,
 };
 use crate::error::CliError;
 
@@ -163,7 +164,16 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .operator_socket
         .unwrap_or_else(|| default_operator_socket(&home));
     let interactive = !args.noninteractive;
+    let config = home.load()?;
+    // Skills and agent definitions are discovered once, for the broker's whole run; hooks come
+    // only from the operator's configuration.
+    let catalog = Arc::new(iteron_broker::catalog::discover(
+        home.dir(),
+        args.repo.as_deref(),
+    ));
+    let hooks = Arc::new(iteron_broker::hooks::HookRunner::new(config.hooks.clone()));
     let opts = ServeOptions {
+        catalog,
         agent_socket,
         operator_socket,
         allow_uids: allow,
@@ -205,7 +215,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         daemon::serve(
             home,
             opts,
-            Arc::new(NoHooks),
+            hooks,
             Arc::new(|k: &str| std::env::var_os(k)),
             stop,
             |ready| {
@@ -394,6 +404,18 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     }
 }
 
+/// Connect and open the session (a child session with `--agent-type`).
+async fn agent_session(socket: &Path, agent_type: Option<&str>) -> Result<Connection, ClientError> {
+    let mut c = Connection::connect(socket).await?;
+    let mut params =
+        json!({"protocol": iteron_broker::ipc::proto::PROTOCOL_VERSION, "client": "iteron-agent"});
+    if let (Some(t), Some(obj)) = (agent_type, params.as_object_mut()) {
+        obj.insert("agent_type".into(), t.into());
+    }
+    c.request("hello", params).await?;
+    Ok(c)
+}
+
 fn agent_socket(args: &AgentArgs) -> Result<PathBuf, CliError> {
     args.socket
         .clone()
@@ -405,11 +427,84 @@ fn agent_socket(args: &AgentArgs) -> Result<PathBuf, CliError> {
 pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let socket = agent_socket(&args)?;
     let rt = crate::rt::current_thread()?;
+    let child = args.agent_type.as_deref();
+    let one = |method: &str, params: Value| -> Result<Value, CliError> {
+        rt.block_on(async {
+            let mut c = agent_session(&socket, child).await?;
+            c.request(method, params).await
+        })
+        .map_err(CliError::Broker)
+    };
     match args.action {
+        Agent::Skills(f) => {
+            let v = one("list_skills", json!({}))?;
+            match f.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    for s in v.get("skills").and_then(Value::as_array).unwrap_or(&empty) {
+                        let g = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("");
+                        out_line(
+                            out,
+                            &text::single_line(&format!(
+                                "{}  ({})  {}",
+                                g("name"),
+                                g("tier"),
+                                g("description")
+                            )),
+                        )?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        Agent::UseSkill(a) => {
+            let v = one("use_skill", json!({"name": a.name}))?;
+            let body = v.get("body").and_then(Value::as_str).unwrap_or("");
+            for line in body.lines() {
+                out_line(out, &text::single_line_capped(line, usize::MAX))?;
+            }
+            Ok(())
+        }
+        Agent::ResolveAgent(r) => {
+            let mut params = json!({"agent_type": r.agent_type});
+            if let (Some(m), Some(obj)) = (&r.model, params.as_object_mut()) {
+                obj.insert("model".into(), m.clone().into());
+            }
+            let v = one("resolve_agent", params)?;
+            if let Format::Json = r.format {
+                json_out(out, &v)?;
+            }
+            match v.get("agent") {
+                Some(a) if a.is_object() => {
+                    if let Format::Text = r.format {
+                        let g = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                        out_line(
+                            out,
+                            &text::single_line(&format!(
+                                "{} ({} tier) identity {}",
+                                g("name"),
+                                g("tier"),
+                                g("identity")
+                            )),
+                        )?;
+                    }
+                    Ok(())
+                }
+                _ => Err(CliError::Broker(ClientError::Refused {
+                    code: "refused".into(),
+                    message: text::single_line(
+                        v.get("reason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("not resolved"),
+                    ),
+                    certainty: None,
+                })),
+            }
+        }
         Agent::Tools(f) => {
             let v = rt.block_on(async {
-                let mut c = Connection::connect(&socket).await?;
-                c.hello("iteron-agent").await?;
+                let mut c = agent_session(&socket, child).await?;
                 c.request("list_tools", json!({})).await
             });
             let v = v.map_err(CliError::Broker)?;
@@ -451,8 +546,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                 .ok_or_else(|| CliError::Usage("--json must be a JSON object".into()))?;
             let v = rt
                 .block_on(async {
-                    let mut conn = Connection::connect(&socket).await?;
-                    conn.hello("iteron-agent").await?;
+                    let mut conn = agent_session(&socket, child).await?;
                     conn.request(
                         "call_tool",
                         json!({"server": c.server, "tool": c.tool, "arguments": arguments}),
@@ -509,5 +603,76 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
             }
         },
         Err(t) => Err(CliError::Audit(t.to_string())),
+    }
+}
+
+fn catalog_for(args: &CatalogArgs) -> Result<iteron_broker::catalog::Catalog, CliError> {
+    let home = home()?;
+    Ok(iteron_broker::catalog::discover(
+        home.dir(),
+        args.repo.as_deref(),
+    ))
+}
+
+fn rejected_text(
+    out: &mut dyn Write,
+    cat: &iteron_broker::catalog::Catalog,
+    kind: iteron_broker::catalog::RejectKind,
+) -> Result<(), CliError> {
+    // Path and reason are already terminal-safe; escaping them again would double escapes.
+    for r in cat.rejected_of(kind) {
+        out_line(out, &format!("rejected {}: {}", r.path, r.reason))?;
+    }
+    if cat.rejected_more > 0 {
+        out_line(out, &format!("({} more rejected)", cat.rejected_more))?;
+    }
+    Ok(())
+}
+
+/// `iteron skills`: exactly what discovery found, and what it refused and why.
+pub(crate) fn run_skills(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let cat = catalog_for(&args)?;
+    match args.format {
+        Format::Json => json_out(out, &cat.skills_json()),
+        Format::Text => {
+            for s in &cat.skills {
+                out_line(
+                    out,
+                    &text::single_line(&format!(
+                        "{}  ({})  {}",
+                        s.name,
+                        s.tier.as_str(),
+                        s.description
+                    )),
+                )?;
+            }
+            rejected_text(out, &cat, iteron_broker::catalog::RejectKind::Skill)
+        }
+    }
+}
+
+/// `iteron agents`: the runtime snapshot of agent definitions, with tiers and identities.
+pub(crate) fn run_agents(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let cat = catalog_for(&args)?;
+    match args.format {
+        Format::Json => json_out(out, &cat.agents_json()),
+        Format::Text => {
+            for a in &cat.agents {
+                let d = &a.def;
+                out_line(
+                    out,
+                    &text::single_line(&format!(
+                        "{}  ({})  identity {}  tools {}  turns {}  wall {} s",
+                        d.name,
+                        d.tier.as_str(),
+                        d.identity.get(..16).unwrap_or_default(),
+                        d.tools.join(","),
+                        d.budget.max_turns,
+                        d.budget.max_wall_secs
+                    )),
+                )?;
+            }
+            rejected_text(out, &cat, iteron_broker::catalog::RejectKind::Agent)
+        }
     }
 }

@@ -38,6 +38,8 @@ fn main() -> ExitCode {
         Top::Approvals(args) => broker::run_approvals(args, &mut out),
         Top::Agent(args) => broker::run_agent(args, &mut out),
         Top::Audit(cmd) => broker::run_audit(cmd, &mut out),
+        Top::Skills(args) => broker::run_skills(args, &mut out),
+        Top::Agents(args) => broker::run_agents(args, &mut out),
     };
     let flushed = out.flush();
     match result {

@@ -171,7 +171,9 @@ impl fmt::Display for AgentError {
         match self {
             AgentError::TooLarge => write!(f, "the definition is over {MAX_FILE} bytes"),
             AgentError::NotUtf8 => f.write_str("the definition is not UTF-8"),
-            AgentError::UnsafeText(c) => write!(f, "the definition contains a {c}"),
+            AgentError::UnsafeText(c) => {
+                write!(f, "the definition contains a forbidden character ({c})")
+            }
             AgentError::Frontmatter(e) => write!(f, "frontmatter: {e}"),
             AgentError::UnknownKey(line) => write!(f, "frontmatter line {line}: unknown key"),
             AgentError::MissingName => f.write_str("frontmatter: name is required"),

@@ -65,7 +65,7 @@ impl fmt::Display for SkillError {
         match self {
             SkillError::TooLarge => write!(f, "SKILL.md is over {MAX_FILE} bytes"),
             SkillError::NotUtf8 => f.write_str("SKILL.md is not UTF-8"),
-            SkillError::UnsafeText(c) => write!(f, "SKILL.md contains a {c}"),
+            SkillError::UnsafeText(c) => write!(f, "SKILL.md contains a forbidden character ({c})"),
             SkillError::Frontmatter(e) => write!(f, "frontmatter: {e}"),
             SkillError::UnknownKey(line) => {
                 write!(

@@ -51,6 +51,14 @@ pub enum Kind {
     CallTool,
     /// End the session.
     EndSession,
+    /// The skill index.
+    ListSkills,
+    /// One skill's body.
+    UseSkill,
+    /// Look up an agent definition.
+    ResolveAgent,
+    /// A user prompt (runs the `UserPromptSubmit` hooks).
+    SubmitPrompt,
     /// Server phases (operator).
     Status,
     /// Cancel a server's in-flight calls (operator).
@@ -112,6 +120,34 @@ pub const TABLE: &[Entry] = &[
         method: "end_session",
         role: Role::Agent,
         kind: Kind::EndSession,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "list_skills",
+        role: Role::Agent,
+        kind: Kind::ListSkills,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "use_skill",
+        role: Role::Agent,
+        kind: Kind::UseSkill,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "resolve_agent",
+        role: Role::Agent,
+        kind: Kind::ResolveAgent,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "submit_prompt",
+        role: Role::Agent,
+        kind: Kind::SubmitPrompt,
         class: None,
         states: OPEN,
     },
@@ -187,7 +223,43 @@ pub struct Hello {
     /// A label for the client (shown to the operator and audited; at most 64 bytes).
     #[serde(default)]
     pub client: String,
+    /// Open a child session bound to this agent definition (exact, case-sensitive name).
+    #[serde(default)]
+    pub agent_type: Option<String>,
+    /// A model override for the child (only `inherit` is accepted by this broker).
+    #[serde(default)]
+    pub model: Option<String>,
 }
+
+/// `use_skill` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UseSkill {
+    /// The skill's name.
+    pub name: String,
+}
+
+/// `resolve_agent` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveAgent {
+    /// The requested `agentType`.
+    pub agent_type: String,
+    /// A model override.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// `submit_prompt` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitPrompt {
+    /// The prompt text (at most [`MAX_PROMPT`] bytes).
+    pub prompt: String,
+}
+
+/// Longest prompt in `submit_prompt`.
+pub const MAX_PROMPT: usize = 256 * 1024;
 
 /// `call_tool` parameters.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -278,6 +350,14 @@ pub enum Request {
     CallTool(CallTool),
     /// `end_session`.
     EndSession,
+    /// `list_skills`.
+    ListSkills,
+    /// `use_skill`.
+    UseSkill(UseSkill),
+    /// `resolve_agent`.
+    ResolveAgent(ResolveAgent),
+    /// `submit_prompt`.
+    SubmitPrompt(SubmitPrompt),
     /// `status`.
     Status(StatusArg),
     /// `cancel`.
@@ -516,6 +596,13 @@ pub fn decode(
             params::<NoParams>(env.params, id, m)?;
             Request::EndSession
         }
+        Kind::ListSkills => {
+            params::<NoParams>(env.params, id, m)?;
+            Request::ListSkills
+        }
+        Kind::UseSkill => Request::UseSkill(params(env.params, id, m)?),
+        Kind::ResolveAgent => Request::ResolveAgent(params(env.params, id, m)?),
+        Kind::SubmitPrompt => Request::SubmitPrompt(params(env.params, id, m)?),
         Kind::Status => Request::Status(params(env.params, id, m)?),
         Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
@@ -566,7 +653,15 @@ mod tests {
         ] {
             assert!(lookup(Role::Agent, m).is_none(), "{m}");
         }
-        for m in ["list_tools", "call_tool", "end_session"] {
+        for m in [
+            "list_tools",
+            "call_tool",
+            "end_session",
+            "list_skills",
+            "use_skill",
+            "resolve_agent",
+            "submit_prompt",
+        ] {
             assert!(lookup(Role::Operator, m).is_none(), "{m}");
         }
         // The only effect is classified irreversible_external.

@@ -1,0 +1,268 @@
+//! Lifecycle hooks: operator commands from `~/.iteron/config.json` (`hooks`: event → list of
+//! absolute commands), run at `SessionStart`, `UserPromptSubmit`, `PreToolUse`, `PostToolUse`
+//! and `Stop`.
+//!
+//! Each hook is a hardened child (see [`crate::spawn`]: environment built from nothing — only
+//! `PATH` and `LANG` —, own session, no_new_privs, no inherited descriptors), gets the event as
+//! one JSON object on stdin, and runs under a deadline ([`HOOK_TIMEOUT`]) with its output
+//! bounded ([`MAX_HOOK_OUTPUT`] of stdout is read, the rest discarded; stderr is kept in the
+//! spawner's bounded ring). Only a `PreToolUse` hook that exits with code 2 blocks, with its
+//! stderr (terminal-safe, redacted, at most 512 bytes) as the reason. Spawn failure, timeout or
+//! any other exit code is "no opinion"; every run is reported so the broker can audit it.
+//!
+//! Hooks run with operator authority and see live input (tool arguments, prompts): a logging
+//! hook can capture what redaction hides elsewhere.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use iteron_policy::config::{AbsolutePath, HookEvent};
+use iteron_policy::text;
+
+use crate::daemon::{HookFuture, ToolEvent, ToolHooks, Verdict};
+use crate::spawn::{self, ChildSpec, Exit, child_env};
+
+/// Deadline of one hook (DESIGN §11).
+pub const HOOK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stdout read from one hook (DESIGN §11); the rest is discarded.
+pub const MAX_HOOK_OUTPUT: usize = 64 * 1024;
+/// The exit code with which a `PreToolUse` hook blocks.
+pub const BLOCK_CODE: i32 = 2;
+
+/// How one hook run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It exited with this code (no opinion, unless a `PreToolUse` hook exited 2).
+    Exited(i32),
+    /// A `PreToolUse` hook blocked (exit 2), with this reason.
+    Blocked(String),
+    /// Killed by a signal.
+    Signalled(i32),
+    /// Killed at the deadline.
+    TimedOut,
+    /// Could not be started.
+    SpawnFailed(String),
+}
+
+/// One hook run, for the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The event.
+    pub event: HookEvent,
+    /// The command (an operator-configured absolute path).
+    pub command: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Stdout bytes beyond the bound that were discarded.
+    pub discarded: u64,
+}
+
+impl Report {
+    /// One line for the audit record's detail.
+    pub fn detail(&self) -> String {
+        let how = match &self.outcome {
+            Outcome::Exited(c) => format!("exit {c}, no opinion"),
+            Outcome::Blocked(_) => "exit 2, blocked".to_owned(),
+            Outcome::Signalled(s) => format!("signal {s}, no opinion"),
+            Outcome::TimedOut => {
+                format!("timed out after {} s, no opinion", HOOK_TIMEOUT.as_secs())
+            }
+            Outcome::SpawnFailed(why) => format!("could not start ({why}), no opinion"),
+        };
+        let mut s = format!("{} {}: {how}", self.event.as_str(), self.command);
+        if self.discarded > 0 {
+            s.push_str(&format!("; {} output bytes discarded", self.discarded));
+        }
+        text::single_line_capped(&s, 300)
+    }
+}
+
+/// The configured hooks.
+#[derive(Debug, Clone, Default)]
+pub struct HookRunner {
+    hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
+    timeout: Option<Duration>,
+}
+
+impl HookRunner {
+    /// The hooks of the operator's configuration.
+    pub fn new(hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>) -> HookRunner {
+        HookRunner {
+            hooks,
+            timeout: None,
+        }
+    }
+
+    /// With another deadline (tests).
+    pub fn with_timeout(mut self, timeout: Duration) -> HookRunner {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Whether any hook is configured for `event`.
+    pub fn has(&self, event: HookEvent) -> bool {
+        self.hooks.get(&event).is_some_and(|v| !v.is_empty())
+    }
+
+    /// Run every hook of `event` in order with `payload` on stdin. For `PreToolUse`, the first
+    /// block stops the run (later hooks do not run).
+    pub async fn run(&self, event: HookEvent, payload: &Value) -> Vec<Report> {
+        let Some(commands) = self.hooks.get(&event) else {
+            return Vec::new();
+        };
+        let input = serde_json::to_vec(payload).unwrap_or_default();
+        let mut out = Vec::new();
+        for cmd in commands {
+            let report = run_one(
+                event,
+                cmd.as_str(),
+                &input,
+                self.timeout.unwrap_or(HOOK_TIMEOUT),
+            )
+            .await;
+            let blocked = matches!(report.outcome, Outcome::Blocked(_));
+            out.push(report);
+            if blocked {
+                break;
+            }
+        }
+        out
+    }
+}
+
+async fn run_one(event: HookEvent, command: &str, input: &[u8], deadline: Duration) -> Report {
+    let mut report = Report {
+        event,
+        command: text::single_line_capped(command, 200),
+        outcome: Outcome::Exited(0),
+        discarded: 0,
+    };
+    let (env, _) = child_env(&[], None, |_: &str| None);
+    let spec = ChildSpec {
+        command: command.to_owned(),
+        args: Vec::new(),
+        env,
+    };
+    let mut child = match spawn::spawn(spec).await {
+        Ok(c) => c,
+        Err(e) => {
+            report.outcome = Outcome::SpawnFailed(text::single_line_capped(&e.to_string(), 200));
+            return report;
+        }
+    };
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let mut exit = child.exit_watch();
+    let work = async {
+        if let Some(mut w) = stdin {
+            // A hook that does not read its input may close stdin early: not an error.
+            let _ = w.write_all(input).await;
+            let _ = w.shutdown().await;
+        }
+        let mut discarded = 0u64;
+        if let Some(mut r) = stdout {
+            let mut kept = 0usize;
+            let mut buf = vec![0u8; 8192];
+            loop {
+                match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let keep = n.min(MAX_HOOK_OUTPUT - kept);
+                        kept += keep;
+                        discarded += (n - keep) as u64;
+                    }
+                }
+            }
+        }
+        loop {
+            if let Some(e) = *exit.borrow() {
+                return (e, discarded);
+            }
+            if exit.changed().await.is_err() {
+                return (Exit::Signal(9), discarded);
+            }
+        }
+    };
+    match tokio::time::timeout(deadline, work).await {
+        Ok((Exit::Code(code), discarded)) => {
+            report.discarded = discarded;
+            report.outcome = if code == BLOCK_CODE && event == HookEvent::PreToolUse {
+                let reason = child.stderr_tail(8).join("; ");
+                Outcome::Blocked(if reason.trim().is_empty() {
+                    "no reason given".to_owned()
+                } else {
+                    text::single_line_capped(&reason, 400)
+                })
+            } else {
+                Outcome::Exited(code)
+            };
+        }
+        Ok((Exit::Signal(s), discarded)) => {
+            report.discarded = discarded;
+            report.outcome = Outcome::Signalled(s);
+        }
+        Err(_) => {
+            report.outcome = Outcome::TimedOut;
+            child.kill_group();
+        }
+    }
+    child.shutdown(Duration::from_millis(200)).await;
+    report
+}
+
+/// Builds the event objects hooks receive.
+pub fn tool_payload(event: HookEvent, ev: &ToolEvent, outcome: Option<&str>) -> Value {
+    let mut v = serde_json::json!({
+        "event": event.as_str(),
+        "session": ev.session,
+        "server": ev.server,
+        "tool": ev.tool,
+        "arguments": Value::Object(ev.arguments.clone()),
+    });
+    if let (Some(o), Some(obj)) = (outcome, v.as_object_mut()) {
+        obj.insert("outcome".into(), o.into());
+    }
+    v
+}
+
+impl ToolHooks for HookRunner {
+    fn pre_tool_use<'a>(&'a self, event: &'a ToolEvent) -> HookFuture<'a, (Verdict, Vec<Report>)> {
+        Box::pin(async move {
+            let reports = self
+                .run(
+                    HookEvent::PreToolUse,
+                    &tool_payload(HookEvent::PreToolUse, event, None),
+                )
+                .await;
+            let verdict = reports
+                .iter()
+                .find_map(|r| match &r.outcome {
+                    Outcome::Blocked(why) => Some(Verdict::Block(why.clone())),
+                    _ => None,
+                })
+                .unwrap_or(Verdict::NoOpinion);
+            (verdict, reports)
+        })
+    }
+
+    fn post_tool_use<'a>(
+        &'a self,
+        event: &'a ToolEvent,
+        outcome: &'a str,
+    ) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async move {
+            self.run(
+                HookEvent::PostToolUse,
+                &tool_payload(HookEvent::PostToolUse, event, Some(outcome)),
+            )
+            .await
+        })
+    }
+
+    fn lifecycle<'a>(&'a self, event: HookEvent, payload: Value) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async move { self.run(event, &payload).await })
+    }
+}
