@@ -1,0 +1,163 @@
+//! The hook runner with real scripts: exit 2 blocks a `PreToolUse` with its stderr as the
+//! reason; exit 1, a timeout and a missing binary are "no opinion"; a flood of output is
+//! bounded; the hook's environment is built from nothing; the event arrives on stdin.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use iteron_broker::daemon::{ToolEvent, ToolHooks, Verdict};
+use iteron_broker::hooks::{HookRunner, MAX_HOOK_OUTPUT, Outcome};
+use iteron_policy::config::{AbsolutePath, HookEvent};
+use serde_json::{Map, Value, json};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("iteron-hooks-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn script(dir: &Path, name: &str, body: &str) -> AbsolutePath {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    AbsolutePath::parse(p.to_str().unwrap()).unwrap()
+}
+
+fn runner(event: HookEvent, hooks: Vec<AbsolutePath>) -> HookRunner {
+    let mut m = BTreeMap::new();
+    m.insert(event, hooks);
+    HookRunner::new(m)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn event() -> ToolEvent {
+    let mut arguments = Map::new();
+    arguments.insert("path".into(), json!("src/main.rs"));
+    ToolEvent {
+        session: "s1-test".into(),
+        server: "files".into(),
+        tool: "write_file".into(),
+        arguments,
+    }
+}
+
+#[test]
+fn exit_2_blocks_with_its_reason_and_sees_the_event_on_stdin() {
+    let d = dir("block");
+    let seen = d.join("seen.json");
+    let hook = script(
+        &d,
+        "block.sh",
+        &format!(
+            "cat > {}\necho 'writes to src/ need review\u{202e}' >&2\nexit 2",
+            seen.display()
+        ),
+    );
+    let later = script(
+        &d,
+        "later.sh",
+        &format!("touch {}", d.join("later-ran").display()),
+    );
+    let r = runner(HookEvent::PreToolUse, vec![hook, later]);
+    let (verdict, reports) = rt().block_on(r.pre_tool_use(&event()));
+    let Verdict::Block(reason) = verdict else {
+        panic!("not blocked: {reports:?}")
+    };
+    assert!(reason.contains("writes to src/ need review"), "{reason}");
+    assert!(
+        !reason.contains('\u{202e}'),
+        "the reason is made terminal-safe"
+    );
+    assert!(reason.len() <= 512 && !reason.contains('\n'));
+    // The first block stops the run.
+    assert_eq!(reports.len(), 1);
+    assert!(!d.join("later-ran").exists());
+    let v: Value = serde_json::from_slice(&std::fs::read(&seen).unwrap()).unwrap();
+    assert_eq!(v["event"], "PreToolUse");
+    assert_eq!(v["tool"], "write_file");
+    assert_eq!(v["arguments"]["path"], "src/main.rs");
+}
+
+#[test]
+fn other_exits_timeouts_and_missing_binaries_are_no_opinion() {
+    let d = dir("noop");
+    let one = script(&d, "one.sh", "echo 'nope' >&2\nexit 1");
+    let sleepy = script(&d, "sleepy.sh", "sleep 30");
+    let missing = AbsolutePath::parse(d.join("does-not-exist").to_str().unwrap()).unwrap();
+    // Exit 2 from a hook of another event is not a block either.
+    let r = runner(HookEvent::PreToolUse, vec![one, sleepy, missing])
+        .with_timeout(Duration::from_millis(500));
+    let t = Instant::now();
+    let (verdict, reports) = rt().block_on(r.pre_tool_use(&event()));
+    assert_eq!(verdict, Verdict::NoOpinion);
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the timeout was not enforced"
+    );
+    let outcomes: Vec<&Outcome> = reports.iter().map(|r| &r.outcome).collect();
+    assert_eq!(outcomes[0], &Outcome::Exited(1));
+    assert_eq!(outcomes[1], &Outcome::TimedOut);
+    assert!(
+        matches!(outcomes[2], Outcome::SpawnFailed(_)),
+        "{outcomes:?}"
+    );
+    for r in &reports {
+        assert!(r.detail().contains("no opinion"), "{}", r.detail());
+    }
+
+    let two = script(&d, "two.sh", "exit 2");
+    let post = runner(HookEvent::PostToolUse, vec![two]);
+    let reports = rt().block_on(post.post_tool_use(&event(), "ok"));
+    assert_eq!(reports[0].outcome, Outcome::Exited(2));
+}
+
+#[test]
+fn a_flood_of_output_is_bounded() {
+    let d = dir("flood");
+    // 8 MiB on stdout and on stderr.
+    let flood = script(
+        &d,
+        "flood.sh",
+        "head -c 8388608 /dev/zero\nhead -c 8388608 /dev/zero >&2\nexit 0",
+    );
+    let r = runner(HookEvent::PostToolUse, vec![flood]);
+    let reports = rt().block_on(r.post_tool_use(&event(), "ok"));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0));
+    assert_eq!(
+        reports[0].discarded,
+        8 * 1024 * 1024 - MAX_HOOK_OUTPUT as u64
+    );
+}
+
+#[test]
+fn the_hook_environment_is_built_from_nothing() {
+    let d = dir("env");
+    let out = d.join("env.txt");
+    let hook = script(&d, "env.sh", &format!("env > {}", out.display()));
+    let r = runner(HookEvent::SessionStart, vec![hook]);
+    let reports =
+        rt().block_on(r.lifecycle(HookEvent::SessionStart, json!({"event": "SessionStart"})));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0));
+    let env = std::fs::read_to_string(&out).unwrap();
+    let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+    // PATH and LANG from the broker; PWD, SHLVL and _ are the shell's own.
+    for n in &names {
+        assert!(
+            ["PATH", "LANG", "PWD", "SHLVL", "_", "OLDPWD"].contains(n),
+            "unexpected variable {n} in the hook's environment"
+        );
+    }
+    // The test process has many variables (CARGO_*, HOME, …); none reached the hook.
+    assert!(std::env::vars().count() > names.len());
+}

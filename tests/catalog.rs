@@ -1,0 +1,275 @@
+//! `iteron skills` and `iteron agents` against the hostile repository fixture
+//! (`fixtures/hostile-repo`) and an operator home (`fixtures/hostile-home`): every hostile file
+//! is refused with its documented reason, the good ones are admitted, and nothing else is
+//! affected.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+            std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+}
+
+/// A private copy of the operator-home fixture.
+fn home(name: &str) -> PathBuf {
+    let base = std::env::temp_dir().join(format!("iteron-catalog-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    copy_dir(&repo().join("fixtures/hostile-home"), &base.join("home"));
+    base.join("home")
+}
+
+fn run(home: &Path, args: &[&str]) -> (Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(args)
+        .env("ITERON_HOME", home)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn rejected(v: &Value) -> BTreeMap<String, String> {
+    v["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["path"]
+                    .as_str()
+                    .unwrap()
+                    .replace("fixtures/hostile-repo/", ""),
+                r["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay() {
+    let h = home("skills");
+    let (v, _) = run(
+        &h,
+        &[
+            "skills",
+            "--repo",
+            "fixtures/hostile-repo",
+            "--format",
+            "json",
+        ],
+    );
+    let skills: Vec<(&str, &str)> = v["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["tier"].as_str().unwrap()))
+        .collect();
+    assert_eq!(skills, vec![("deploy", "user"), ("lint", "repository")]);
+    let r = rejected(&v);
+    let want: &[(&str, &str)] = &[
+        (
+            ".iteron/skills/deploy/SKILL.md",
+            "shadowed by the user skill of the same name",
+        ),
+        (
+            ".iteron/skills/evil\\u{202e}txt.md/SKILL.md",
+            "bidirectional control U+202E",
+        ),
+        (".iteron/skills/zwj/SKILL.md", "invisible character U+200D"),
+        (
+            ".iteron/skills/filler/SKILL.md",
+            "invisible character U+3164",
+        ),
+        (".iteron/skills/vs16/SKILL.md", "invisible character U+FE0F"),
+        (".iteron/skills/huge/SKILL.md", "at most 262144 bytes"),
+        (
+            ".iteron/skills/linked",
+            "a symlink (symlinks are never followed)",
+        ),
+        (
+            ".iteron/skills/node_modules",
+            "inside a dependency/vendor directory (node_modules)",
+        ),
+        (
+            "node_modules/some-pkg/.iteron/skills/helper/SKILL.md",
+            "inside a dependency/vendor directory (node_modules); stripped",
+        ),
+        (
+            "packages/app/.iteron/skills/nested/SKILL.md",
+            "not at the repository root; ignored",
+        ),
+        (
+            ".iteron/config.json",
+            "hooks in a repository are ignored (hooks load only from ~/.iteron/config.json)",
+        ),
+    ];
+    for (path, reason) in want {
+        let got = r
+            .get(*path)
+            .unwrap_or_else(|| panic!("{path} not reported: {r:#?}"));
+        assert!(got.contains(reason), "{path}: {got}");
+    }
+    assert_eq!(r.len(), want.len(), "{r:#?}");
+    // The rendered path is terminal-safe: the RLO is escaped, never emitted.
+    assert!(!serde_json::to_string(&v).unwrap().contains('\u{202e}'));
+}
+
+#[test]
+fn hostile_agent_definitions_are_refused_with_their_reasons() {
+    let h = home("agents");
+    let (v, _) = run(
+        &h,
+        &[
+            "agents",
+            "--repo",
+            "fixtures/hostile-repo",
+            "--format",
+            "json",
+        ],
+    );
+    let agents: Vec<(&str, &str)> = v["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap(), a["tier"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        agents,
+        vec![
+            ("Planner", "user"),
+            ("reviewer", "user"),
+            ("router", "user")
+        ]
+    );
+    for a in v["agents"].as_array().unwrap() {
+        assert_eq!(a["identity"].as_str().unwrap().len(), 64);
+        for t in a["tools"].as_array().unwrap() {
+            assert!(iteron_policy::agentdef::READ_ONLY_TOOLS.contains(&t.as_str().unwrap()));
+        }
+    }
+    let planner = &v["agents"][0];
+    assert_eq!(planner["budget"]["max_usd_micros"], 2_500_000);
+    assert_eq!(planner["budget"]["max_turns"], 30);
+    let r = rejected(&v);
+    let want: &[(&str, &str)] = &[
+        (
+            ".iteron/agents/reviewer.md",
+            "shadowed by the user definition of the same name",
+        ),
+        (".iteron/agents/unknown-key.md", "unknown key"),
+        (".iteron/agents/duplicate-key.md", "duplicate key"),
+        (
+            ".iteron/agents/both-lists.md",
+            "tools and disallowedTools are mutually exclusive",
+        ),
+        (
+            ".iteron/agents/turns-31.md",
+            "maxTurns must be between 1 and 30",
+        ),
+        (
+            ".iteron/agents/usd-negative.md",
+            "maxUsd must be a finite, non-negative amount",
+        ),
+        (
+            ".iteron/agents/usd-nan.md",
+            "maxUsd must be a finite, non-negative amount",
+        ),
+        (
+            ".iteron/agents/usd-huge.md",
+            "maxUsd must be a finite, non-negative amount",
+        ),
+        (".iteron/agents/name-129.md", "the name must be 1-128 bytes"),
+        (
+            ".iteron/agents/name-slash.md",
+            "the name must be 1-128 bytes",
+        ),
+        (
+            ".iteron/agents/wants-shell.md",
+            "shell is not in the read-only tool registry",
+        ),
+        (
+            ".iteron/agents/writer.md",
+            "edit_file is not in the read-only tool registry",
+        ),
+        (
+            "node_modules/some-pkg/.iteron/agents/sneaky.md",
+            "inside a dependency/vendor directory (node_modules); stripped",
+        ),
+        (
+            "vendor/lib/.iteron/agents/vendored.md",
+            "inside a dependency/vendor directory (vendor); stripped",
+        ),
+        (".iteron/config.json", "hooks in a repository are ignored"),
+    ];
+    for (path, reason) in want {
+        let got = r
+            .get(*path)
+            .unwrap_or_else(|| panic!("{path} not reported: {r:#?}"));
+        assert!(got.contains(reason), "{path}: {got}");
+    }
+    assert_eq!(r.len(), want.len(), "{r:#?}");
+}
+
+#[test]
+fn a_trusted_directory_others_can_write_is_not_trusted() {
+    let h = home("open");
+    std::fs::set_permissions(h.join("skills"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (v, _) = run(&h, &["skills", "--format", "json"]);
+    assert_eq!(v["skills"], serde_json::json!([]));
+    let r = rejected(&v);
+    let reason = r.values().next().unwrap();
+    assert!(reason.contains("writable by group or others"), "{reason}");
+    // The agents directory is unaffected.
+    let (v, _) = run(&h, &["agents", "--format", "json"]);
+    assert_eq!(v["agents"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn the_text_output_names_each_refusal_on_one_line() {
+    let h = home("text");
+    let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["agents", "--repo", "fixtures/hostile-repo"])
+        .env("ITERON_HOME", &h)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("reviewer  (user)  identity "))
+    );
+    assert!(text.lines().any(|l| {
+        l.starts_with("rejected fixtures/hostile-repo/.iteron/agents/turns-31.md: maxTurns")
+    }));
+    assert!(text.lines().all(|l| l.len() <= 512));
+}
