@@ -947,6 +947,235 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     assert!(!audit.contains(forwarded) && !audit.contains(unnamed));
 }
 
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+        }
+    }
+}
+
+fn hook_script(area: &Area, name: &str, body: &str) -> String {
+    let p = area.base.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.to_str().unwrap().to_owned()
+}
+
+/// Skills, agent definitions, hooks and child sessions through the broker, with the hostile
+/// repository fixture as the workspace and the official everything server as the MCP server.
+#[test]
+fn skills_agents_hooks_and_child_sessions_through_the_broker() {
+    let area = Area::new("catalog");
+    copy_tree(&repo().join("fixtures/hostile-home"), &area.home());
+    let log = area.base.join("hooks.log");
+    let logger = hook_script(
+        &area,
+        "log.sh",
+        &format!("cat >> {}\necho >> {}", log.display(), log.display()),
+    );
+    let blocker = hook_script(
+        &area,
+        "block.sh",
+        &format!(
+            "input=$(cat)\necho \"$input\" >> {}\necho >> {}\ncase \"$input\" in *get-tiny-image*) echo 'images are not allowed here' >&2; exit 2;; esac\nexit 0",
+            log.display(),
+            log.display()
+        ),
+    );
+    let config = json!({"schema_version": 2,
+        "hooks": {"SessionStart": [logger], "UserPromptSubmit": [logger], "PostToolUse": [logger],
+                  "Stop": [logger], "PreToolUse": [blocker]},
+        "mcp_servers": [{"name": "ev", "transport": "stdio", "command": node().to_str().unwrap(),
+                         "args": [everything_js().to_str().unwrap(), "stdio"]}]});
+    let path = area.home().join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let fixture = repo().join("fixtures/hostile-repo");
+    let broker = area.broker(
+        &["--noninteractive", "--repo", fixture.to_str().unwrap()],
+        &[],
+    );
+
+    // Skills: the index, a body on demand, an unknown name.
+    let out = area
+        .agent(&["skills", "--format", "json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["deploy", "lint"]);
+    let out = area.agent(&["use-skill", "deploy"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "Do the thing carefully.");
+    let out = area.agent(&["use-skill", "zwj"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+
+    // Agent definitions: exact names only; a refusal never quotes what was asked.
+    let out = area
+        .agent(&["resolve-agent", "reviewer", "--format", "json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["agent"]["tier"], "user");
+    let identity = v["agent"]["identity"].as_str().unwrap().to_owned();
+    for (asked, why) in [
+        ("Reviewer", "no agent definition with that name"),
+        ("rev/iewer", "the agent type must be"),
+        ("router", "only the parent's model (inherit)"),
+    ] {
+        let out = area.agent(&["resolve-agent", asked]).output().unwrap();
+        assert_eq!(out.status.code(), Some(9));
+        let line = text(&out.stderr);
+        assert!(line.contains(why), "{line}");
+        if asked != "router" {
+            assert!(
+                !line.contains(asked),
+                "the refusal quotes the caller: {line}"
+            );
+        }
+    }
+    let out = area
+        .agent(&["resolve-agent", "reviewer", "--model", "another-route"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(9));
+    assert!(!text(&out.stderr).contains("another-route"));
+
+    // A PreToolUse hook blocks before approval is even asked; others pass to the approval gate.
+    let out = area
+        .agent(&["call", "ev", "get-tiny-image"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(9));
+    assert!(
+        text(&out.stderr).contains("blocked by an operator hook: images are not allowed here"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = area
+        .agent(&["call", "ev", "echo", "--json", r#"{"message":"x"}"#])
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stderr).contains("approval_required"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A parent session: the prompt reaches the UserPromptSubmit hook, end_session Stop.
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        c.hello("parent").await.unwrap();
+        c.request("submit_prompt", json!({"prompt": "please review src/"}))
+            .await
+            .unwrap();
+        c.request("end_session", json!({})).await.unwrap();
+
+        // A child session bound to the Planner definition (three consecutive tool errors at
+        // most): a read-only ceiling hides every MCP tool, no hook runs, the budget is enforced.
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        let hello = c
+            .request(
+                "hello",
+                json!({"protocol": 1, "client": "child", "agent_type": "Planner"}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(hello["agent"]["name"], "Planner");
+        let tools = c.request("list_tools", json!({})).await.unwrap();
+        assert_eq!(tools["tools"], json!([]));
+        for _ in 0..3 {
+            let e = c
+                .request(
+                    "call_tool",
+                    json!({"server": "ev", "tool": "echo", "arguments": {"message": "x"}}),
+                )
+                .await
+                .unwrap_err();
+            assert!(e.to_string().starts_with("unknown_tool"), "{e}");
+        }
+        let e = c
+            .request(
+                "call_tool",
+                json!({"server": "ev", "tool": "echo", "arguments": {}}),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("consecutive tool errors"), "{e}");
+        c.request("submit_prompt", json!({"prompt": "child prompt"}))
+            .await
+            .unwrap();
+        c.request("end_session", json!({})).await.unwrap();
+
+        // An unknown definition: hello is refused and the connection closed.
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        let e = c
+            .request("hello", json!({"protocol": 1, "agent_type": "planner"}))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no agent definition"), "{e}");
+    });
+
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let hook_log = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<Value> = hook_log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"SessionStart") && kinds.contains(&"Stop") && kinds.contains(&"PreToolUse")
+    );
+    let prompts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "UserPromptSubmit")
+        .collect();
+    assert_eq!(
+        prompts.len(),
+        1,
+        "the child's prompt ran no hook: {hook_log}"
+    );
+    assert_eq!(prompts[0]["prompt"], "please review src/");
+    assert!(!hook_log.contains("child prompt"));
+
+    let records = area.audit_records();
+    let child_hello = records
+        .iter()
+        .find(|r| {
+            r["kind"] == "hello" && r["detail"].as_str().unwrap_or("").contains("child session")
+        })
+        .unwrap();
+    let planner_identity = child_hello["detail"].as_str().unwrap();
+    assert!(planner_identity.contains("Planner") && planner_identity.contains("identity "));
+    assert!(
+        !planner_identity.contains(&identity),
+        "that was the reviewer's identity"
+    );
+    let hooks: Vec<&Value> = records.iter().filter(|r| r["kind"] == "hook").collect();
+    assert!(hooks.iter().any(|r| r["decision"] == "blocked"));
+    assert!(hooks.iter().all(|r| r["session"] != child_hello["session"]));
+    assert!(area.run(&["audit", "verify"]).status.success());
+}
+
 mod fuzz {
     use super::*;
     use proptest::prelude::*;
