@@ -191,7 +191,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             ))
         );
     }
-    let rt = crate::rt::multi_thread()?;
+    // One thread: the broker's work is I/O-bound, and keeping a request's reader, handler and
+    // writer on one thread saves a cross-thread wake-up per frame (measured: refused round trip
+    // 86 → 73 µs at p50). Blocking work (keyring, credential files) goes to the blocking pool;
+    // children are forked by the spawner's own thread.
+    let rt = crate::rt::current_thread()?;
     rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         // Without signal handling the broker could not stop cleanly: refuse to run.
