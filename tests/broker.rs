@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use iteron_broker::ipc::client::Connection;
 use serde_json::{Value, json};
 
+#[path = "support/mod.rs"]
+mod support;
+
 const NOBODY: u32 = 65534;
 
 fn iteron() -> &'static str {
@@ -947,18 +950,6 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     assert!(!audit.contains(forwarded) && !audit.contains(unnamed));
 }
 
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let t = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &t);
-        } else {
-            std::fs::copy(e.path(), &t).unwrap();
-        }
-    }
-}
-
 fn hook_script(area: &Area, name: &str, body: &str) -> String {
     let p = area.base.join(name);
     std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -971,7 +962,12 @@ fn hook_script(area: &Area, name: &str, body: &str) -> String {
 #[test]
 fn skills_agents_hooks_and_child_sessions_through_the_broker() {
     let area = Area::new("catalog");
-    copy_tree(&repo().join("fixtures/hostile-home"), &area.home());
+    support::copy_tree(
+        &repo().join("fixtures/hostile-home"),
+        &area.home(),
+        0o700,
+        0o600,
+    );
     let log = area.base.join("hooks.log");
     let logger = hook_script(
         &area,

@@ -18,25 +18,19 @@ fn repo() -> PathBuf {
         .unwrap()
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let t = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &t);
-        } else {
-            std::fs::copy(e.path(), &t).unwrap();
-            std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o600)).unwrap();
-        }
-    }
-}
+#[path = "support/mod.rs"]
+mod support;
 
 /// A private copy of the operator-home fixture.
 fn home(name: &str) -> PathBuf {
     let base = std::env::temp_dir().join(format!("iteron-catalog-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    copy_dir(&repo().join("fixtures/hostile-home"), &base.join("home"));
+    support::copy_tree(
+        &repo().join("fixtures/hostile-home"),
+        &base.join("home"),
+        0o700,
+        0o600,
+    );
     base.join("home")
 }
 
@@ -56,6 +50,18 @@ fn run(home: &Path, args: &[&str]) -> (Value, String) {
         serde_json::from_slice(&out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
     )
+}
+
+/// Every expected path is reported with its reason, and nothing else is.
+fn assert_rejected(v: &Value, want: &[(&str, &str)]) {
+    let r = rejected(v);
+    for (path, reason) in want {
+        let got = r
+            .get(*path)
+            .unwrap_or_else(|| panic!("{path} not reported: {r:#?}"));
+        assert!(got.contains(reason), "{path}: {got}");
+    }
+    assert_eq!(r.len(), want.len(), "{r:#?}");
 }
 
 fn rejected(v: &Value) -> BTreeMap<String, String> {
@@ -95,7 +101,6 @@ fn hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay() {
         .map(|s| (s["name"].as_str().unwrap(), s["tier"].as_str().unwrap()))
         .collect();
     assert_eq!(skills, vec![("deploy", "user"), ("lint", "repository")]);
-    let r = rejected(&v);
     let want: &[(&str, &str)] = &[
         (
             ".iteron/skills/deploy/SKILL.md",
@@ -133,13 +138,7 @@ fn hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay() {
             "hooks in a repository are ignored (hooks load only from ~/.iteron/config.json)",
         ),
     ];
-    for (path, reason) in want {
-        let got = r
-            .get(*path)
-            .unwrap_or_else(|| panic!("{path} not reported: {r:#?}"));
-        assert!(got.contains(reason), "{path}: {got}");
-    }
-    assert_eq!(r.len(), want.len(), "{r:#?}");
+    assert_rejected(&v, want);
     // The rendered path is terminal-safe: the RLO is escaped, never emitted.
     assert!(!serde_json::to_string(&v).unwrap().contains('\u{202e}'));
 }
@@ -180,7 +179,6 @@ fn hostile_agent_definitions_are_refused_with_their_reasons() {
     let planner = &v["agents"][0];
     assert_eq!(planner["budget"]["max_usd_micros"], 2_500_000);
     assert_eq!(planner["budget"]["max_turns"], 30);
-    let r = rejected(&v);
     let want: &[(&str, &str)] = &[
         (
             ".iteron/agents/reviewer.md",
@@ -231,13 +229,7 @@ fn hostile_agent_definitions_are_refused_with_their_reasons() {
         ),
         (".iteron/config.json", "hooks in a repository are ignored"),
     ];
-    for (path, reason) in want {
-        let got = r
-            .get(*path)
-            .unwrap_or_else(|| panic!("{path} not reported: {r:#?}"));
-        assert!(got.contains(reason), "{path}: {got}");
-    }
-    assert_eq!(r.len(), want.len(), "{r:#?}");
+    assert_rejected(&v, want);
 }
 
 #[test]

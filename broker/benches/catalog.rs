@@ -35,7 +35,9 @@ fn build(root: &Path) -> usize {
         );
         write(
             root.join(format!(".iteron/agents/agent{i}.md")),
-            &format!("---\nname: agent{i}\ntools: [read_file, grep]\nmaxTurns: 10\n---\nAgent {i}.\n"),
+            &format!(
+                "---\nname: agent{i}\ntools: [read_file, grep]\nmaxTurns: 10\n---\nAgent {i}.\n"
+            ),
         );
     }
     write(

@@ -307,19 +307,12 @@ pub fn check_model_override(s: &str) -> Result<(), &'static str> {
 
 /// Parse and validate a definition file.
 pub fn parse(bytes: &[u8], tier: Tier) -> Result<AgentDef, AgentError> {
-    if bytes.len() > MAX_FILE {
-        return Err(AgentError::TooLarge);
-    }
-    let text = std::str::from_utf8(bytes).map_err(|_| AgentError::NotUtf8)?;
-    let normalised;
-    let text = if text.contains("\r\n") {
-        normalised = text.replace("\r\n", "\n");
-        normalised.as_str()
-    } else {
-        text
-    };
-    text::check_untrusted(text, true).map_err(AgentError::UnsafeText)?;
-    let doc = frontmatter::parse(text).map_err(AgentError::Frontmatter)?;
+    let doc = frontmatter::decode(bytes, MAX_FILE).map_err(|e| match e {
+        frontmatter::DecodeError::TooLarge => AgentError::TooLarge,
+        frontmatter::DecodeError::NotUtf8 => AgentError::NotUtf8,
+        frontmatter::DecodeError::UnsafeText(c) => AgentError::UnsafeText(c),
+        frontmatter::DecodeError::Frontmatter(f) => AgentError::Frontmatter(f),
+    })?;
     let mut name = None;
     let mut description = String::new();
     let mut tools: Option<Vec<&'static str>> = None;

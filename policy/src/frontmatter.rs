@@ -250,6 +250,39 @@ fn key_ok(k: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
 }
 
+/// Why untrusted bytes could not even be parsed as a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Over the caller's size bound.
+    TooLarge,
+    /// Not UTF-8.
+    NotUtf8,
+    /// A bidi, invisible or other unsafe character anywhere in the file.
+    UnsafeText(crate::text::UnsafeChar),
+    /// Malformed frontmatter.
+    Frontmatter(Error),
+}
+
+/// Decode a whole untrusted file of at most `max` bytes: UTF-8, CRLF normalised to LF, no
+/// character [`crate::text::check_untrusted`] refuses anywhere (line feeds and tabs allowed),
+/// then [`parse`].
+pub fn decode(bytes: &[u8], max: usize) -> Result<Document, DecodeError> {
+    if bytes.len() > max {
+        return Err(DecodeError::TooLarge);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)?;
+    // `\r` is refused by the text check; normalise CRLF files first.
+    let normalised;
+    let text = if text.contains("\r\n") {
+        normalised = text.replace("\r\n", "\n");
+        normalised.as_str()
+    } else {
+        text
+    };
+    crate::text::check_untrusted(text, true).map_err(DecodeError::UnsafeText)?;
+    parse(text).map_err(DecodeError::Frontmatter)
+}
+
 /// Parse a document. Lines may end in `\n` or `\r\n`.
 pub fn parse(text: &str) -> Result<Document, Error> {
     let mut lines = text.split_inclusive('\n');

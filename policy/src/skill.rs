@@ -113,20 +113,12 @@ fn string(v: &Value, line: usize) -> Result<String, SkillError> {
 
 /// Parse a `SKILL.md` found in the directory `dir_name`.
 pub fn parse(bytes: &[u8], dir_name: &str) -> Result<Skill, SkillError> {
-    if bytes.len() > MAX_FILE {
-        return Err(SkillError::TooLarge);
-    }
-    let text = std::str::from_utf8(bytes).map_err(|_| SkillError::NotUtf8)?;
-    // `\r` is refused by the text check; normalise CRLF files first.
-    let normalised;
-    let text = if text.contains("\r\n") {
-        normalised = text.replace("\r\n", "\n");
-        normalised.as_str()
-    } else {
-        text
-    };
-    text::check_untrusted(text, true).map_err(SkillError::UnsafeText)?;
-    let doc = frontmatter::parse(text).map_err(SkillError::Frontmatter)?;
+    let doc = frontmatter::decode(bytes, MAX_FILE).map_err(|e| match e {
+        frontmatter::DecodeError::TooLarge => SkillError::TooLarge,
+        frontmatter::DecodeError::NotUtf8 => SkillError::NotUtf8,
+        frontmatter::DecodeError::UnsafeText(c) => SkillError::UnsafeText(c),
+        frontmatter::DecodeError::Frontmatter(f) => SkillError::Frontmatter(f),
+    })?;
     let (mut name, mut description) = (None, None);
     for e in &doc.entries {
         match e.key.as_str() {

@@ -1,0 +1,22 @@
+//! Helpers shared by the end-to-end tests (included with `#[path]`; each test binary uses what
+//! it needs).
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// Copy a directory tree (regular files and directories only); directories become `dir_mode`,
+/// files `file_mode`.
+pub(crate) fn copy_tree(from: &Path, to: &Path, dir_mode: u32, file_mode: u32) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(dir_mode)).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &t, dir_mode, file_mode);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+            std::fs::set_permissions(&t, std::fs::Permissions::from_mode(file_mode)).unwrap();
+        }
+    }
+}
