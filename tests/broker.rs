@@ -1024,6 +1024,11 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["agent"]["tier"], "user");
     let identity = v["agent"]["identity"].as_str().unwrap().to_owned();
+    let out = area.agent(&["resolve-agent", "reviewer"]).output().unwrap();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("reviewer (user tier) identity {identity}")
+    );
     for (asked, why) in [
         ("Reviewer", "no agent definition with that name"),
         ("rev/iewer", "the agent type must be"),
@@ -1160,10 +1165,12 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
             r["kind"] == "hello" && r["detail"].as_str().unwrap_or("").contains("child session")
         })
         .unwrap();
-    let planner_identity = child_hello["detail"].as_str().unwrap();
-    assert!(planner_identity.contains("Planner") && planner_identity.contains("identity "));
-    assert!(
-        !planner_identity.contains(&identity),
+    assert!(child_hello["detail"].as_str().unwrap().contains("Planner"));
+    // The definition's identity, whole (not redacted), in the session's first record.
+    let planner_identity = child_hello["identity"].as_str().unwrap();
+    assert_eq!(planner_identity.len(), 64);
+    assert_ne!(
+        planner_identity, identity,
         "that was the reviewer's identity"
     );
     let hooks: Vec<&Value> = records.iter().filter(|r| r["kind"] == "hook").collect();

@@ -35,7 +35,7 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 pub const MAX_RECORD: usize = 16 * 1024;
 
 /// The keys of a record, in the order they are written.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 15] = [
     "seq",
     "time",
     "session",
@@ -49,6 +49,7 @@ pub const KEYS: [&str; 14] = [
     "duration_ms",
     "outcome",
     "detail",
+    "identity",
     "prev",
 ];
 
@@ -116,6 +117,9 @@ pub struct Event {
     pub outcome: &'static str,
     /// A short fixed-vocabulary detail (e.g. the certainty of a failed effect), redacted.
     pub detail: Option<String>,
+    /// For a child session's first record: the SHA-256 content identity of its agent
+    /// definition (64 lowercase hex digits; anything else is not recorded).
+    pub identity: Option<String>,
 }
 
 struct Chain {
@@ -345,6 +349,7 @@ impl AuditLog {
             "duration_ms": event.duration_ms,
             "outcome": event.outcome,
             "detail": event.detail.as_deref().map(|d| iteron_policy::text::single_line_capped(d, 200)),
+            "identity": event.identity.as_deref().filter(|i| i.len() == 64 && i.bytes().all(|b| b.is_ascii_hexdigit())),
             "prev": chain.prev,
         });
         let mut line = serde_json::to_vec(&record).unwrap_or_default();
@@ -596,6 +601,7 @@ mod tests {
             duration_ms: i,
             outcome: "ok",
             detail: None,
+            identity: None,
         }
     }
 

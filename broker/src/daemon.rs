@@ -749,6 +749,18 @@ fn open_session(
             &format!("the client label must be at most {MAX_CLIENT_LABEL} bytes of plain text"),
         ));
     }
+    if role == Role::Operator && (h.agent_type.is_some() || h.model.is_some()) {
+        return Err(Refusal::new(
+            Code::Protocol,
+            "agent_type and model belong to agent sessions",
+        ));
+    }
+    if h.model.is_some() && h.agent_type.is_none() {
+        return Err(Refusal::new(
+            Code::Protocol,
+            "model is only meaningful with agent_type",
+        ));
+    }
     if role == Role::Operator {
         return Ok((
             None,
@@ -793,10 +805,9 @@ fn open_session(
     let detail = match &child {
         None => format!("client {}; config epoch {}", h.client, snapshot.epoch),
         Some(c) => format!(
-            "child session of agent definition {} ({} tier), identity {}; client {}",
+            "child session of agent definition {} ({} tier); client {}",
             c.def.name,
             c.def.tier.as_str(),
-            c.def.identity,
             h.client
         ),
     };
@@ -808,6 +819,7 @@ fn open_session(
         decision: "allowed",
         outcome: "ok",
         detail: Some(detail),
+        identity: child.as_ref().map(|c| c.def.identity.clone()),
         ..Event::default()
     });
     let mut result =
@@ -848,8 +860,7 @@ async fn dispatch(
                     )
                     .with_certainty("not_sent"));
                 }
-                // Zero means: stop after the first error.
-                let limit = child.def.budget.max_consecutive_tool_errors.max(1);
+                let limit = child.def.budget.max_consecutive_tool_errors;
                 if child.consecutive_errors.load(Ordering::SeqCst) >= limit {
                     return Err(Refusal::new(
                         Code::Refused,

@@ -7,7 +7,7 @@
 //! one JSON object on stdin, and runs under a deadline ([`HOOK_TIMEOUT`]) with its output
 //! bounded ([`MAX_HOOK_OUTPUT`] of stdout is read, the rest discarded; stderr is kept in the
 //! spawner's bounded ring). Only a `PreToolUse` hook that exits with code 2 blocks, with its
-//! stderr (terminal-safe, redacted, at most 512 bytes) as the reason. Spawn failure, timeout or
+//! stderr (terminal-safe, redacted, at most 400 bytes) as the reason. Spawn failure, timeout or
 //! any other exit code is "no opinion"; every run is reported so the broker can audit it.
 //!
 //! Hooks run with operator authority and see live input (tool arguments, prompts): a logging

@@ -483,14 +483,22 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                 Some(a) if a.is_object() => {
                     if let Format::Text = r.format {
                         let g = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                        // The identity is a digest the broker computed: shown whole (redaction
+                        // would take a 64-hex string for a secret); the rest is made safe.
+                        let identity = g("identity");
+                        let identity = if identity.len() == 64
+                            && identity.bytes().all(|b| b.is_ascii_hexdigit())
+                        {
+                            identity
+                        } else {
+                            "-".to_owned()
+                        };
                         out_line(
                             out,
-                            &text::single_line(&format!(
-                                "{} ({} tier) identity {}",
-                                g("name"),
-                                g("tier"),
-                                g("identity")
-                            )),
+                            &format!(
+                                "{} identity {identity}",
+                                text::single_line(&format!("{} ({} tier)", g("name"), g("tier")))
+                            ),
                         )?;
                     }
                     Ok(())

@@ -331,7 +331,12 @@ pub fn parse(bytes: &[u8], tier: Tier) -> Result<AgentDef, AgentError> {
                 description = d.to_owned();
             }
             "tools" => tools = Some(tool_list(v)?),
-            "disallowedTools" => disallowed = Some(tool_list(v)?),
+            "disallowedTools" => {
+                disallowed = Some(tool_list(v).map_err(|e| match e {
+                    AgentError::BadValue(_) => AgentError::BadValue("disallowedTools"),
+                    other => other,
+                })?);
+            }
             "model" => {
                 let m = scalar(v, "model")?;
                 if check_model_override(m).is_err() {
@@ -349,7 +354,7 @@ pub fn parse(bytes: &[u8], tier: Tier) -> Result<AgentDef, AgentError> {
                 budget.max_consecutive_tool_errors = unsigned(
                     v,
                     "maxConsecutiveToolErrors",
-                    0,
+                    1,
                     MAX_CONSECUTIVE_TOOL_ERRORS,
                 )?;
             }
@@ -494,6 +499,10 @@ mod tests {
             ),
             (
                 with("maxConsecutiveToolErrors: 4"),
+                AgentError::OverCeiling("maxConsecutiveToolErrors", 3),
+            ),
+            (
+                with("maxConsecutiveToolErrors: 0"),
                 AgentError::OverCeiling("maxConsecutiveToolErrors", 3),
             ),
             (with("maxUsd: -1"), AgentError::UnrepresentableUsd),
