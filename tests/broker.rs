@@ -637,7 +637,11 @@ fn live_control_cancels_restarts_and_stops_that_exact_server() {
 
 fn scripted_area(name: &str) -> (Area, PathBuf, String) {
     let area = Area::new(name);
-    let log = area.base.join("server.log");
+    // The server is confined: it may write only to its scratch directory and what the
+    // operator grants, here the log directory.
+    let logs = area.base.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let log = logs.join("server.log");
     let marker = format!("marker-{name}-{}", std::process::id());
     area.config(json!([{
         "name": "hang",
@@ -645,6 +649,7 @@ fn scripted_area(name: &str) -> (Area, PathBuf, String) {
         "command": "/usr/bin/python3",
         "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), "hang", marker],
         "env": ["SCRIPT_LOG"],
+        "sandbox": {"writable": [logs.to_str().unwrap()]},
     }]));
     (area, log, marker)
 }
@@ -969,6 +974,9 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
         0o600,
     );
     let log = area.base.join("hooks.log");
+    // Hooks keep the operator's filesystem except the home; the grant is computed when each
+    // hook starts, so the log file exists beforehand.
+    std::fs::write(&log, "").unwrap();
     let logger = hook_script(
         &area,
         "log.sh",

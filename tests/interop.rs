@@ -429,6 +429,9 @@ struct Case {
     text_equals: Option<String>,
     /// …or contain this.
     text_contains: Option<String>,
+    /// The peer needs the network: the host ceiling admits `web_egress` (a confined stdio
+    /// server gets no sockets otherwise).
+    web_egress: bool,
 }
 
 fn echo_case(
@@ -457,6 +460,7 @@ fn echo_case(
         call_args: json!({"text": "hi from iteron"}),
         text_equals: Some("hi from iteron".into()),
         text_contains: None,
+        web_egress: false,
     }
 }
 
@@ -475,6 +479,7 @@ fn everything_case(transport: &'static str, mode: &'static str) -> Case {
         call_args: json!({"message": "hi"}),
         text_equals: Some("Echo: hi".into()),
         text_contains: None,
+        web_egress: false,
     }
 }
 
@@ -529,6 +534,23 @@ fn cli_add(sb: &Sandbox, target: &Target) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Add `web_egress` to the host ceiling (what an operator does for a server that fetches).
+fn admit_web_egress(sb: &Sandbox, needed: bool) -> Result<(), String> {
+    if !needed {
+        return Ok(());
+    }
+    let path = sb.home().join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    v["host_ceiling"] = serde_json::json!([
+        "read_only",
+        "workspace_write",
+        "irreversible_external",
+        "web_egress"
+    ]);
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).map_err(|e| e.to_string())
 }
 
 /// `iteron mcp test peer --format json`: the probe's JSON or a failure message.
@@ -635,7 +657,12 @@ fn library_call(case: &Case, sb: &Sandbox, seen: &mut Observed) {
                 let v = Version::parse(pin).unwrap_or_else(|| panic!("bad pin {pin}"));
                 opts.version = VersionPolicy::Pin(v);
             }
-            let client = iteron_broker::servers::connect(&server, &network, &lookup, opts)
+            // The same confinement the broker applies.
+            let ctx = iteron_broker::servers::SpawnContext {
+                home: sb.home(),
+                ceiling: config.ceiling(),
+            };
+            let client = iteron_broker::servers::connect(&server, &network, &lookup, opts, &ctx)
                 .await
                 .map_err(|e| format!("library connect failed: {e}"))?;
             let version = client.era().version().as_str().to_owned();
@@ -724,10 +751,12 @@ fn run_case(case: Case, start: impl FnOnce() -> Result<(Target, Vec<Peer>), Stri
         Err(e) => seen.failures.push(format!("peer did not start: {e}")),
         Ok((target, p)) => {
             peers = p;
-            let probed = cli_add(&sb, &target).and_then(|()| match case.pin {
-                Some(_) => Ok(None),
-                None => cli_test(&sb).map(Some),
-            });
+            let probed = cli_add(&sb, &target)
+                .and_then(|()| admit_web_egress(&sb, case.web_egress))
+                .and_then(|()| match case.pin {
+                    Some(_) => Ok(None),
+                    None => cli_test(&sb).map(Some),
+                });
             match probed {
                 Err(e) => seen.failures.push(e),
                 Ok(probe) => {
@@ -1010,6 +1039,7 @@ fn fetch_stdio() {
         call_args: json!({"url": url, "max_length": 5000}),
         text_equals: None,
         text_contains: Some("interop-marker-5e2f".into()),
+        web_egress: true,
     };
     run_case(case, || {
         let (page_peer, _) = started?;

@@ -35,6 +35,7 @@ fn spec(script: &str, args: &[&str], env: Vec<(OsString, OsString)>) -> ChildSpe
         command: "/usr/bin/python3".into(),
         args: full,
         env: base,
+        confine: None,
     }
 }
 
@@ -80,6 +81,7 @@ async fn only_named_variables_reach_the_child() {
             command: "/usr/bin/python3".into(),
             args: vec![fixture("echo_server.py"), probe.into()],
             env: env.clone(),
+            confine: None,
         };
         let c = Client::connect_stdio(s, Options::default()).await.unwrap();
         let out = c.call_tool("echo", text_args("x")).await.unwrap();

@@ -42,6 +42,7 @@ async fn ours(me: &str) -> f64 {
         command: me.to_owned(),
         args: vec!["--serve".into()],
         env,
+        confine: None,
     };
     let c = Client::connect_stdio(spec, Options::default())
         .await

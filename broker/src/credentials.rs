@@ -1241,6 +1241,7 @@ mod tests {
                 command: Command::parse("/usr/bin/mcp-fixture").unwrap(),
                 args: args.iter().map(|a| a.to_string()).collect(),
                 env: vec![],
+                sandbox: Default::default(),
             }),
             tools: Default::default(),
             policy: Default::default(),

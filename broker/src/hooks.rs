@@ -85,6 +85,7 @@ impl Report {
 pub struct HookRunner {
     hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
     timeout: Option<Duration>,
+    home: Option<std::path::PathBuf>,
 }
 
 impl HookRunner {
@@ -93,13 +94,34 @@ impl HookRunner {
         HookRunner {
             hooks,
             timeout: None,
+            home: None,
         }
+    }
+
+    /// Deny the hooks the operator home (`$ITERON_HOME`): they keep the rest of the operator's
+    /// filesystem authority, but never its credentials or configuration.
+    pub fn with_home(mut self, home: &std::path::Path) -> HookRunner {
+        self.home = Some(home.to_path_buf());
+        self
     }
 
     /// With another deadline (tests).
     pub fn with_timeout(mut self, timeout: Duration) -> HookRunner {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// A hook's confinement: the operator's filesystem except the home (Landlock, as siblings
+    /// of the home), no sockets (seccomp), bounded open files and memory.
+    fn confinement(&self) -> crate::confine::Spec {
+        crate::confine::Spec {
+            deny: self.home.iter().cloned().collect(),
+            readable: Vec::new(),
+            writable: vec![std::path::PathBuf::from("/")],
+            network: false,
+            open_files: crate::confine::DEFAULT_OPEN_FILES,
+            data_bytes: crate::confine::DEFAULT_DATA_BYTES,
+        }
     }
 
     /// Whether any hook is configured for `event`.
@@ -121,6 +143,7 @@ impl HookRunner {
                 cmd.as_str(),
                 &input,
                 self.timeout.unwrap_or(HOOK_TIMEOUT),
+                self.confinement(),
             )
             .await;
             let blocked = matches!(report.outcome, Outcome::Blocked(_));
@@ -133,7 +156,13 @@ impl HookRunner {
     }
 }
 
-async fn run_one(event: HookEvent, command: &str, input: &[u8], deadline: Duration) -> Report {
+async fn run_one(
+    event: HookEvent,
+    command: &str,
+    input: &[u8],
+    deadline: Duration,
+    confine: crate::confine::Spec,
+) -> Report {
     let mut report = Report {
         event,
         command: text::single_line_capped(command, 200),
@@ -145,6 +174,7 @@ async fn run_one(event: HookEvent, command: &str, input: &[u8], deadline: Durati
         command: command.to_owned(),
         args: Vec::new(),
         env,
+        confine: Some(confine),
     };
     let mut child = match spawn::spawn(spec).await {
         Ok(c) => c,

@@ -9,6 +9,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod catalog;
+pub mod confine;
 pub mod credentials;
 pub mod daemon;
 pub mod hooks;

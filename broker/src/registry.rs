@@ -337,6 +337,7 @@ impl Registry {
                 &move |k| lookup(k),
                 opts,
                 &self.home,
+                snap.config.ceiling(),
             ),
         )
         .await;

@@ -148,12 +148,56 @@ pub fn endpoint_zone(server_url: &iteron_policy::url::EndpointUrl) -> Result<Zon
     }
 }
 
+/// Where stdio servers run: the operator home their confinement denies, and the host ceiling
+/// (a server admitted `web_egress` may open IPv4/IPv6 sockets).
+#[derive(Debug, Clone)]
+pub struct SpawnContext {
+    /// `$ITERON_HOME`.
+    pub home: std::path::PathBuf,
+    /// The host ceiling.
+    pub ceiling: iteron_policy::capability::CapabilitySet,
+}
+
+/// The confinement of a stdio server: the home denied; what its `sandbox` block grants;
+/// network only when its admitted classes include `web_egress`; its limits or the defaults.
+pub fn stdio_confinement(
+    server: &ServerConfig,
+    st: &iteron_policy::config::StdioServer,
+    ctx: &SpawnContext,
+) -> crate::confine::Spec {
+    use iteron_policy::capability::Capability;
+    let admitted = match server.policy.capabilities {
+        Some(p) => ctx.ceiling.intersect(p),
+        None => ctx.ceiling,
+    };
+    let paths = |v: &[iteron_policy::config::AbsolutePath]| {
+        v.iter()
+            .map(|p| std::path::PathBuf::from(p.as_str()))
+            .collect()
+    };
+    crate::confine::Spec {
+        deny: vec![ctx.home.clone()],
+        readable: paths(&st.sandbox.readable),
+        writable: paths(&st.sandbox.writable),
+        network: admitted.contains(Capability::WebEgress),
+        open_files: st
+            .sandbox
+            .max_open_files
+            .unwrap_or(crate::confine::DEFAULT_OPEN_FILES),
+        data_bytes: st
+            .sandbox
+            .max_memory_mb
+            .map_or(crate::confine::DEFAULT_DATA_BYTES, |mb| mb << 20),
+    }
+}
+
 /// Connect to a configured server.
 pub async fn connect(
     server: &ServerConfig,
     network: &NetworkConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
+    ctx: &SpawnContext,
 ) -> Result<Client, ConnectError> {
     match &server.transport {
         Transport::Stdio(st) => {
@@ -162,6 +206,7 @@ pub async fn connect(
                 command: st.command.as_str().to_owned(),
                 args: st.args.clone(),
                 env,
+                confine: Some(stdio_confinement(server, st, ctx)),
             };
             Client::connect_stdio(spec, opts)
                 .await
@@ -294,7 +339,12 @@ pub async fn connect_with_credentials(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     home: &crate::store::Home,
+    ceiling: iteron_policy::capability::CapabilitySet,
 ) -> Result<Client, ConnectError> {
+    let ctx = SpawnContext {
+        home: home.dir().to_path_buf(),
+        ceiling,
+    };
     let store = crate::credentials::CredentialStore::new(home);
     let stored = match &server.transport {
         Transport::Http(_) => load_stored(&store, server.name.as_str())
@@ -303,7 +353,7 @@ pub async fn connect_with_credentials(
         Transport::Stdio(_) => None,
     };
     let Some(cred) = stored else {
-        return connect(server, network, lookup, opts).await;
+        return connect(server, network, lookup, opts, &ctx).await;
     };
     if crate::credentials::check_binding(&cred.binding, server).is_err() {
         return Err(ConnectError::ReauthRequired(
@@ -324,7 +374,7 @@ pub async fn connect_with_credentials(
     }));
     let mut refreshed = false;
     loop {
-        match connect_bearer(server, network, lookup, opts.clone(), &token).await {
+        match connect_bearer(server, network, lookup, opts.clone(), &token, &ctx).await {
             // A 401 is a refusal before anything ran: refresh once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;
@@ -393,10 +443,11 @@ async fn connect_bearer(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     token: &crate::oauth::SecretString,
+    ctx: &SpawnContext,
 ) -> Result<Client, ConnectError> {
     use secrecy::ExposeSecret;
     let Transport::Http(h) = &server.transport else {
-        return connect(server, network, lookup, opts).await;
+        return connect(server, network, lookup, opts, ctx).await;
     };
     let mut headers = configured_headers(h, lookup)?;
     let bearer = OsString::from(format!("Bearer {}", token.expose_secret()));

@@ -127,6 +127,10 @@ pub struct ChildSpec {
     pub args: Vec<String>,
     /// The complete environment (from [`child_env`]).
     pub env: Vec<EnvVar>,
+    /// Confine the child ([`crate::confine`]): the command's install tree is added to what it
+    /// may read, a private scratch directory (its `TMPDIR`, removed when it ends) to what it may
+    /// write. `None` only for the MCP client's own unit tests and benchmarks.
+    pub confine: Option<crate::confine::Spec>,
 }
 
 impl fmt::Debug for ChildSpec {
@@ -137,6 +141,7 @@ impl fmt::Debug for ChildSpec {
             .field("command", &self.command)
             .field("args", &self.args.len())
             .field("env_names", &names)
+            .field("confined", &self.confine.is_some())
             .finish()
     }
 }
@@ -155,6 +160,8 @@ pub enum SpawnError {
     },
     /// The spawner thread is gone.
     Spawner,
+    /// The confinement could not be prepared (nothing was started).
+    Confine(String),
 }
 
 impl fmt::Display for SpawnError {
@@ -165,6 +172,7 @@ impl fmt::Display for SpawnError {
                 write!(f, "cannot start {command}: {reason}")
             }
             SpawnError::Spawner => f.write_str("the process spawner is not running"),
+            SpawnError::Confine(why) => write!(f, "cannot confine the server: {why}"),
         }
     }
 }
@@ -247,6 +255,7 @@ pub struct ChildProcess {
     exit: watch::Receiver<Option<Exit>>,
     /// Tells the reaper to kill what is left of the group and reap the leader.
     reap: Option<mpsc::Sender<()>>,
+    confinement: Option<Box<crate::confine::Effective>>,
 }
 
 impl fmt::Debug for ChildProcess {
@@ -276,7 +285,29 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    crate::sys::harden_pre_exec(&mut cmd, std::process::id() as i32);
+    let mut scratch = None;
+    let mut confinement = None;
+    let prepared = match &spec.confine {
+        None => None,
+        Some(c) => {
+            let dir = scratch_dir().map_err(|e| SpawnError::Confine(e.to_string()))?;
+            let mut c = c.clone();
+            c.writable.push(dir.clone());
+            c.readable
+                .extend(crate::confine::install_tree(&program, &spec.args));
+            cmd.env("TMPDIR", &dir);
+            scratch = Some(dir);
+            let (prepared, effective) = crate::confine::prepare(&c).map_err(|e| {
+                if let Some(d) = &scratch {
+                    let _ = std::fs::remove_dir_all(d);
+                }
+                SpawnError::Confine(e.to_string())
+            })?;
+            confinement = Some(Box::new(effective));
+            Some(prepared)
+        }
+    };
+    crate::sys::harden_pre_exec(&mut cmd, std::process::id() as i32, prepared);
     let (reply_tx, reply_rx) = mpsc::channel();
     {
         let sender = spawner().ok_or(SpawnError::Spawner)?;
@@ -347,6 +378,9 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             let _ = reap_rx.recv();
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             let _ = child.wait();
+            if let Some(d) = scratch {
+                let _ = std::fs::remove_dir_all(d);
+            }
         })
         .map_err(|e| SpawnError::Start {
             command: spec.command.clone(),
@@ -359,10 +393,66 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         stderr: ring,
         exit: exit_rx,
         reap: Some(reap_tx),
+        confinement,
     })
 }
 
+/// A new private scratch directory for one child (0700, under the system temp directory).
+fn scratch_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut salt = [0u8; 4];
+    let _ = getrandom::fill(&mut salt);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "iteron-scratch-{}-{n}-{:02x}{:02x}{:02x}{:02x}",
+        std::process::id(),
+        salt[0],
+        salt[1],
+        salt[2],
+        salt[3]
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// A handle on a child's stderr ring that outlives the child's transport (for diagnostics
+/// after a failed start).
+#[derive(Clone)]
+pub struct StderrTail(Arc<Mutex<Ring>>);
+
+impl StderrTail {
+    /// The last non-empty lines, terminal-safe and redacted.
+    pub fn lines(&self, max_lines: usize) -> Vec<String> {
+        ring_tail(&self.0, max_lines)
+    }
+}
+
+fn ring_tail(ring: &Mutex<Ring>, max_lines: usize) -> Vec<String> {
+    let Ok(r) = ring.lock() else {
+        return Vec::new();
+    };
+    let bytes: Vec<u8> = r.bytes.iter().copied().collect();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines
+        .iter()
+        .skip(lines.len().saturating_sub(max_lines))
+        .map(|l| text::single_line_capped(l, 300))
+        .collect()
+}
+
 impl ChildProcess {
+    /// A handle on the stderr ring.
+    pub fn stderr_handle(&self) -> StderrTail {
+        StderrTail(Arc::clone(&self.stderr))
+    }
+
+    /// What the child's confinement enforces (`None`: unconfined).
+    pub fn confinement(&self) -> Option<&crate::confine::Effective> {
+        self.confinement.as_deref()
+    }
+
     /// The process id (also its process-group id).
     pub fn pid(&self) -> i32 {
         self.pid
@@ -380,17 +470,7 @@ impl ChildProcess {
 
     /// The last stderr lines, each made terminal-safe and redacted, at most `max_lines`.
     pub fn stderr_tail(&self, max_lines: usize) -> Vec<String> {
-        let Ok(r) = self.stderr.lock() else {
-            return Vec::new();
-        };
-        let bytes: Vec<u8> = r.bytes.iter().copied().collect();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines
-            .iter()
-            .skip(lines.len().saturating_sub(max_lines))
-            .map(|l| text::single_line_capped(l, 300))
-            .collect()
+        ring_tail(&self.stderr, max_lines)
     }
 
     async fn wait_for(&mut self, within: Duration) -> bool {
@@ -525,6 +605,7 @@ mod tests {
                     .into(),
             ],
             env,
+            confine: None,
         })
         .await
         .unwrap();
@@ -566,6 +647,7 @@ mod tests {
             command: "cat".into(),
             args: vec![],
             env: env.clone(),
+            confine: None,
         })
         .await
         .unwrap();
@@ -577,6 +659,7 @@ mod tests {
             command: "/bin/sh".into(),
             args: vec!["-c".into(), "exec sleep 60".into()],
             env: env.clone(),
+            confine: None,
         })
         .await
         .unwrap();
@@ -592,6 +675,7 @@ mod tests {
                 "trap '' TERM; while :; do sleep 0.05; done".into(),
             ],
             env,
+            confine: None,
         })
         .await
         .unwrap();
@@ -613,6 +697,7 @@ mod tests {
                     .into(),
             ],
             env,
+            confine: None,
         })
         .await
         .unwrap();
@@ -634,6 +719,7 @@ mod tests {
             command: "no-such-program-iteron".into(),
             args: vec![],
             env: vec![("PATH".into(), "/bin".into())],
+            confine: None,
         })
         .await
         .unwrap_err();
@@ -642,6 +728,7 @@ mod tests {
             command: "/nonexistent/prog".into(),
             args: vec![],
             env: vec![],
+            confine: None,
         })
         .await
         .unwrap_err();

@@ -276,6 +276,7 @@ mod tests {
                 command: Command::parse("/bin/true").unwrap(),
                 args: vec![],
                 env: vec![],
+                sandbox: Default::default(),
             }),
             tools: Default::default(),
             policy: Default::default(),

@@ -85,6 +85,7 @@ async fn direct(exe: &Path) -> (Stats, Stats) {
         command: exe.to_string_lossy().into_owned(),
         args: vec!["--serve".into()],
         env,
+        confine: None,
     };
     let client = Arc::new(
         Client::connect_stdio(spec, Options::default())

@@ -77,6 +77,7 @@ fn server(i: usize) -> Res<ServerConfig> {
                 EnvName::parse("API_TOKEN")?,
                 EnvName::parse(&format!("EXTRA_{i}"))?,
             ],
+            sandbox: Default::default(),
         })
     };
     Ok(ServerConfig {

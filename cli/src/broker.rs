@@ -171,7 +171,8 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         home.dir(),
         args.repo.as_deref(),
     ));
-    let hooks = Arc::new(iteron_broker::hooks::HookRunner::new(config.hooks.clone()));
+    let hooks =
+        Arc::new(iteron_broker::hooks::HookRunner::new(config.hooks.clone()).with_home(home.dir()));
     let opts = ServeOptions {
         catalog,
         agent_socket,

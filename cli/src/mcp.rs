@@ -206,6 +206,7 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
             command,
             args: a.args.clone(),
             env,
+            sandbox: Default::default(),
         })
     };
     Ok(ServerConfig {

@@ -58,6 +58,7 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             &lookup,
             Options::default(),
             home,
+            config.ceiling(),
         )
         .await
         .map_err(|e: ConnectError| match &e {

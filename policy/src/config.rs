@@ -156,6 +156,40 @@ pub struct StdioServer {
     /// Names of the broker's environment variables forwarded to the child; only names are stored.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvName>,
+    /// What the confined child may touch beyond the defaults.
+    #[serde(skip_serializing_if = "Sandbox::is_empty")]
+    pub sandbox: Sandbox,
+}
+
+/// Most paths in `sandbox.readable` or `sandbox.writable`.
+pub const MAX_SANDBOX_PATHS: usize = 32;
+/// Bounds of `sandbox.max_open_files`.
+pub const OPEN_FILES_RANGE: (u64, u64) = (16, 1 << 20);
+/// Bounds of `sandbox.max_memory_mb`.
+pub const MEMORY_MB_RANGE: (u64, u64) = (64, 1 << 20);
+
+/// The `sandbox` block of a stdio server: grants and limits for its confinement.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Sandbox {
+    /// Extra directories (or files) it may read and execute from.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub readable: Vec<AbsolutePath>,
+    /// Directories (or files) it may read and write.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<AbsolutePath>,
+    /// `RLIMIT_NOFILE`; `None` is the broker's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_open_files: Option<u64>,
+    /// `RLIMIT_DATA` in MiB; `None` is the broker's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_memory_mb: Option<u64>,
+}
+
+impl Sandbox {
+    /// Nothing beyond the defaults.
+    pub fn is_empty(&self) -> bool {
+        *self == Sandbox::default()
+    }
 }
 
 /// A Streamable HTTP server.
@@ -594,6 +628,13 @@ pub enum ConfigErrorKind {
     },
     /// A tool named in both `tools.allow` and `tools.deny`.
     AllowedAndDenied,
+    /// An integer outside its bounds (or not a non-negative integer).
+    OutOfRange {
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
     /// A single value was refused.
     Value(ValueError),
 }
@@ -653,6 +694,9 @@ impl fmt::Display for ConfigErrorKind {
             }
             ConfigErrorKind::AllowedAndDenied => {
                 f.write_str("tool is listed in both tools.allow and tools.deny")
+            }
+            ConfigErrorKind::OutOfRange { min, max } => {
+                write!(f, "must be an integer from {min} to {max}")
             }
             ConfigErrorKind::Value(e) => e.fmt(f),
         }
@@ -961,8 +1005,46 @@ const SERVER_KEYS: &[&str] = &[
     "oauth",
     "tools",
     "policy",
+    "sandbox",
 ];
-const STDIO_ONLY: &[&str] = &["command", "args", "env"];
+const STDIO_ONLY: &[&str] = &["command", "args", "env", "sandbox"];
+const SANDBOX_KEYS: &[&str] = &["readable", "writable", "max_open_files", "max_memory_mb"];
+
+fn ranged(range: (u64, u64)) -> impl Fn(&Node, &Path) -> Result2<u64> {
+    move |node, path| match &node.value {
+        Value::Number(raw) => raw
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (range.0..=range.1).contains(n))
+            .ok_or_else(|| {
+                err(
+                    path,
+                    node.pos,
+                    ConfigErrorKind::OutOfRange {
+                        min: range.0,
+                        max: range.1,
+                    },
+                )
+            }),
+        _ => Err(wrong_type(path, node, "an integer")),
+    }
+}
+
+fn decode_sandbox(node: &Node, path: &Path) -> Result2<Sandbox> {
+    let f = Fields::new(node, path, SANDBOX_KEYS)?;
+    let paths = |key: &str| -> Result2<Vec<AbsolutePath>> {
+        match f.get(key) {
+            None => Ok(Vec::new()),
+            Some((n, p)) => string_list(n, &p, MAX_SANDBOX_PATHS, AbsolutePath::parse),
+        }
+    };
+    Ok(Sandbox {
+        readable: paths("readable")?,
+        writable: paths("writable")?,
+        max_open_files: optional(&f, "max_open_files", ranged(OPEN_FILES_RANGE))?,
+        max_memory_mb: optional(&f, "max_memory_mb", ranged(MEMORY_MB_RANGE))?,
+    })
+}
 const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];
 
 fn decode_config(root: &Node) -> Result2<Config> {
@@ -1150,7 +1232,13 @@ fn decode_server(node: &Node, path: &Path) -> Result2<ServerConfig> {
             None => Vec::new(),
             Some((n, p)) => string_list(n, &p, MAX_ENV_NAMES, env_value)?,
         };
-        Transport::Stdio(StdioServer { command, args, env })
+        let sandbox = optional(&f, "sandbox", decode_sandbox)?.unwrap_or_default();
+        Transport::Stdio(StdioServer {
+            command,
+            args,
+            env,
+            sandbox,
+        })
     };
     let tools = match f.get("tools") {
         None => ToolFilter::default(),

@@ -527,7 +527,9 @@ impl Client {
     /// Start a stdio server and connect to it.
     pub async fn connect_stdio(spec: ChildSpec, opts: Options) -> Result<Client, McpError> {
         let spec_copy = spec.clone();
+        let confined = spec.confine.is_some();
         let child = crate::spawn::spawn(spec).await.map_err(McpError::Spawn)?;
+        let stderr = child.stderr_handle();
         let handler = Arc::new(ServerRequests {
             elicitor: opts.elicitor.clone(),
         });
@@ -537,7 +539,33 @@ impl Client {
             done: AtomicUsize::new(0),
         };
         let t = StdioTransport::start(child, handler);
-        Client::connect(Transport::Stdio(t), opts, Some(restart)).await
+        match Client::connect(Transport::Stdio(t), opts, Some(restart)).await {
+            Ok(c) => Ok(c),
+            Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::Closed(reason),
+                certainty,
+            })) => {
+                // The server died while starting: its last words say why (a confined server
+                // that was denied a file or a socket usually names it).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let lines = stderr.lines(3);
+                let mut reason = reason;
+                if !lines.is_empty() {
+                    reason.push_str("; its stderr ends: ");
+                    reason.push_str(&lines.join(" | "));
+                }
+                if confined {
+                    reason.push_str(
+                        "; the server runs confined (see iteron mcp get: filesystem, network); grant more with sandbox.readable/writable, or web_egress for the network",
+                    );
+                }
+                Err(McpError::Transport(TransportError {
+                    kind: TransportErrorKind::Closed(reason),
+                    certainty,
+                }))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Connect to a Streamable HTTP endpoint through a zone-bound client.

@@ -441,6 +441,7 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
                 command: Command::parse(&cmd).unwrap(),
                 args,
                 env,
+                sandbox: Default::default(),
             })
         });
     let url = prop_oneof![

@@ -1,0 +1,335 @@
+//! Confinement of every child the broker spawns (stdio servers and hooks).
+//!
+//! - **Filesystem** (Landlock, an allow-list): read and execute beneath the system directories
+//!   ([`SYSTEM_READ`]), the command's own install tree ([`install_tree`]) and what the operator
+//!   granted; read and write beneath a private per-child scratch directory (exported as
+//!   `TMPDIR`) and what the operator granted writable; a few device files. The operator home
+//!   (`$ITERON_HOME`) is never granted: where a grant would contain it, the grant is replaced by
+//!   grants on its siblings, level by level down to the home ([`expand`]), so the home and
+//!   everything in it stay out of reach. A grant inside the home is dropped.
+//! - **Network** (seccomp, plus Landlock TCP rules from ABI 4): no socket of any family unless
+//!   the server's admitted classes include `web_egress` (then IPv4, IPv6 and netlink only).
+//!   Unix-domain sockets are never allowed, so a child cannot reach the broker's sockets.
+//! - **Resources**: open files and data size bounded by `setrlimit`; `no_new_privs` (no setuid
+//!   gain through exec), no core dumps, no inherited descriptors, a new session — see
+//!   [`crate::sys::harden_pre_exec`].
+//!
+//! Best effort where the kernel lacks a feature: without Landlock the filesystem is not
+//! confined and [`Effective`] says so (shown by `iteron mcp get` and `doctor`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::sys::{self, Prepared, landlock};
+
+/// Directories a normal program reads (and executes from).
+pub const SYSTEM_READ: &[&str] = &[
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys",
+];
+/// Device files a program may read.
+pub const DEVICES_READ: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];
+/// Device files a program may read and write.
+pub const DEVICES_RW: &[&str] = &["/dev/null"];
+/// Default bound on open files.
+pub const DEFAULT_OPEN_FILES: u64 = 4096;
+/// Default bound on the data segment and private writable mappings (8 GiB).
+pub const DEFAULT_DATA_BYTES: u64 = 8 << 30;
+
+/// What one child may touch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spec {
+    /// Never reachable (the operator home), whatever else is granted.
+    pub deny: Vec<PathBuf>,
+    /// Read and execute beneath these.
+    pub readable: Vec<PathBuf>,
+    /// Read and write beneath these.
+    pub writable: Vec<PathBuf>,
+    /// Sockets for IPv4/IPv6 allowed (the server is admitted `web_egress`).
+    pub network: bool,
+    /// `RLIMIT_NOFILE`.
+    pub open_files: u64,
+    /// `RLIMIT_DATA` in bytes.
+    pub data_bytes: u64,
+}
+
+/// What was actually enforced, for diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    /// The Landlock ABI in force, or `None` (filesystem not confined: the kernel lacks it).
+    pub landlock_abi: Option<u32>,
+    /// Readable roots after expansion.
+    pub readable: Vec<PathBuf>,
+    /// Writable roots after expansion.
+    pub writable: Vec<PathBuf>,
+    /// Never reachable.
+    pub denied: Vec<PathBuf>,
+    /// Network allowed.
+    pub network: bool,
+    /// Grants that were dropped (inside the home, or missing), with why.
+    pub dropped: Vec<(PathBuf, &'static str)>,
+}
+
+impl Effective {
+    /// The JSON shown by `iteron mcp get` and `doctor`.
+    pub fn to_json(&self) -> Value {
+        let list = |v: &[PathBuf]| -> Vec<String> {
+            v.iter()
+                .map(|p| iteron_policy::text::single_line_capped(&p.to_string_lossy(), 300))
+                .collect()
+        };
+        json!({
+            "filesystem": match self.landlock_abi {
+                Some(abi) => format!("landlock ABI {abi}: enforced"),
+                None => "not confined: this kernel has no Landlock".to_owned(),
+            },
+            "network": if self.network {
+                "allowed (web_egress admitted): IPv4, IPv6, netlink; no Unix-domain sockets"
+            } else {
+                "denied: no sockets (seccomp) and no TCP (landlock)"
+            },
+            "readable": list(&self.readable),
+            "writable": list(&self.writable),
+            "denied": list(&self.denied),
+        })
+    }
+}
+
+fn canonical(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p).ok()
+}
+
+/// Replace `grant` by grants that cover everything beneath it except the `deny` paths: if a
+/// denied path lies beneath `grant`, grant each sibling on the way down instead.
+pub fn expand(grant: &Path, deny: &[PathBuf]) -> Vec<PathBuf> {
+    if deny.iter().any(|d| grant.starts_with(d)) {
+        return Vec::new();
+    }
+    if !deny.iter().any(|d| d.starts_with(grant)) {
+        return vec![grant.to_path_buf()];
+    }
+    let Ok(rd) = std::fs::read_dir(grant) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for e in entries {
+        // Symlinks are not followed here: a link is granted as what it points to only if that
+        // target is granted on its own.
+        if std::fs::symlink_metadata(&e).is_ok_and(|m| m.file_type().is_symlink()) {
+            continue;
+        }
+        out.extend(expand(&e, deny));
+    }
+    out
+}
+
+/// The install tree of a command: for every absolute path among the command and its
+/// arguments that exists (symlinks resolved), its directory, and for a program in a `bin`
+/// directory that directory's parent (the installation prefix, e.g. a pyenv or nvm version;
+/// never `/` or `$HOME`); a Python virtual environment's root (a `bin` directory beside
+/// `pyvenv.cfg`); and every `node_modules` directory in the ancestors of those directories
+/// (where Node resolves packages from).
+pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    // A script's interpreter (`#!/path/to/python`) is part of what it runs.
+    let interpreter = shebang(command).map(PathBuf::from);
+    let candidates = std::iter::once(command.to_path_buf())
+        .chain(interpreter)
+        .chain(
+            args.iter()
+                .filter(|a| a.starts_with('/'))
+                .map(PathBuf::from),
+        );
+    for c in candidates {
+        let Some(real) = canonical(&c) else { continue };
+        let dir = if real.is_dir() {
+            real.clone()
+        } else {
+            match real.parent() {
+                Some(d) => d.to_path_buf(),
+                None => continue,
+            }
+        };
+        if dir == Path::new("/") {
+            continue;
+        }
+        out.push(dir.clone());
+        // A program in `<prefix>/bin` reads its own `<prefix>/lib`, `<prefix>/share`, …: the
+        // prefix is its install tree (never `/` or the user's home directory itself).
+        if dir.ends_with("bin")
+            && let Some(prefix) = dir.parent()
+            && prefix != Path::new("/")
+            && std::env::var_os("HOME").is_none_or(|h| Path::new(&h) != prefix)
+        {
+            out.push(prefix.to_path_buf());
+        }
+        // The unresolved command path too (a venv's bin/python is a symlink to the system's).
+        if let Some(parent) = c.parent().filter(|p| *p != Path::new("/"))
+            && parent.ends_with("bin")
+            && let Some(venv) = parent.parent()
+            && venv.join("pyvenv.cfg").is_file()
+        {
+            out.push(venv.to_path_buf());
+        }
+        for a in dir.ancestors().skip(1) {
+            let nm = a.join("node_modules");
+            if nm.is_dir() {
+                out.push(nm);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The interpreter named by a script's `#!` line, if it is an absolute path.
+fn shebang(command: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(command).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let text = std::str::from_utf8(line).ok()?.trim();
+    let first = text.split_whitespace().next()?;
+    first.starts_with('/').then(|| first.to_owned())
+}
+
+/// Prepare the confinement of one child (in the parent: this allocates and opens files).
+pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
+    let deny: Vec<PathBuf> = spec
+        .deny
+        .iter()
+        .map(|d| canonical(d).unwrap_or_else(|| d.clone()))
+        .collect();
+    let mut dropped = Vec::new();
+    let mut roots = |grants: &[PathBuf]| -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for g in grants {
+            let Some(real) = canonical(g) else {
+                dropped.push((g.clone(), "does not exist"));
+                continue;
+            };
+            if deny.iter().any(|d| real.starts_with(d)) {
+                dropped.push((g.clone(), "inside the operator home"));
+                continue;
+            }
+            out.extend(expand(&real, &deny));
+        }
+        out.sort();
+        out.dedup();
+        out
+    };
+    let system: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    let mut readable = roots(&[system, spec.readable.clone()].concat());
+    readable.retain(|p| p.exists());
+    let writable = roots(&spec.writable);
+    let abi = sys::landlock_abi();
+    let mut prepared = Prepared {
+        ruleset: None,
+        seccomp: Some(sys::seccomp_socket_filter(spec.network)),
+        rlimits: vec![
+            (nix::sys::resource::Resource::RLIMIT_NOFILE, spec.open_files),
+            (nix::sys::resource::Resource::RLIMIT_DATA, spec.data_bytes),
+        ],
+    };
+    if let Some(abi) = abi {
+        let rs = sys::landlock_ruleset(abi, !spec.network)?;
+        let all = landlock::handled_fs(abi);
+        let read = landlock::EXECUTE | landlock::READ_FILE | landlock::READ_DIR;
+        for p in &readable {
+            let access = if p.is_dir() {
+                read
+            } else {
+                read & landlock::FILE_RIGHTS
+            };
+            sys::landlock_allow(&rs, p, access)?;
+        }
+        for p in &writable {
+            let access = if p.is_dir() {
+                all
+            } else {
+                all & landlock::FILE_RIGHTS
+            };
+            sys::landlock_allow(&rs, p, access)?;
+        }
+        for d in DEVICES_READ {
+            if Path::new(d).exists() {
+                sys::landlock_allow(&rs, Path::new(d), landlock::READ_FILE)?;
+            }
+        }
+        for d in DEVICES_RW {
+            if Path::new(d).exists() {
+                let rw = (landlock::READ_FILE | landlock::WRITE_FILE)
+                    | if abi >= 3 { landlock::TRUNCATE } else { 0 };
+                sys::landlock_allow(&rs, Path::new(d), rw)?;
+            }
+        }
+        prepared.ruleset = Some(rs);
+    }
+    Ok((
+        prepared,
+        Effective {
+            landlock_abi: abi,
+            readable,
+            writable,
+            denied: deny,
+            network: spec.network,
+            dropped,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> PathBuf {
+        let base = std::env::temp_dir().join(format!("iteron-confine-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        for d in ["a/home/x", "a/b", "a/c", "d"] {
+            std::fs::create_dir_all(base.join(d)).unwrap();
+        }
+        std::fs::write(base.join("a/file"), "f").unwrap();
+        base
+    }
+
+    #[test]
+    fn a_grant_containing_the_home_becomes_its_siblings() {
+        let t = tree();
+        let deny = vec![t.join("a/home")];
+        let mut got = expand(&t, &deny);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![t.join("a/b"), t.join("a/c"), t.join("a/file"), t.join("d")]
+        );
+        assert_eq!(expand(&t.join("d"), &deny), vec![t.join("d")]);
+        assert!(expand(&t.join("a/home/x"), &deny).is_empty());
+        let _ = std::fs::remove_dir_all(&t);
+    }
+
+    #[test]
+    fn the_install_tree_includes_node_module_roots_and_venvs() {
+        let t = tree();
+        std::fs::create_dir_all(t.join("proj/node_modules/pkg/dist")).unwrap();
+        std::fs::write(t.join("proj/node_modules/pkg/dist/index.js"), "").unwrap();
+        std::fs::create_dir_all(t.join("proj/peers")).unwrap();
+        std::fs::write(t.join("proj/peers/server.mjs"), "").unwrap();
+        let got = install_tree(
+            Path::new("/usr/bin/env"),
+            &[
+                t.join("proj/peers/server.mjs")
+                    .to_string_lossy()
+                    .into_owned(),
+                "--flag".into(),
+            ],
+        );
+        let t = std::fs::canonicalize(&t).unwrap();
+        assert!(got.contains(&t.join("proj/peers")), "{got:?}");
+        assert!(got.contains(&t.join("proj/node_modules")), "{got:?}");
+        assert!(got.contains(&PathBuf::from("/usr/bin")), "{got:?}");
+    }
+}
