@@ -1,0 +1,239 @@
+//! A confined child's attempts, for real: reading a credential file in the operator home,
+//! writing outside the granted directory, a TCP connection to a loopback listener (which must
+//! see nothing), a Unix-socket connection, and exec of a setuid binary. Each is denied; the
+//! same script unconfined succeeds where the system allows it, so the test can fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use iteron_broker::confine::Spec;
+use iteron_broker::spawn::{ChildSpec, child_env, spawn};
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+
+const PROBE: &str = r#"
+import json, os, socket, subprocess, sys, tempfile
+home, granted, outside, port, unix_path, setuid = sys.argv[1:7]
+out = {}
+def attempt(name, f):
+    try:
+        out[name] = ["ok", f()]
+    except Exception as e:
+        out[name] = ["denied", type(e).__name__, getattr(e, "errno", None)]
+attempt("read_credential", lambda: open(os.path.join(home, "mcp-credentials", "server")).read())
+attempt("list_home", lambda: os.listdir(home))
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+    return path
+attempt("write_granted", lambda: write(os.path.join(granted, "ok.txt")))
+attempt("write_outside", lambda: write(os.path.join(outside, "escape.txt")))
+attempt("write_tmpdir", lambda: write(os.path.join(os.environ["TMPDIR"], "scratch.txt")))
+def tcp():
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=2)
+    s.close()
+    return "connected"
+attempt("tcp_loopback", tcp)
+def unix():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(unix_path)
+    return "connected"
+attempt("unix_socket", unix)
+if setuid:
+    attempt("setuid_exec", lambda: subprocess.run([setuid, "-u"], capture_output=True, text=True).stdout.strip())
+out["tmpdir"] = os.environ.get("TMPDIR")
+print(json.dumps(out))
+"#;
+
+struct Fixture {
+    base: PathBuf,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        let base =
+            std::env::temp_dir().join(format!("iteron-confine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        for d in ["home/mcp-credentials", "granted", "outside", "bin"] {
+            std::fs::create_dir_all(base.join(d)).unwrap();
+        }
+        std::fs::write(
+            base.join("home/mcp-credentials/server"),
+            "refresh-token-canary",
+        )
+        .unwrap();
+        std::fs::write(base.join("probe.py"), PROBE).unwrap();
+        Fixture { base }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.base.join(rel)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// A copy of `id` that is setuid to uid 65534 (only root can make one).
+fn setuid_id(dir: &Path) -> Option<PathBuf> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let dst = dir.join("id-setuid");
+    std::fs::copy("/usr/bin/id", &dst).ok()?;
+    nix::unistd::chown(&dst, Some(nix::unistd::Uid::from_raw(65534)), None).ok()?;
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o4755)).ok()?;
+    Some(dst)
+}
+
+fn run(
+    fx: &Fixture,
+    confine: Option<Spec>,
+    port: u16,
+    unix: &Path,
+    setuid: Option<&Path>,
+) -> Value {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (env, _) = child_env(&[], None, |_: &str| None);
+        let args = vec![
+            fx.p("probe.py").to_string_lossy().into_owned(),
+            fx.p("home").to_string_lossy().into_owned(),
+            fx.p("granted").to_string_lossy().into_owned(),
+            fx.p("outside").to_string_lossy().into_owned(),
+            port.to_string(),
+            unix.to_string_lossy().into_owned(),
+            setuid
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        ];
+        let mut child = spawn(ChildSpec {
+            command: "/usr/bin/python3".into(),
+            args,
+            env,
+            confine,
+        })
+        .await
+        .unwrap();
+        drop(child.stdin.take());
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        child.shutdown(Duration::from_secs(1)).await;
+        serde_json::from_str(out.trim()).unwrap_or_else(|_| {
+            panic!("probe output: {out:?}; stderr: {:?}", child.stderr_tail(10))
+        })
+    })
+}
+
+fn spec(fx: &Fixture) -> Spec {
+    Spec {
+        deny: vec![fx.p("home")],
+        // The probe script lives in the fixture directory, which also holds the home: the
+        // grant is expanded to the home's siblings.
+        readable: vec![fx.base.clone()],
+        writable: vec![fx.p("granted"), fx.p("bin")],
+        network: false,
+        open_files: 256,
+        data_bytes: 1 << 30,
+    }
+}
+
+#[test]
+fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
+    let fx = Fixture::new("deny");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let unix_path = fx.p("broker.sock");
+    let unix_listener = std::os::unix::net::UnixListener::bind(&unix_path).unwrap();
+    unix_listener.set_nonblocking(true).unwrap();
+    let setuid = setuid_id(&fx.p("bin"));
+
+    let v = run(&fx, Some(spec(&fx)), port, &unix_path, setuid.as_deref());
+    let denied = |k: &str| v[k][0] == "denied";
+    assert!(denied("read_credential"), "{v}");
+    assert!(denied("list_home"), "{v}");
+    assert_eq!(v["write_granted"][0], "ok", "{v}");
+    assert!(denied("write_outside"), "{v}");
+    assert!(!fx.p("outside/escape.txt").exists());
+    assert_eq!(v["write_tmpdir"][0], "ok", "{v}");
+    assert!(denied("tcp_loopback"), "{v}");
+    assert_eq!(v["tcp_loopback"][2], nix::libc::EPERM, "{v}");
+    assert!(denied("unix_socket"), "{v}");
+    // Neither listener saw anything.
+    assert!(listener.accept().is_err());
+    assert!(unix_listener.accept().is_err());
+    if setuid.is_some() {
+        // no_new_privs: the setuid bit is ignored, the effective uid stays the broker's.
+        assert_eq!(
+            v["setuid_exec"][1],
+            nix::unistd::geteuid().as_raw().to_string(),
+            "{v}"
+        );
+    }
+    // The scratch directory is gone once the child is.
+    let tmpdir = PathBuf::from(v["tmpdir"].as_str().unwrap());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!tmpdir.exists(), "the scratch directory outlived the child");
+
+    // The same probe unconfined: the home is readable and the listeners are reached, so the
+    // denials above come from the confinement.
+    let v = run(&fx, None, port, &unix_path, setuid.as_deref());
+    assert_eq!(
+        v["read_credential"],
+        serde_json::json!(["ok", "refresh-token-canary"]),
+        "{v}"
+    );
+    assert_eq!(v["tcp_loopback"][0], "ok", "{v}");
+    assert_eq!(v["write_outside"][0], "ok", "{v}");
+    // Every child the broker starts has no_new_privs, confined or not; the control for the
+    // setuid binary is a plain exec, which does gain uid 65534.
+    if let Some(id) = &setuid {
+        assert_eq!(v["setuid_exec"][1], nix::unistd::geteuid().as_raw().to_string());
+        let plain = std::process::Command::new(id).arg("-u").output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "65534");
+    }
+    let mut accepted = 0;
+    for _ in 0..50 {
+        if listener.accept().is_ok() {
+            accepted += 1;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(accepted, 1);
+}
+
+#[test]
+fn web_egress_admits_tcp_but_never_unix_sockets() {
+    let fx = Fixture::new("egress");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let unix_path = fx.p("broker.sock");
+    let _unix = std::os::unix::net::UnixListener::bind(&unix_path).unwrap();
+    let mut s = spec(&fx);
+    s.network = true;
+    let v = run(&fx, Some(s), port, &unix_path, None);
+    assert_eq!(v["tcp_loopback"][0], "ok", "{v}");
+    assert_eq!(v["unix_socket"][0], "denied", "{v}");
+    assert_eq!(v["read_credential"][0], "denied", "{v}");
+    let mut buf = [0u8; 1];
+    let (mut conn, _) = listener.accept().unwrap();
+    let _ = conn.read(&mut buf);
+}
