@@ -124,7 +124,11 @@ fn a_failing_server_exits_8_with_one_line() {
 #[test]
 fn status_without_connect_starts_nothing_and_doctor_shows_names_not_values() {
     let h = Home::new("status");
-    let marker = h.0.join("started");
+    // The server is confined: it writes only where the operator grants (a directory beside
+    // the home, not containing it).
+    let out_dir = h.0.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let marker = out_dir.join("started");
     let script = format!("touch {}", marker.display());
     assert!(
         h.run(&[
@@ -137,6 +141,8 @@ fn status_without_connect_starts_nothing_and_doctor_shows_names_not_values() {
             "PROBE_SECRET",
             "--env",
             "NOT_SET_ANYWHERE",
+            "--sandbox-writable",
+            out_dir.to_str().unwrap(),
             "--",
             "-c",
             &script

@@ -197,8 +197,9 @@ fn shebang(command: &Path) -> Option<String> {
     first.starts_with('/').then(|| first.to_owned())
 }
 
-/// Prepare the confinement of one child (in the parent: this allocates and opens files).
-pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
+/// What a confinement would enforce, without enforcing anything (diagnostics, and the first
+/// half of [`prepare`]).
+pub fn plan(spec: &Spec) -> Effective {
     let deny: Vec<PathBuf> = spec
         .deny
         .iter()
@@ -222,11 +223,38 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         out.dedup();
         out
     };
-    let system: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    // System directories a distribution does not have are simply not granted (not "dropped").
+    let system: Vec<PathBuf> = SYSTEM_READ
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .collect();
     let mut readable = roots(&[system, spec.readable.clone()].concat());
     readable.retain(|p| p.exists());
     let writable = roots(&spec.writable);
-    let abi = sys::landlock_abi();
+    Effective {
+        landlock_abi: sys::landlock_abi(),
+        readable,
+        writable,
+        denied: deny,
+        network: spec.network,
+        dropped,
+    }
+}
+
+/// The plan for a stdio server as it would start (its install tree added; the per-start
+/// scratch directory is not shown).
+pub fn describe(spec: &Spec, command: &Path, args: &[String]) -> Effective {
+    let mut s = spec.clone();
+    s.readable.extend(install_tree(command, args));
+    plan(&s)
+}
+
+/// Prepare the confinement of one child (in the parent: this allocates and opens files).
+pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
+    let effective = plan(spec);
+    let (readable, writable) = (&effective.readable, &effective.writable);
+    let abi = effective.landlock_abi;
     let mut prepared = Prepared {
         ruleset: None,
         seccomp: Some(sys::seccomp_socket_filter(spec.network)),
@@ -239,7 +267,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;
         let all = landlock::handled_fs(abi);
         let read = landlock::EXECUTE | landlock::READ_FILE | landlock::READ_DIR;
-        for p in &readable {
+        for p in readable {
             let access = if p.is_dir() {
                 read
             } else {
@@ -247,7 +275,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             };
             sys::landlock_allow(&rs, p, access)?;
         }
-        for p in &writable {
+        for p in writable {
             let access = if p.is_dir() {
                 all
             } else {
@@ -269,17 +297,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         }
         prepared.ruleset = Some(rs);
     }
-    Ok((
-        prepared,
-        Effective {
-            landlock_abi: abi,
-            readable,
-            writable,
-            denied: deny,
-            network: spec.network,
-            dropped,
-        },
-    ))
+    Ok((prepared, effective))
 }
 
 #[cfg(test)]

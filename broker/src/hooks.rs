@@ -2,8 +2,10 @@
 //! absolute commands), run at `SessionStart`, `UserPromptSubmit`, `PreToolUse`, `PostToolUse`
 //! and `Stop`.
 //!
-//! Each hook is a hardened child (see [`crate::spawn`]: environment built from nothing — only
-//! `PATH` and `LANG` —, own session, no_new_privs, no inherited descriptors), gets the event as
+//! Each hook is a hardened, confined child (see [`crate::spawn`] and [`crate::confine`]:
+//! environment built from nothing — only `PATH`, `LANG` and `TMPDIR`, its private scratch
+//! directory —, own session, no_new_privs, no inherited descriptors, no sockets, the operator
+//! home out of reach; the rest of the filesystem as the operator), gets the event as
 //! one JSON object on stdin, and runs under a deadline ([`HOOK_TIMEOUT`]) with its output
 //! bounded ([`MAX_HOOK_OUTPUT`] of stdout is read, the rest discarded; stderr is kept in the
 //! spawner's bounded ring). Only a `PreToolUse` hook that exits with code 2 blocks, with its

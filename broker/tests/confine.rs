@@ -205,7 +205,10 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     // Every child the broker starts has no_new_privs, confined or not; the control for the
     // setuid binary is a plain exec, which does gain uid 65534.
     if let Some(id) = &setuid {
-        assert_eq!(v["setuid_exec"][1], nix::unistd::geteuid().as_raw().to_string());
+        assert_eq!(
+            v["setuid_exec"][1],
+            nix::unistd::geteuid().as_raw().to_string()
+        );
         let plain = std::process::Command::new(id).arg("-u").output().unwrap();
         assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "65534");
     }

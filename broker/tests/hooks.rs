@@ -151,10 +151,11 @@ fn the_hook_environment_is_built_from_nothing() {
     assert_eq!(reports[0].outcome, Outcome::Exited(0));
     let env = std::fs::read_to_string(&out).unwrap();
     let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
-    // PATH and LANG from the broker; PWD, SHLVL and _ are the shell's own.
+    // PATH and LANG from the broker, TMPDIR its private scratch directory; PWD, SHLVL and _
+    // are the shell's own.
     for n in &names {
         assert!(
-            ["PATH", "LANG", "PWD", "SHLVL", "_", "OLDPWD"].contains(n),
+            ["PATH", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD"].contains(n),
             "unexpected variable {n} in the hook's environment"
         );
     }

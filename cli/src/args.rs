@@ -14,6 +14,10 @@ pub(crate) struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; size is irrelevant"
+)]
 pub(crate) enum Top {
     /// Manage MCP server configuration in $ITERON_HOME (default ~/.iteron).
     #[command(subcommand)]
@@ -348,6 +352,14 @@ pub(crate) struct AddArgs {
     /// Forward this environment variable (NAME only; its value is read when the server starts).
     #[arg(long = "env", value_name = "NAME")]
     pub(crate) env: Vec<String>,
+
+    /// Let the confined stdio server read (and execute) beneath this absolute path.
+    #[arg(long = "sandbox-readable", value_name = "PATH")]
+    pub(crate) sandbox_readable: Vec<String>,
+
+    /// Let the confined stdio server read and write beneath this absolute path.
+    #[arg(long = "sandbox-writable", value_name = "PATH")]
+    pub(crate) sandbox_writable: Vec<String>,
 
     /// HTTP header whose value comes from an environment variable: HEADER=ENV_NAME.
     #[arg(long = "header-env", value_name = "HEADER=ENV_NAME")]

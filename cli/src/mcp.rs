@@ -10,8 +10,8 @@ use std::io::Write;
 use iteron_broker::store::Home;
 use iteron_policy::capability::{CapabilitySet, ServerPolicy, ToolFilter};
 use iteron_policy::config::{
-    AddError, ClientId, Command, Config, CredentialBackend, HttpServer, OAuthConfig, Registration,
-    Scope, ServerConfig, StdioServer, Transport, ValueError, check_arg,
+    AbsolutePath, AddError, ClientId, Command, Config, CredentialBackend, HttpServer, OAuthConfig,
+    Registration, Scope, ServerConfig, StdioServer, Transport, ValueError, check_arg,
 };
 use iteron_policy::names::{EnvName, HeaderName, NameError, ServerName};
 use iteron_policy::text;
@@ -84,6 +84,8 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
     let stdio_flags = [
         ("--env", !a.env.is_empty()),
         ("arguments after --", !a.args.is_empty()),
+        ("--sandbox-readable", !a.sandbox_readable.is_empty()),
+        ("--sandbox-writable", !a.sandbox_writable.is_empty()),
     ];
     let http_flags = [
         ("--header-env", !a.header_env.is_empty()),
@@ -202,11 +204,31 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
         for (i, arg) in a.args.iter().enumerate() {
             check_arg(arg).map_err(|e| usage(&format!("argument {} after --", i + 1), e))?;
         }
+        let paths = |flag: &str, raw: &[String]| -> Result<Vec<AbsolutePath>, CliError> {
+            let mut out: Vec<AbsolutePath> = Vec::new();
+            for r in raw {
+                let p = value(flag, AbsolutePath::parse(r))?;
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            if out.len() > iteron_policy::config::MAX_SANDBOX_PATHS {
+                return Err(CliError::Usage(format!(
+                    "{flag} may be given at most {} times",
+                    iteron_policy::config::MAX_SANDBOX_PATHS
+                )));
+            }
+            Ok(out)
+        };
         Transport::Stdio(StdioServer {
             command,
             args: a.args.clone(),
             env,
-            sandbox: Default::default(),
+            sandbox: iteron_policy::config::Sandbox {
+                readable: paths("--sandbox-readable", &a.sandbox_readable)?,
+                writable: paths("--sandbox-writable", &a.sandbox_writable)?,
+                ..Default::default()
+            },
         })
     };
     Ok(ServerConfig {
@@ -389,8 +411,13 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
     let name = server_name(raw)?;
     let config = home.load()?;
     let server = config.server(name.as_str()).ok_or(CliError::NotFound)?;
+    let confinement = crate::probe::confinement_of(server, home, config.ceiling());
     if format == Format::Json {
-        return print_json(out, &server_json(server));
+        let mut v = server_json(server);
+        if let (Some(e), Some(obj)) = (&confinement, v.as_object_mut()) {
+            obj.insert("confinement".into(), e.to_json());
+        }
+        return print_json(out, &v);
     }
     let mut lines: Vec<(String, String)> = vec![
         ("name".into(), server.name.to_string()),
@@ -409,6 +436,27 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
             }
             if !st.env.is_empty() {
                 lines.push(("env (names only)".into(), names(&st.env)));
+            }
+            if let Some(e) = &confinement {
+                lines.push(("confinement".into(), crate::probe::confinement_line(e)));
+                let list = |v: &[std::path::PathBuf]| {
+                    v.iter()
+                        .map(|p| text::single_line_capped(&p.to_string_lossy(), 200))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                if !e.writable.is_empty() {
+                    lines.push(("writable".into(), list(&e.writable)));
+                }
+                for (p, why) in &e.dropped {
+                    lines.push((
+                        "grant dropped".into(),
+                        format!(
+                            "{}: {why}",
+                            text::single_line_capped(&p.to_string_lossy(), 200)
+                        ),
+                    ));
+                }
             }
         }
         Transport::Http(h) => {

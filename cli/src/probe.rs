@@ -279,6 +279,47 @@ pub(crate) fn status(
     Ok(())
 }
 
+/// What a stdio server's confinement would enforce if it started now (`None` for HTTP).
+pub(crate) fn confinement_of(
+    s: &ServerConfig,
+    home: &Home,
+    ceiling: iteron_policy::capability::CapabilitySet,
+) -> Option<iteron_broker::confine::Effective> {
+    let Transport::Stdio(st) = &s.transport else {
+        return None;
+    };
+    let ctx = servers::SpawnContext {
+        home: home.dir().to_path_buf(),
+        ceiling,
+    };
+    let spec = servers::stdio_confinement(s, st, &ctx);
+    let program = resolve_program(st.command.as_str(), SAFE_PATH)
+        .unwrap_or_else(|| std::path::PathBuf::from(st.command.as_str()));
+    Some(iteron_broker::confine::describe(&spec, &program, &st.args))
+}
+
+/// One line: how the filesystem and the network are confined.
+pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String {
+    let fs = match e.landlock_abi {
+        Some(abi) => format!(
+            "filesystem confined (landlock ABI {abi}: {} readable, {} writable roots, the operator home denied)",
+            e.readable.len(),
+            e.writable.len() + 1
+        ),
+        None => "filesystem NOT confined: this kernel has no Landlock".to_owned(),
+    };
+    let net = if e.network {
+        "network allowed (web_egress)"
+    } else {
+        "network denied"
+    };
+    let mut line = format!("{fs}; {net}; no Unix sockets; no_new_privs");
+    if !e.dropped.is_empty() {
+        line.push_str(&format!("; {} grant(s) dropped", e.dropped.len()));
+    }
+    line
+}
+
 /// Static checks of one server (no network, no process).
 fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
     let mut checks = Vec::new();
@@ -363,6 +404,13 @@ pub(crate) fn doctor(
     let mut all_ok = true;
     for s in &config.mcp_servers {
         let mut checks = check_server(s, Some(home));
+        if let Some(eff) = confinement_of(s, home, config.ceiling()) {
+            checks.push(json!({
+                "check": "confinement",
+                "ok": eff.landlock_abi.is_some(),
+                "detail": confinement_line(&eff),
+            }));
+        }
         if let Some(rt) = &rt {
             let r = rt.block_on(probe(home, &config, s));
             checks.push(match r {
