@@ -942,3 +942,62 @@ fn a_command_is_one_program_without_spaces() {
     ));
     assert_eq!(e.kind, ConfigErrorKind::Value(ValueError::Whitespace));
 }
+
+#[test]
+fn the_sandbox_block_is_strict_and_bounded_one_over() {
+    let paths = |key: &str, n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("\"/srv/p{i}\"")).collect();
+        stdio_with(&format!(
+            r#", "sandbox": {{"{key}": [{}]}}"#,
+            list.join(",")
+        ))
+    };
+    for key in ["readable", "writable"] {
+        parse(&paths(key, MAX_SANDBOX_PATHS)).unwrap();
+        assert_eq!(
+            error(&paths(key, MAX_SANDBOX_PATHS + 1)).kind,
+            ConfigErrorKind::TooMany {
+                max: MAX_SANDBOX_PATHS
+            }
+        );
+    }
+    let limit = |key: &str, n: u64| stdio_with(&format!(r#", "sandbox": {{"{key}": {n}}}"#));
+    for (key, (min, max)) in [
+        ("max_open_files", OPEN_FILES_RANGE),
+        ("max_memory_mb", MEMORY_MB_RANGE),
+    ] {
+        parse(&limit(key, min)).unwrap();
+        parse(&limit(key, max)).unwrap();
+        for bad in [min - 1, max + 1] {
+            assert_eq!(
+                error(&limit(key, bad)).kind,
+                ConfigErrorKind::OutOfRange { min, max },
+                "{key} {bad}"
+            );
+        }
+    }
+    let c = parse(&stdio_with(
+        r#", "sandbox": {"writable": ["/srv/data"], "max_open_files": 64}"#,
+    ))
+    .unwrap();
+    let Transport::Stdio(st) = &c.mcp_servers[0].transport else {
+        panic!("stdio")
+    };
+    assert_eq!(st.sandbox.writable[0].as_str(), "/srv/data");
+    assert_eq!(st.sandbox.max_open_files, Some(64));
+    // It round-trips through the store's serializer.
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    for bad in [
+        r#", "sandbox": {"writable": ["relative/path"]}"#,
+        r#", "sandbox": {"writable": ["/a", "/a"]}"#,
+        r#", "sandbox": {"network": true}"#,
+        r#", "sandbox": {"max_open_files": "64"}"#,
+        r#", "sandbox": []"#,
+    ] {
+        assert!(parse(&stdio_with(bad)).is_err(), "{bad}");
+    }
+    assert!(matches!(
+        error(&http_with(r#", "sandbox": {}"#)).kind,
+        ConfigErrorKind::NotForTransport { key: "sandbox", .. }
+    ));
+}
