@@ -1,0 +1,141 @@
+//! Benchmark: the cost of confinement. Spawn latency (spawn + MCP `initialize` + first
+//! `tools/list`, then close) of a confined stdio server against the same server unconfined, and
+//! `tools/call` round trips once running, both in the same run, alternating so that drift hits
+//! both sides alike. The server is this binary re-executed with `--serve` (a minimal echo
+//! fixture). The confinement is what the broker applies: Landlock rules for the system
+//! directories and the install tree with a denied home, the seccomp socket filter, rlimits.
+//!
+//! Run: `cargo bench -p iteron-broker --bench confine` (`-- --write-docs` regenerates the table
+//! in docs/benchmarks.md).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "benchmark harness: any failure should abort loudly"
+)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use iteron_broker::confine::{DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, Spec};
+use iteron_broker::mcp::client::{Client, Options};
+use iteron_broker::spawn::{ChildSpec, child_env};
+use serde_json::json;
+
+#[path = "common/echo_fixture.rs"]
+mod echo_fixture;
+use echo_fixture::serve;
+
+const SPAWNS: usize = 60;
+const CALLS: usize = 2000;
+const START: &str = "<!-- bench:confine:start -->";
+const END: &str = "<!-- bench:confine:end -->";
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn spec(me: &str, confine: Option<Spec>) -> ChildSpec {
+    let (env, _) = child_env(&[], None, |_: &str| None);
+    ChildSpec {
+        command: me.to_owned(),
+        args: vec!["--serve".into()],
+        env,
+        confine,
+    }
+}
+
+async fn start_once(me: &str, confine: Option<Spec>) -> f64 {
+    let t = Instant::now();
+    let c = Client::connect_stdio(spec(me, confine), Options::default())
+        .await
+        .unwrap();
+    c.list_tools().await.unwrap();
+    let took = t.elapsed().as_secs_f64() * 1e3;
+    c.close().await;
+    took
+}
+
+async fn calls(me: &str, confine: Option<Spec>) -> f64 {
+    let c = Client::connect_stdio(spec(me, confine), Options::default())
+        .await
+        .unwrap();
+    c.list_tools().await.unwrap();
+    let args = json!({"text": "hello"}).as_object().unwrap().clone();
+    for _ in 0..200 {
+        c.call_tool("echo", args.clone()).await.unwrap();
+    }
+    let mut t = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let s = Instant::now();
+        c.call_tool("echo", args.clone()).await.unwrap();
+        t.push(s.elapsed().as_secs_f64() * 1e6);
+    }
+    c.close().await;
+    median(t)
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--serve") {
+        serve();
+        return;
+    }
+    let write_docs = argv.iter().any(|a| a == "--write-docs");
+    let me = std::env::current_exe().unwrap().to_string_lossy().into_owned();
+    let home = std::env::temp_dir().join(format!("iteron-bench-confine-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let confined = Spec {
+        deny: vec![home.clone()],
+        readable: Vec::new(),
+        writable: Vec::new(),
+        network: false,
+        open_files: DEFAULT_OPEN_FILES,
+        data_bytes: DEFAULT_DATA_BYTES,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut plain, mut boxed) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..5 {
+            start_once(&me, None).await;
+            start_once(&me, Some(confined.clone())).await;
+        }
+        for _ in 0..SPAWNS {
+            plain.push(start_once(&me, None).await);
+            boxed.push(start_once(&me, Some(confined.clone())).await);
+        }
+    });
+    let (sp, sb) = (median(plain), median(boxed));
+    let (cp, cb) = rt.block_on(async {
+        let p = calls(&me, None).await;
+        let b = calls(&me, Some(confined.clone())).await;
+        (p, b)
+    });
+    let _ = std::fs::remove_dir_all(&home);
+    let abi = {
+        let e = iteron_broker::confine::plan(&confined);
+        e.landlock_abi.map_or("none".to_owned(), |a| a.to_string())
+    };
+    let table = format!(
+        "{SPAWNS} starts and {CALLS} calls per side, medians, Landlock ABI {abi}.\n\n\
+         | what | unconfined | confined | ratio |\n|---|---|---|---|\n\
+         | start (spawn + initialize + tools/list) | {sp:.2} ms | {sb:.2} ms | {:.2}× |\n\
+         | `tools/call` round trip | {cp:.1} µs | {cb:.1} µs | {:.2}× |\n\n\
+         Targets: start ≤ 1.2×; calls: no measurable difference.",
+        sb / sp,
+        cb / cp
+    );
+    println!("{table}");
+    if write_docs {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (head, rest) = doc.split_once(START).expect("start marker");
+        let (_, tail) = rest.split_once(END).expect("end marker");
+        std::fs::write(&path, format!("{head}{START}\n{table}\n{END}{tail}")).unwrap();
+        println!("wrote {}", path.display());
+    }
+}
