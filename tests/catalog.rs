@@ -141,6 +141,11 @@ fn hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay() {
     assert_rejected(&v, want);
     // The rendered path is terminal-safe: the RLO is escaped, never emitted.
     assert!(!serde_json::to_string(&v).unwrap().contains('\u{202e}'));
+    support::report::record(
+        "P7",
+        "tests/catalog.rs::hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay",
+        serde_json::json!({}),
+    );
 }
 
 #[test]
@@ -230,6 +235,11 @@ fn hostile_agent_definitions_are_refused_with_their_reasons() {
         (".iteron/config.json", "hooks in a repository are ignored"),
     ];
     assert_rejected(&v, want);
+    support::report::record(
+        "P7",
+        "tests/catalog.rs::hostile_agent_definitions_are_refused_with_their_reasons",
+        serde_json::json!({}),
+    );
 }
 
 #[test]

@@ -2,6 +2,9 @@
 //! binary in a private temporary ITERON_HOME with a scrubbed environment.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -246,6 +249,11 @@ fn a_malformed_config_exits_3_and_stays_byte_for_byte() {
         err.contains("$.mcp_servers[0].extra (line 1, column "),
         "{err}"
     );
+    support::report::record(
+        "P6",
+        "tests/mcp_config.rs::a_malformed_config_exits_3_and_stays_byte_for_byte",
+        serde_json::json!({}),
+    );
 }
 
 #[test]
@@ -284,6 +292,11 @@ fn twenty_concurrent_adds_lose_no_update() {
         .filter(|n| n != "config.json" && n != "config.lock")
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    support::report::record(
+        "P6",
+        "tests/mcp_config.rs::twenty_concurrent_adds_lose_no_update",
+        serde_json::json!({}),
+    );
 }
 
 #[test]
@@ -485,6 +498,11 @@ fn a_canary_secret_never_appears_in_any_output_or_file() {
     sb.ok(&["mcp", "remove", "pasted"]);
     sb.ok(&["mcp", "remove", "pasted-url"]);
     assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
+    support::report::record(
+        "P1",
+        "tests/mcp_config.rs::a_canary_secret_never_appears_in_any_output_or_file",
+        serde_json::json!({}),
+    );
 }
 
 #[test]
@@ -766,4 +784,9 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         .and_then(|l| l.split("ITERON_HOME=").nth(1))
         .unwrap();
     assert!(!Path::new(demo_home).exists(), "demo home removed");
+    support::report::record(
+        "P1",
+        "tests/mcp_config.rs::demo_runs_in_a_throwaway_home_and_never_touches_the_real_one",
+        serde_json::json!({}),
+    );
 }

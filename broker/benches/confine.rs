@@ -82,8 +82,12 @@ fn main() {
         return;
     }
     let write_docs = argv.iter().any(|a| a == "--write-docs");
-    let me = std::env::current_exe().unwrap().to_string_lossy().into_owned();
-    let home = std::env::temp_dir().join(format!("iteron-bench-confine-home-{}", std::process::id()));
+    let me = std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let home =
+        std::env::temp_dir().join(format!("iteron-bench-confine-home-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let confined = Spec {
         deny: vec![home.clone()],

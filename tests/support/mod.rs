@@ -2,6 +2,8 @@
 //! it needs).
 #![allow(dead_code)]
 
+pub(crate) mod report;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
