@@ -96,6 +96,7 @@ fn main() {
         network: false,
         open_files: DEFAULT_OPEN_FILES,
         data_bytes: DEFAULT_DATA_BYTES,
+        processes: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -51,6 +51,8 @@ pub struct Spec {
     pub open_files: u64,
     /// `RLIMIT_DATA` in bytes.
     pub data_bytes: u64,
+    /// `RLIMIT_NPROC` (every process of the uid counts), if the operator set one.
+    pub processes: Option<u64>,
 }
 
 /// What was actually enforced, for diagnostics.
@@ -258,10 +260,15 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
     let mut prepared = Prepared {
         ruleset: None,
         seccomp: Some(sys::seccomp_socket_filter(spec.network)),
-        rlimits: vec![
-            (nix::sys::resource::Resource::RLIMIT_NOFILE, spec.open_files),
-            (nix::sys::resource::Resource::RLIMIT_DATA, spec.data_bytes),
-        ],
+        rlimits: [
+            Some((nix::sys::resource::Resource::RLIMIT_NOFILE, spec.open_files)),
+            Some((nix::sys::resource::Resource::RLIMIT_DATA, spec.data_bytes)),
+            spec.processes
+                .map(|n| (nix::sys::resource::Resource::RLIMIT_NPROC, n)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;

@@ -123,6 +123,7 @@ impl HookRunner {
             network: false,
             open_files: crate::confine::DEFAULT_OPEN_FILES,
             data_bytes: crate::confine::DEFAULT_DATA_BYTES,
+            processes: None,
         }
     }
 

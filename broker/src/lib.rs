@@ -28,3 +28,8 @@ pub mod store;
     reason = "the one module with FFI; every block has a SAFETY comment"
 )]
 pub mod sys;
+
+/// The security report (test builds only): tests that prove a SECURITY.md promise record it.
+#[cfg(test)]
+#[path = "../../tests/support/report.rs"]
+mod test_report;

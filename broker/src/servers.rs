@@ -188,6 +188,7 @@ pub fn stdio_confinement(
             .sandbox
             .max_memory_mb
             .map_or(crate::confine::DEFAULT_DATA_BYTES, |mb| mb << 20),
+        processes: st.sandbox.max_processes,
     }
 }
 

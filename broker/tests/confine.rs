@@ -154,6 +154,7 @@ fn spec(fx: &Fixture) -> Spec {
         network: false,
         open_files: 256,
         data_bytes: 1 << 30,
+        processes: None,
     }
 }
 

@@ -167,6 +167,8 @@ pub const MAX_SANDBOX_PATHS: usize = 32;
 pub const OPEN_FILES_RANGE: (u64, u64) = (16, 1 << 20);
 /// Bounds of `sandbox.max_memory_mb`.
 pub const MEMORY_MB_RANGE: (u64, u64) = (64, 1 << 20);
+/// Bounds of `sandbox.max_processes`.
+pub const PROCESSES_RANGE: (u64, u64) = (1, 1 << 22);
 
 /// The `sandbox` block of a stdio server: grants and limits for its confinement.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -183,6 +185,10 @@ pub struct Sandbox {
     /// `RLIMIT_DATA` in MiB; `None` is the broker's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_memory_mb: Option<u64>,
+    /// `RLIMIT_NPROC`; `None` sets none (the kernel counts every process of the uid, so only
+    /// the operator can choose a number that fits the machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_processes: Option<u64>,
 }
 
 impl Sandbox {
@@ -1008,7 +1014,13 @@ const SERVER_KEYS: &[&str] = &[
     "sandbox",
 ];
 const STDIO_ONLY: &[&str] = &["command", "args", "env", "sandbox"];
-const SANDBOX_KEYS: &[&str] = &["readable", "writable", "max_open_files", "max_memory_mb"];
+const SANDBOX_KEYS: &[&str] = &[
+    "readable",
+    "writable",
+    "max_open_files",
+    "max_memory_mb",
+    "max_processes",
+];
 
 fn ranged(range: (u64, u64)) -> impl Fn(&Node, &Path) -> Result2<u64> {
     move |node, path| match &node.value {
@@ -1043,6 +1055,7 @@ fn decode_sandbox(node: &Node, path: &Path) -> Result2<Sandbox> {
         writable: paths("writable")?,
         max_open_files: optional(&f, "max_open_files", ranged(OPEN_FILES_RANGE))?,
         max_memory_mb: optional(&f, "max_memory_mb", ranged(MEMORY_MB_RANGE))?,
+        max_processes: optional(&f, "max_processes", ranged(PROCESSES_RANGE))?,
     })
 }
 const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];

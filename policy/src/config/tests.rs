@@ -380,6 +380,11 @@ fn bounds_are_enforced_one_over() {
         error(&padded(MAX_CONFIG_BYTES + 1)).kind,
         ConfigErrorKind::TooLarge
     );
+    crate::test_report::record(
+        "P5",
+        "policy/src/config/tests.rs::bounds_are_enforced_one_over",
+        serde_json::json!({}),
+    );
 }
 
 #[test]
@@ -965,6 +970,7 @@ fn the_sandbox_block_is_strict_and_bounded_one_over() {
     for (key, (min, max)) in [
         ("max_open_files", OPEN_FILES_RANGE),
         ("max_memory_mb", MEMORY_MB_RANGE),
+        ("max_processes", PROCESSES_RANGE),
     ] {
         parse(&limit(key, min)).unwrap();
         parse(&limit(key, max)).unwrap();
@@ -1000,4 +1006,9 @@ fn the_sandbox_block_is_strict_and_bounded_one_over() {
         error(&http_with(r#", "sandbox": {}"#)).kind,
         ConfigErrorKind::NotForTransport { key: "sandbox", .. }
     ));
+    crate::test_report::record(
+        "P5",
+        "policy/src/config/tests.rs::the_sandbox_block_is_strict_and_bounded_one_over",
+        serde_json::json!({}),
+    );
 }
