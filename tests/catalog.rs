@@ -254,6 +254,25 @@ fn a_trusted_directory_others_can_write_is_not_trusted() {
     // The agents directory is unaffected.
     let (v, _) = run(&h, &["agents", "--format", "json"]);
     assert_eq!(v["agents"].as_array().unwrap().len(), 3);
+    // One group-writable definition inside a private directory is refused alone.
+    std::fs::set_permissions(
+        h.join("agents/router.md"),
+        std::fs::Permissions::from_mode(0o620),
+    )
+    .unwrap();
+    let (v, _) = run(&h, &["agents", "--format", "json"]);
+    let names: Vec<&str> = v["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["Planner", "reviewer"]);
+    let r = rejected(&v);
+    assert!(
+        r.values()
+            .any(|why| why.contains("a trusted file must be the operator's alone"))
+    );
 }
 
 #[test]

@@ -203,6 +203,22 @@ impl Builder {
         });
     }
 
+    /// Whether a path of the trusted tier is the operator's and not writable by others;
+    /// reports it when not.
+    fn trusted_path(&mut self, p: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match fs::symlink_metadata(p) {
+            Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 => {
+                self.reject(
+                    p,
+                    "not owned by the operator, or writable by group or others; a trusted file must be the operator's alone",
+                );
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// The operator's own directories must be theirs and not writable by anyone else: a
     /// trusted tier that others can write is not trusted.
     fn operator_owned(&mut self, dir: &Path) -> bool {
@@ -277,6 +293,9 @@ impl Builder {
                 continue;
             }
             let file = sub.join("SKILL.md");
+            if tier == Tier::User && !(self.trusted_path(&sub) && self.trusted_path(&file)) {
+                continue;
+            }
             let bytes = match read_plain(&file, skill::MAX_FILE) {
                 Ok(b) => b,
                 Err(why) => {
@@ -323,6 +342,9 @@ impl Builder {
         }
         for file in self.entries(dir) {
             if file.extension().is_none_or(|e| e != "md") {
+                continue;
+            }
+            if tier == Tier::User && !self.trusted_path(&file) {
                 continue;
             }
             let bytes = match read_plain(&file, agentdef::MAX_FILE) {
