@@ -170,3 +170,36 @@ fn status_without_connect_starts_nothing_and_doctor_shows_names_not_values() {
     let _ = h.run(&["mcp", "status", "marker", "--connect"]);
     assert!(marker.exists());
 }
+
+/// A server that fails because of its confinement is reported with the denied operation (its
+/// own last stderr lines) and a hint, and what it tried to read stays unread.
+#[test]
+fn a_server_denied_by_its_confinement_is_reported_with_the_denied_operation() {
+    let h = Home::new("denied");
+    let config = h.0.join("home").join("config.json");
+    let script = format!("cat {} ; exit 3", config.display());
+    assert!(
+        h.run(&[
+            "mcp", "add", "nosy", "--stdio", "/bin/sh", "--", "-c", &script
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "test", "nosy"]);
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(err.contains("config.json"), "{err}");
+    assert!(err.contains("the server runs confined"), "{err}");
+    // The configuration's text never reached the output.
+    assert!(!err.contains("schema_version"), "{err}");
+    // doctor names the confinement it would apply.
+    let out = h.run(&["mcp", "doctor"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("confinement: filesystem confined (landlock ABI")
+            || text.contains("confinement: filesystem NOT confined"),
+        "{text}"
+    );
+}
