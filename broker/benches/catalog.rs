@@ -16,6 +16,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[path = "common/docs.rs"]
+mod docs;
+
 const FILES: usize = 100_000;
 const RUNS: usize = 15;
 const START: &str = "<!-- bench:catalog:start -->";
@@ -117,11 +120,6 @@ fn main() {
     );
     println!("{table}");
     if write_docs {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let (head, rest) = doc.split_once(START).expect("start marker");
-        let (_, tail) = rest.split_once(END).expect("end marker");
-        std::fs::write(&path, format!("{head}{START}\n{table}\n{END}{tail}")).unwrap();
-        println!("wrote {}", path.display());
+        docs::write_table(START, END, &table);
     }
 }

@@ -13,7 +13,6 @@
     reason = "benchmark harness: any failure should abort loudly"
 )]
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use iteron_broker::confine::{DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, Spec};
@@ -24,6 +23,9 @@ use serde_json::json;
 #[path = "common/echo_fixture.rs"]
 mod echo_fixture;
 use echo_fixture::serve;
+
+#[path = "common/docs.rs"]
+mod docs;
 
 const SPAWNS: usize = 60;
 const CALLS: usize = 2000;
@@ -136,11 +138,6 @@ fn main() {
     );
     println!("{table}");
     if write_docs {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let (head, rest) = doc.split_once(START).expect("start marker");
-        let (_, tail) = rest.split_once(END).expect("end marker");
-        std::fs::write(&path, format!("{head}{START}\n{table}\n{END}{tail}")).unwrap();
-        println!("wrote {}", path.display());
+        docs::write_table(START, END, &table);
     }
 }

@@ -30,6 +30,9 @@ use iteron_broker::mcp::client::{Client, Options};
 use iteron_broker::spawn::{ChildSpec, child_env};
 use serde_json::{Map, Value, json};
 
+#[path = "../../broker/benches/common/docs.rs"]
+mod docs;
+
 const SEQUENTIAL: usize = 2000;
 const AGENTS: usize = 64;
 const PER_AGENT: usize = 100;
@@ -341,11 +344,6 @@ fn main() {
     );
     println!("{table}");
     if write_docs {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let (head, rest) = doc.split_once(START).expect("start marker");
-        let (_, tail) = rest.split_once(END).expect("end marker");
-        std::fs::write(&path, format!("{head}{START}\n{table}\n{END}{tail}")).unwrap();
-        println!("wrote {}", path.display());
+        docs::write_table(START, END, &table);
     }
 }
