@@ -539,6 +539,42 @@ fn forms_reach_the_operator_and_only_the_operator() {
     drop(broker);
 }
 
+/// A 2026-07-28 server asks for input inside a tool call (MRTR `input_required`): the form
+/// reaches the operator, and the answer goes back to the server with its request state.
+#[test]
+fn mrtr_input_requests_reach_the_operator() {
+    let area = Area::new("mrtr");
+    area.config(json!([{
+        "name": "m",
+        "transport": "stdio",
+        "command": "/usr/bin/python3",
+        "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), "mrtr"],
+    }]));
+    let broker = area.broker(&[], &[]);
+    let call = area
+        .agent(&["call", "m", "echo", "--format", "json"])
+        .spawn()
+        .unwrap();
+    area.approve_next();
+    let p = area.wait_pending(1);
+    assert_eq!(p[0]["kind"], "form");
+    assert_eq!(p[0]["message"], "Confirm?");
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(
+        area.run(&["approvals", "answer", &id, "--json", r#"{"ok": false}"#])
+            .status
+            .success()
+    );
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = serde_json::from_str(answer["text"].as_str().unwrap()).unwrap();
+    assert_eq!(v["inputResponses"]["confirm"]["action"], "accept");
+    assert_eq!(v["inputResponses"]["confirm"]["content"]["ok"], false);
+    assert_eq!(v["requestState"], "opaque-\u{e9}-state");
+    drop(broker);
+}
+
 #[test]
 fn live_control_cancels_restarts_and_stops_that_exact_server() {
     let area = Area::new("control");
