@@ -1019,10 +1019,11 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
         0o700,
         0o600,
     );
-    let log = area.base.join("hooks.log");
-    // Hooks keep the operator's filesystem except the home; the grant is computed when each
-    // hook starts, so the log file exists beforehand.
-    std::fs::write(&log, "").unwrap();
+    // Hooks read the operator's filesystem except the home and write only where the
+    // configuration says (hooks_writable).
+    let logs = area.base.join("hook-logs");
+    std::fs::create_dir(&logs).unwrap();
+    let log = logs.join("hooks.log");
     let logger = hook_script(
         &area,
         "log.sh",
@@ -1038,6 +1039,7 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
         ),
     );
     let config = json!({"schema_version": 2,
+        "hooks_writable": [logs.to_str().unwrap()],
         "hooks": {"SessionStart": [logger], "UserPromptSubmit": [logger], "PostToolUse": [logger],
                   "Stop": [logger], "PreToolUse": [blocker]},
         "mcp_servers": [{"name": "ev", "transport": "stdio", "command": node().to_str().unwrap(),

@@ -157,13 +157,20 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
         if dir == Path::new("/") {
             continue;
         }
+        if is_home_or_above(&dir) {
+            // A file directly in the home (or above it): grant the file, not the directory.
+            if real.is_file() {
+                out.push(real.clone());
+            }
+            continue;
+        }
         out.push(dir.clone());
         // A program in `<prefix>/bin` reads its own `<prefix>/lib`, `<prefix>/share`, …: the
         // prefix is its install tree (never `/` or the user's home directory itself).
         if dir.ends_with("bin")
             && let Some(prefix) = dir.parent()
             && prefix != Path::new("/")
-            && std::env::var_os("HOME").is_none_or(|h| Path::new(&h) != prefix)
+            && !is_home_or_above(prefix)
         {
             out.push(prefix.to_path_buf());
         }
@@ -185,6 +192,16 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether `p` is the user's home directory or one of its ancestors (never an install tree:
+/// granting it would open every dotfile). Without `$HOME`, every directory directly below `/`
+/// and `/home/*` count.
+fn is_home_or_above(p: &Path) -> bool {
+    match std::env::var_os("HOME").and_then(|h| canonical(Path::new(&h))) {
+        Some(home) => home.starts_with(p),
+        None => p.parent() == Some(Path::new("/")) || p.parent() == Some(Path::new("/home")),
+    }
 }
 
 /// The interpreter named by a script's `#!` line, if it is an absolute path.
@@ -259,7 +276,10 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
     let abi = effective.landlock_abi;
     let mut prepared = Prepared {
         ruleset: None,
-        seccomp: Some(sys::seccomp_socket_filter(spec.network)),
+        seccomp: Some(sys::seccomp_socket_filter(
+            spec.network,
+            abi.is_none_or(|a| a < 3),
+        )),
         rlimits: [
             Some((nix::sys::resource::Resource::RLIMIT_NOFILE, spec.open_files)),
             Some((nix::sys::resource::Resource::RLIMIT_DATA, spec.data_bytes)),
@@ -268,11 +288,19 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         ]
         .into_iter()
         .flatten()
+        // A limit above the broker's own hard limit could not be set (EPERM) and would make
+        // every start fail: never ask for more than the broker has.
+        .map(|(r, n)| {
+            let hard = nix::sys::resource::getrlimit(r).map_or(n, |(_, h)| h);
+            (r, n.min(hard))
+        })
         .collect(),
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;
-        let all = landlock::handled_fs(abi);
+        // Writable grants never include making device nodes or device ioctls.
+        let all = landlock::handled_fs(abi)
+            & !(landlock::MAKE_CHAR | landlock::MAKE_BLOCK | landlock::IOCTL_DEV);
         let read = landlock::EXECUTE | landlock::READ_FILE | landlock::READ_DIR;
         for p in readable {
             let access = if p.is_dir() {

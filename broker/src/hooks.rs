@@ -88,6 +88,7 @@ pub struct HookRunner {
     hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
     timeout: Option<Duration>,
     home: Option<std::path::PathBuf>,
+    writable: Vec<std::path::PathBuf>,
 }
 
 impl HookRunner {
@@ -97,7 +98,18 @@ impl HookRunner {
             hooks,
             timeout: None,
             home: None,
+            writable: Vec::new(),
         }
+    }
+
+    /// Let hooks write beneath these (the configuration's `hooks_writable`), beyond their
+    /// scratch directory.
+    pub fn with_writable(mut self, paths: &[AbsolutePath]) -> HookRunner {
+        self.writable = paths
+            .iter()
+            .map(|p| std::path::PathBuf::from(p.as_str()))
+            .collect();
+        self
     }
 
     /// Deny the hooks the operator home (`$ITERON_HOME`): they keep the rest of the operator's
@@ -113,13 +125,15 @@ impl HookRunner {
         self
     }
 
-    /// A hook's confinement: the operator's filesystem except the home (Landlock, as siblings
-    /// of the home), no sockets (seccomp), bounded open files and memory.
+    /// A hook's confinement: it reads the operator's filesystem except the home (Landlock, as
+    /// siblings of the home) and writes only its scratch directory and `hooks_writable` (so it
+    /// cannot plant code in the operator's shell files or binaries); no sockets (seccomp), no
+    /// capabilities, bounded open files and memory.
     fn confinement(&self) -> crate::confine::Spec {
         crate::confine::Spec {
             deny: self.home.iter().cloned().collect(),
-            readable: Vec::new(),
-            writable: vec![std::path::PathBuf::from("/")],
+            readable: vec![std::path::PathBuf::from("/")],
+            writable: self.writable.clone(),
             network: false,
             open_files: crate::confine::DEFAULT_OPEN_FILES,
             data_bytes: crate::confine::DEFAULT_DATA_BYTES,

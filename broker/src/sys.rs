@@ -60,6 +60,7 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
             for (resource, limit) in &c.rlimits {
                 setrlimit(*resource, *limit, *limit).map_err(std::io::Error::from)?;
             }
+            drop_capabilities()?;
             if let Some(fd) = &c.ruleset {
                 // SAFETY: landlock_restrict_self(2) takes a descriptor number and a flags word
                 // and touches no memory of ours; no_new_privs is already set, as it requires.
@@ -190,6 +191,8 @@ pub(crate) mod landlock {
     pub(crate) const WRITE_FILE: u64 = 1 << 1;
     pub(crate) const READ_FILE: u64 = 1 << 2;
     pub(crate) const READ_DIR: u64 = 1 << 3;
+    pub(crate) const MAKE_CHAR: u64 = 1 << 6;
+    pub(crate) const MAKE_BLOCK: u64 = 1 << 11;
     /// Every right of ABI 1 (bits 0-12).
     pub(crate) const ABI1_ALL: u64 = (1 << 13) - 1;
     pub(crate) const REFER: u64 = 1 << 13;
@@ -220,7 +223,12 @@ pub(crate) mod landlock {
 struct RulesetAttr {
     handled_access_fs: u64,
     handled_access_net: u64,
+    scoped: u64,
 }
+
+/// `LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL` (ABI 6): no connecting to
+/// abstract Unix sockets and no signals to processes outside the sandbox (the broker).
+const LANDLOCK_SCOPES: u64 = (1 << 0) | (1 << 1);
 
 #[repr(C, packed)]
 struct PathBeneathAttr {
@@ -256,12 +264,13 @@ pub(crate) fn landlock_ruleset(abi: u32, deny_tcp: bool) -> std::io::Result<Owne
         } else {
             0
         },
+        scoped: if abi >= 6 { LANDLOCK_SCOPES } else { 0 },
     };
-    // ABI 1-3 know only the first field; from 4 on, both.
-    let size = if abi >= 4 {
-        std::mem::size_of::<RulesetAttr>()
-    } else {
-        std::mem::size_of::<u64>()
+    // ABI 1-3 know the first field, 4-5 the first two, 6 and later all three.
+    let size = match abi {
+        0..=3 => std::mem::size_of::<u64>(),
+        4 | 5 => 2 * std::mem::size_of::<u64>(),
+        _ => std::mem::size_of::<RulesetAttr>(),
     };
     // SAFETY: `attr` is a live, properly laid out landlock_ruleset_attr of at least `size`
     // bytes; the kernel only reads it. On success the result is a new descriptor we own.
@@ -320,12 +329,110 @@ impl PathOpen for std::fs::OpenOptions {
     }
 }
 
-/// The seccomp filter of a confined child: on a foreign architecture or an x32 system call,
-/// stop; `io_uring_setup` (which could create sockets behind the filter) fails with `EPERM`;
-/// `socket` fails with `EPERM` unless `allow_inet` and the family is `AF_INET`, `AF_INET6` or
+/// Give up every capability (effective, permitted, inheritable, ambient and, where allowed,
+/// the bounding set): a child of a broker that runs as root keeps uid 0 for file ownership but
+/// cannot load modules, make device nodes, read raw memory or override file modes. Only plain
+/// system calls on stack values: async-signal-safe.
+fn drop_capabilities() -> std::io::Result<()> {
+    const CAP_LAST: nix::libc::c_ulong = 63;
+    for cap in 0..=CAP_LAST {
+        // SAFETY: prctl(PR_CAPBSET_DROP, cap) takes integers only; without CAP_SETPCAP (any
+        // non-root broker) it fails with EPERM, and for caps the kernel does not know with
+        // EINVAL — both leave nothing to drop, so the result is ignored.
+        unsafe {
+            nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+    }
+    // SAFETY: clearing the ambient set takes integers only and cannot fail for lack of rights.
+    unsafe {
+        nix::libc::prctl(
+            nix::libc::PR_CAP_AMBIENT,
+            nix::libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset(2) reads a version-3 header and two data words that live on this stack
+    // frame; lowering every set to empty is always permitted.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_capset,
+            &header as *const Header,
+            data.as_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// System calls a confined child never makes successfully (`EPERM`): loading kernel code,
+/// reading or writing other processes' memory, and the path-based changes of mode, owner and
+/// extended attributes that Landlock does not mediate (a child must not open up the operator
+/// home by `chmod`); plus, below Landlock ABI 3, path-based `truncate`.
+fn denied_syscalls(truncate: bool) -> Vec<u32> {
+    use nix::libc as c;
+    let mut v = vec![
+        c::SYS_init_module,
+        c::SYS_finit_module,
+        c::SYS_delete_module,
+        c::SYS_kexec_load,
+        c::SYS_kexec_file_load,
+        c::SYS_bpf,
+        c::SYS_perf_event_open,
+        c::SYS_ptrace,
+        c::SYS_process_vm_readv,
+        c::SYS_process_vm_writev,
+        c::SYS_pidfd_getfd,
+        c::SYS_io_uring_setup,
+        c::SYS_fchmodat,
+        c::SYS_fchownat,
+        c::SYS_setxattr,
+        c::SYS_lsetxattr,
+        c::SYS_removexattr,
+        c::SYS_lremovexattr,
+        452, // fchmodat2
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([c::SYS_chmod, c::SYS_chown, c::SYS_lchown]);
+    if truncate {
+        v.push(c::SYS_truncate);
+    }
+    v.into_iter().map(|n| n as u32).collect()
+}
+
+/// The seccomp filter of a confined child: on a foreign architecture (i386 `int 0x80`
+/// included), stop; an x32 system call fails; [`denied_syscalls`] fail with `EPERM`; `socket`
+/// fails with `EPERM` unless `allow_inet` and the family is `AF_INET`, `AF_INET6` or
 /// `AF_NETLINK` (name resolution). Unix-domain sockets are never allowed, so a child cannot
 /// connect to the broker's own sockets; `socketpair` stays available.
-pub(crate) fn seccomp_socket_filter(allow_inet: bool) -> Vec<nix::libc::sock_filter> {
+pub(crate) fn seccomp_socket_filter(
+    allow_inet: bool,
+    deny_truncate: bool,
+) -> Vec<nix::libc::sock_filter> {
     use nix::libc::{AF_INET, AF_INET6, AF_NETLINK, EPERM, sock_filter};
     const LD_W_ABS: u16 = 0x20;
     const JEQ: u16 = 0x15;
@@ -341,28 +448,127 @@ pub(crate) fn seccomp_socket_filter(allow_inet: bool) -> Vec<nix::libc::sock_fil
     const X32_BIT: u32 = 0x4000_0000;
     let op = |code: u16, jt: u8, jf: u8, k: u32| sock_filter { code, jt, jf, k };
     let mut p = vec![
-        op(LD_W_ABS, 0, 0, 4),                               // 0: arch
-        op(JEQ, 1, 0, ARCH),                                 // 1: native → 3
-        op(RET, 0, 0, KILL_PROCESS),                         // 2
-        op(LD_W_ABS, 0, 0, 0),                               // 3: nr
-        op(JGE, 0, 1, X32_BIT),                              // 4: x32 → 5, else 6
-        op(RET, 0, 0, ERRNO),                                // 5
-        op(JEQ, 0, 1, nix::libc::SYS_io_uring_setup as u32), // 6: → 7, else 8
-        op(RET, 0, 0, ERRNO),                                // 7
-        op(JEQ, 1, 0, nix::libc::SYS_socket as u32),         // 8: socket → 10
-        op(RET, 0, 0, ALLOW),                                // 9
-        op(LD_W_ABS, 0, 0, 16),                              // 10: args[0], low 32 bits
+        op(LD_W_ABS, 0, 0, 4), // arch
+        op(JEQ, 1, 0, ARCH),   // native: skip the kill
+        op(RET, 0, 0, KILL_PROCESS),
+        op(LD_W_ABS, 0, 0, 0), // nr
     ];
+    // Jumps to the shared DENY and ALLOW returns are patched once their places are known.
+    let mut to_deny = Vec::new();
+    let mut to_allow = Vec::new();
+    to_deny.push(p.len());
+    p.push(op(JGE, 0, 0, X32_BIT));
+    for nr in denied_syscalls(deny_truncate) {
+        to_deny.push(p.len());
+        p.push(op(JEQ, 0, 0, nr));
+    }
+    let socket_check = p.len();
+    p.push(op(JEQ, 1, 0, nix::libc::SYS_socket as u32)); // socket: go on to its family
+    to_allow.push(p.len());
+    p.push(op(JEQ, 0, 0, u32::MAX)); // never equal (numbers are < 2^30): always jf → ALLOW
+    let _ = socket_check;
+    p.push(op(LD_W_ABS, 0, 0, 16)); // args[0], low 32 bits
     if allow_inet {
-        p.extend([
-            op(JEQ, 3, 0, AF_INET as u32),    // 11 → 15
-            op(JEQ, 2, 0, AF_INET6 as u32),   // 12 → 15
-            op(JEQ, 1, 0, AF_NETLINK as u32), // 13 → 15
-            op(RET, 0, 0, ERRNO),             // 14
-            op(RET, 0, 0, ALLOW),             // 15
-        ]);
-    } else {
-        p.push(op(RET, 0, 0, ERRNO)); // 11
+        for family in [AF_INET, AF_INET6, AF_NETLINK] {
+            to_allow.push(p.len());
+            p.push(op(JEQ, 0, 0, family as u32));
+        }
+    }
+    let deny = p.len();
+    p.push(op(RET, 0, 0, ERRNO));
+    let allow = p.len();
+    p.push(op(RET, 0, 0, ALLOW));
+    for i in to_deny {
+        // Each is the last use of `jt` (taken when the test holds).
+        p[i].jt = u8::try_from(deny - i - 1).unwrap_or(u8::MAX);
+    }
+    for i in to_allow {
+        let off = u8::try_from(allow - i - 1).unwrap_or(u8::MAX);
+        if p[i].k == u32::MAX {
+            p[i].jf = off;
+        } else {
+            p[i].jt = off;
+        }
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run the filter on a system call the way the kernel would (the subset of classic BPF the
+    /// filter uses).
+    fn run(prog: &[nix::libc::sock_filter], arch: u32, nr: u32, arg0: u32) -> u32 {
+        let mut pc = 0usize;
+        let mut acc = 0u32;
+        for _ in 0..prog.len() * 2 {
+            let i = prog[pc];
+            match i.code {
+                0x20 => {
+                    acc = match i.k {
+                        0 => nr,
+                        4 => arch,
+                        16 => arg0,
+                        other => panic!("load of offset {other}"),
+                    };
+                    pc += 1;
+                }
+                0x15 | 0x35 => {
+                    let hit = if i.code == 0x15 {
+                        acc == i.k
+                    } else {
+                        acc >= i.k
+                    };
+                    pc += 1 + usize::from(if hit { i.jt } else { i.jf });
+                }
+                0x06 => return i.k,
+                other => panic!("opcode {other:#x}"),
+            }
+        }
+        panic!("the program did not return")
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    const NATIVE: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const NATIVE: u32 = 0xc000_00b7;
+    const ALLOW: u32 = 0x7fff_0000;
+    const EPERM: u32 = 0x0005_0000 | nix::libc::EPERM as u32;
+
+    #[test]
+    fn the_seccomp_filter_decides_as_documented() {
+        use nix::libc as c;
+        for allow_inet in [false, true] {
+            let p = seccomp_socket_filter(allow_inet, true);
+            // A foreign architecture (i386 int 0x80) is killed; x32 numbers are refused.
+            assert_eq!(run(&p, 0x4000_0003, c::SYS_read as u32, 0), 0x8000_0000);
+            assert_eq!(run(&p, NATIVE, 0x4000_0000 | 41, 0), EPERM);
+            // Ordinary calls pass.
+            for nr in [
+                c::SYS_read,
+                c::SYS_write,
+                c::SYS_openat,
+                c::SYS_socketpair,
+                c::SYS_connect,
+            ] {
+                assert_eq!(run(&p, NATIVE, nr as u32, 0), ALLOW, "{nr}");
+            }
+            for nr in denied_syscalls(true) {
+                assert_eq!(run(&p, NATIVE, nr, 0), EPERM, "{nr}");
+            }
+            let socket = c::SYS_socket as u32;
+            assert_eq!(run(&p, NATIVE, socket, c::AF_UNIX as u32), EPERM);
+            assert_eq!(run(&p, NATIVE, socket, c::AF_PACKET as u32), EPERM);
+            let inet = if allow_inet { ALLOW } else { EPERM };
+            for family in [c::AF_INET, c::AF_INET6, c::AF_NETLINK] {
+                assert_eq!(run(&p, NATIVE, socket, family as u32), inet, "{family}");
+            }
+        }
+        // truncate is refused only when Landlock cannot mediate it.
+        let with = seccomp_socket_filter(false, true);
+        let without = seccomp_socket_filter(false, false);
+        assert_eq!(run(&with, NATIVE, c::SYS_truncate as u32, 0), EPERM);
+        assert_eq!(run(&without, NATIVE, c::SYS_truncate as u32, 0), ALLOW);
+    }
 }

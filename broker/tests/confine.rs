@@ -45,6 +45,9 @@ def unix():
     s.connect(unix_path)
     return "connected"
 attempt("unix_socket", unix)
+attempt("chmod_home", lambda: os.chmod(home, 0o777))
+attempt("mknod", lambda: os.mknod(os.path.join(granted, "disk"), 0o600 | 0o060000, os.makedev(8, 0)))
+out["cap_eff"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
 if setuid:
     attempt("setuid_exec", lambda: subprocess.run([setuid, "-u"], capture_output=True, text=True).stdout.strip())
 out["tmpdir"] = os.environ.get("TMPDIR")
@@ -180,6 +183,19 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     assert!(denied("tcp_loopback"), "{v}");
     assert_eq!(v["tcp_loopback"][2], nix::libc::EPERM, "{v}");
     assert!(denied("unix_socket"), "{v}");
+    // Landlock does not mediate chmod: seccomp refuses it, and the home keeps its mode.
+    assert!(denied("chmod_home"), "{v}");
+    assert_ne!(
+        std::fs::metadata(fx.p("home"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o777
+    );
+    assert!(denied("mknod"), "{v}");
+    // No capability survives, even when the broker is root.
+    assert_eq!(v["cap_eff"], "0000000000000000", "{v}");
     // Neither listener saw anything.
     assert!(listener.accept().is_err());
     assert!(unix_listener.accept().is_err());

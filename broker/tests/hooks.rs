@@ -27,10 +27,11 @@ fn script(dir: &Path, name: &str, body: &str) -> AbsolutePath {
     AbsolutePath::parse(p.to_str().unwrap()).unwrap()
 }
 
-fn runner(event: HookEvent, hooks: Vec<AbsolutePath>) -> HookRunner {
+/// Hooks of `event`, allowed to write in the test directory `d` (hooks_writable).
+fn runner(d: &Path, event: HookEvent, hooks: Vec<AbsolutePath>) -> HookRunner {
     let mut m = BTreeMap::new();
     m.insert(event, hooks);
-    HookRunner::new(m)
+    HookRunner::new(m).with_writable(&[AbsolutePath::parse(d.to_str().unwrap()).unwrap()])
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -69,7 +70,7 @@ fn exit_2_blocks_with_its_reason_and_sees_the_event_on_stdin() {
         "later.sh",
         &format!("touch {}", d.join("later-ran").display()),
     );
-    let r = runner(HookEvent::PreToolUse, vec![hook, later]);
+    let r = runner(&d, HookEvent::PreToolUse, vec![hook, later]);
     let (verdict, reports) = rt().block_on(r.pre_tool_use(&event()));
     let Verdict::Block(reason) = verdict else {
         panic!("not blocked: {reports:?}")
@@ -96,7 +97,7 @@ fn other_exits_timeouts_and_missing_binaries_are_no_opinion() {
     let sleepy = script(&d, "sleepy.sh", "sleep 30");
     let missing = AbsolutePath::parse(d.join("does-not-exist").to_str().unwrap()).unwrap();
     // Exit 2 from a hook of another event is not a block either.
-    let r = runner(HookEvent::PreToolUse, vec![one, sleepy, missing])
+    let r = runner(&d, HookEvent::PreToolUse, vec![one, sleepy, missing])
         .with_timeout(Duration::from_millis(500));
     let t = Instant::now();
     let (verdict, reports) = rt().block_on(r.pre_tool_use(&event()));
@@ -117,7 +118,7 @@ fn other_exits_timeouts_and_missing_binaries_are_no_opinion() {
     }
 
     let two = script(&d, "two.sh", "exit 2");
-    let post = runner(HookEvent::PostToolUse, vec![two]);
+    let post = runner(&d, HookEvent::PostToolUse, vec![two]);
     let reports = rt().block_on(post.post_tool_use(&event(), "ok"));
     assert_eq!(reports[0].outcome, Outcome::Exited(2));
 }
@@ -131,7 +132,7 @@ fn a_flood_of_output_is_bounded() {
         "flood.sh",
         "head -c 8388608 /dev/zero\nhead -c 8388608 /dev/zero >&2\nexit 0",
     );
-    let r = runner(HookEvent::PostToolUse, vec![flood]);
+    let r = runner(&d, HookEvent::PostToolUse, vec![flood]);
     let reports = rt().block_on(r.post_tool_use(&event(), "ok"));
     assert_eq!(reports[0].outcome, Outcome::Exited(0));
     assert_eq!(
@@ -145,7 +146,7 @@ fn the_hook_environment_is_built_from_nothing() {
     let d = dir("env");
     let out = d.join("env.txt");
     let hook = script(&d, "env.sh", &format!("env > {}", out.display()));
-    let r = runner(HookEvent::SessionStart, vec![hook]);
+    let r = runner(&d, HookEvent::SessionStart, vec![hook]);
     let reports =
         rt().block_on(r.lifecycle(HookEvent::SessionStart, json!({"event": "SessionStart"})));
     assert_eq!(reports[0].outcome, Outcome::Exited(0));
@@ -161,4 +162,40 @@ fn the_hook_environment_is_built_from_nothing() {
     }
     // The test process has many variables (CARGO_*, HOME, …); none reached the hook.
     assert!(std::env::vars().count() > names.len());
+}
+
+#[test]
+fn a_hook_reads_but_does_not_write_outside_its_grants_and_never_sees_the_home() {
+    let d = dir("confined");
+    let home = d.join("home");
+    std::fs::create_dir_all(home.join("mcp-credentials")).unwrap();
+    std::fs::write(home.join("mcp-credentials/x"), "secret").unwrap();
+    let elsewhere = dir("confined-elsewhere");
+    // Beside the home, not containing it: a directory that contains the home is granted only
+    // as its existing siblings of the home (docs/confinement.md).
+    std::fs::create_dir_all(d.join("out")).unwrap();
+    let out = d.join("out/out.txt");
+    let hook = script(
+        &d,
+        "probe.sh",
+        &format!(
+            "cat {home}/mcp-credentials/x >> {out} 2>&1 || echo home-denied >> {out}\n\
+             echo x > {elsewhere}/planted 2>/dev/null || echo write-denied >> {out}\n\
+             head -c 1 /etc/passwd > /dev/null && echo read-ok >> {out}",
+            home = home.display(),
+            out = out.display(),
+            elsewhere = elsewhere.display()
+        ),
+    );
+    let r = runner(&d, HookEvent::Stop, vec![hook]).with_home(&home);
+    let reports = rt().block_on(r.lifecycle(HookEvent::Stop, json!({"event": "Stop"})));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0));
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        seen.contains("home-denied") && !seen.contains("secret"),
+        "{seen}"
+    );
+    assert!(seen.contains("write-denied"), "{seen}");
+    assert!(!elsewhere.join("planted").exists());
+    assert!(seen.contains("read-ok"), "{seen}");
 }

@@ -171,8 +171,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         home.dir(),
         args.repo.as_deref(),
     ));
-    let hooks =
-        Arc::new(iteron_broker::hooks::HookRunner::new(config.hooks.clone()).with_home(home.dir()));
+    let hooks = Arc::new(
+        iteron_broker::hooks::HookRunner::new(config.hooks.clone())
+            .with_home(home.dir())
+            .with_writable(&config.hooks_writable),
+    );
     let opts = ServeOptions {
         catalog,
         agent_socket,

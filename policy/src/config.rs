@@ -51,6 +51,8 @@ pub struct Config {
     pub mcp_servers: Vec<ServerConfig>,
     /// Lifecycle hooks by event.
     pub hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
+    /// Directories (or files) hooks may write, beyond their private scratch directory.
+    pub hooks_writable: Vec<AbsolutePath>,
     /// DNS and TLS settings of the broker's HTTP client.
     pub network: NetworkConfig,
 }
@@ -804,6 +806,9 @@ impl Serialize for Config {
         if !self.hooks.is_empty() {
             st.serialize_field("hooks", &self.hooks)?;
         }
+        if !self.hooks_writable.is_empty() {
+            st.serialize_field("hooks_writable", &self.hooks_writable)?;
+        }
         if !self.network.is_empty() {
             st.serialize_field("network", &self.network)?;
         }
@@ -998,6 +1003,7 @@ const ROOT_KEYS: &[&str] = &[
     "host_ceiling",
     "mcp_servers",
     "hooks",
+    "hooks_writable",
     "network",
 ];
 const SERVER_KEYS: &[&str] = &[
@@ -1094,6 +1100,7 @@ fn decode_config(root: &Node) -> Result2<Config> {
         host_ceiling,
         mcp_servers: Vec::new(),
         hooks: BTreeMap::new(),
+        hooks_writable: Vec::new(),
         network: NetworkConfig::default(),
     };
     if let Some((node, path)) = f.get("mcp_servers") {
@@ -1120,6 +1127,9 @@ fn decode_config(root: &Node) -> Result2<Config> {
             seen.insert(server.name.folded(), name_pos);
             config.mcp_servers.push(server);
         }
+    }
+    if let Some((node, path)) = f.get("hooks_writable") {
+        config.hooks_writable = string_list(node, &path, MAX_SANDBOX_PATHS, AbsolutePath::parse)?;
     }
     if let Some((node, path)) = f.get("hooks") {
         config.hooks = decode_hooks(node, &path)?;

@@ -585,6 +585,7 @@ fn arb_config() -> impl Strategy<Value = Config> {
             host_ceiling,
             mcp_servers,
             hooks,
+            hooks_writable: Vec::new(),
             network,
         }
     })
