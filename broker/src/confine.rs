@@ -25,7 +25,20 @@ use crate::sys::{self, Prepared, landlock};
 
 /// Directories a normal program reads (and executes from).
 pub const SYSTEM_READ: &[&str] = &[
-    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys",
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/bin",
+    "/sbin",
+    "/etc",
+    "/opt",
+    "/proc",
+    "/sys",
+    // Where `/etc/resolv.conf` points on systemd-resolved and resolvconf systems.
+    "/run/systemd/resolve",
+    "/run/resolvconf",
 ];
 /// Device files a program may read.
 pub const DEVICES_READ: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];

@@ -316,10 +316,21 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             .send((cmd, shown, reply_tx))
             .map_err(|_| SpawnError::Spawner)?;
     }
-    let mut child = tokio::task::spawn_blocking(move || reply_rx.recv())
+    let started = tokio::task::spawn_blocking(move || reply_rx.recv())
         .await
-        .map_err(|_| SpawnError::Spawner)?
-        .map_err(|_| SpawnError::Spawner)??;
+        .map_err(|_| SpawnError::Spawner)
+        .and_then(|r| r.map_err(|_| SpawnError::Spawner))
+        .and_then(|r| r);
+    let mut child = match started {
+        Ok(c) => c,
+        Err(e) => {
+            // Nothing started: the scratch directory goes now.
+            if let Some(d) = &scratch {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            return Err(e);
+        }
+    };
     let pid = child.id() as i32;
     let stdin = child
         .stdin

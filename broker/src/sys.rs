@@ -427,8 +427,9 @@ fn denied_syscalls(truncate: bool) -> Vec<u32> {
 /// The seccomp filter of a confined child: on a foreign architecture (i386 `int 0x80`
 /// included), stop; an x32 system call fails; [`denied_syscalls`] fail with `EPERM`; `socket`
 /// fails with `EPERM` unless `allow_inet` and the family is `AF_INET`, `AF_INET6` or
-/// `AF_NETLINK` (name resolution). Unix-domain sockets are never allowed, so a child cannot
-/// connect to the broker's own sockets; `socketpair` stays available.
+/// `AF_NETLINK` with `NETLINK_ROUTE` (name resolution). Unix-domain sockets are never allowed,
+/// so a child cannot connect to the broker's own sockets; `socketpair` stays available for
+/// stream and seqpacket pairs (a datagram pair could `sendto` a socket path).
 pub(crate) fn seccomp_socket_filter(
     allow_inet: bool,
     deny_truncate: bool,
@@ -438,6 +439,7 @@ pub(crate) fn seccomp_socket_filter(
     const JEQ: u16 = 0x15;
     const JGE: u16 = 0x35;
     const RET: u16 = 0x06;
+    const ALU_AND: u16 = 0x54;
     const ALLOW: u32 = 0x7fff_0000;
     const KILL_PROCESS: u32 = 0x8000_0000;
     const ERRNO: u32 = 0x0005_0000 | EPERM as u32;
@@ -453,41 +455,75 @@ pub(crate) fn seccomp_socket_filter(
         op(RET, 0, 0, KILL_PROCESS),
         op(LD_W_ABS, 0, 0, 0), // nr
     ];
-    // Jumps to the shared DENY and ALLOW returns are patched once their places are known.
-    let mut to_deny = Vec::new();
-    let mut to_allow = Vec::new();
-    to_deny.push(p.len());
+    // Jumps are recorded with their target label and patched once every place is known.
+    #[derive(Clone, Copy)]
+    enum L {
+        Deny,
+        Allow,
+        Pair,
+        Socket,
+        Netlink,
+    }
+    let mut jumps: Vec<(usize, bool, L)> = Vec::new();
+    const NEVER: u32 = u32::MAX; // no system call number or argument word compares equal
+    jumps.push((p.len(), true, L::Deny));
     p.push(op(JGE, 0, 0, X32_BIT));
     for nr in denied_syscalls(deny_truncate) {
-        to_deny.push(p.len());
+        jumps.push((p.len(), true, L::Deny));
         p.push(op(JEQ, 0, 0, nr));
     }
-    let socket_check = p.len();
-    p.push(op(JEQ, 1, 0, nix::libc::SYS_socket as u32)); // socket: go on to its family
-    to_allow.push(p.len());
-    p.push(op(JEQ, 0, 0, u32::MAX)); // never equal (numbers are < 2^30): always jf → ALLOW
-    let _ = socket_check;
+    jumps.push((p.len(), true, L::Pair));
+    p.push(op(JEQ, 0, 0, nix::libc::SYS_socketpair as u32));
+    jumps.push((p.len(), true, L::Socket));
+    jumps.push((p.len(), false, L::Allow));
+    p.push(op(JEQ, 0, 0, nix::libc::SYS_socket as u32));
+    // socketpair: stream and seqpacket pairs only (a datagram pair could sendto a path).
+    let pair = p.len();
+    p.push(op(LD_W_ABS, 0, 0, 24)); // args[1], low 32 bits: type | flags
+    p.push(op(ALU_AND, 0, 0, 0xf)); // the type
+    for t in [nix::libc::SOCK_STREAM, nix::libc::SOCK_SEQPACKET] {
+        jumps.push((p.len(), true, L::Allow));
+        p.push(op(JEQ, 0, 0, t as u32));
+    }
+    jumps.push((p.len(), false, L::Deny));
+    p.push(op(JEQ, 0, 0, NEVER));
+    // socket: by family.
+    let socket = p.len();
     p.push(op(LD_W_ABS, 0, 0, 16)); // args[0], low 32 bits
     if allow_inet {
-        for family in [AF_INET, AF_INET6, AF_NETLINK] {
-            to_allow.push(p.len());
+        for family in [AF_INET, AF_INET6] {
+            jumps.push((p.len(), true, L::Allow));
             p.push(op(JEQ, 0, 0, family as u32));
         }
+        jumps.push((p.len(), true, L::Netlink));
+        p.push(op(JEQ, 0, 0, AF_NETLINK as u32));
     }
+    jumps.push((p.len(), false, L::Deny));
+    p.push(op(JEQ, 0, 0, NEVER));
+    // netlink: routing only (name resolution needs it; sock_diag and the rest it does not).
+    let netlink = p.len();
+    p.push(op(LD_W_ABS, 0, 0, 32)); // args[2], low 32 bits: the protocol
+    jumps.push((p.len(), true, L::Allow));
+    jumps.push((p.len(), false, L::Deny));
+    p.push(op(JEQ, 0, 0, nix::libc::NETLINK_ROUTE as u32));
     let deny = p.len();
     p.push(op(RET, 0, 0, ERRNO));
     let allow = p.len();
     p.push(op(RET, 0, 0, ALLOW));
-    for i in to_deny {
-        // Each is the last use of `jt` (taken when the test holds).
-        p[i].jt = u8::try_from(deny - i - 1).unwrap_or(u8::MAX);
-    }
-    for i in to_allow {
-        let off = u8::try_from(allow - i - 1).unwrap_or(u8::MAX);
-        if p[i].k == u32::MAX {
-            p[i].jf = off;
-        } else {
+    for (i, jt, label) in jumps {
+        let target = match label {
+            L::Deny => deny,
+            L::Allow => allow,
+            L::Pair => pair,
+            L::Socket => socket,
+            L::Netlink => netlink,
+        };
+        // Every target lies ahead of its jump, and the program is far below 256 instructions.
+        let off = u8::try_from(target - i - 1).unwrap_or(u8::MAX);
+        if jt {
             p[i].jt = off;
+        } else {
+            p[i].jf = off;
         }
     }
     p
@@ -500,6 +536,10 @@ mod tests {
     /// Run the filter on a system call the way the kernel would (the subset of classic BPF the
     /// filter uses).
     fn run(prog: &[nix::libc::sock_filter], arch: u32, nr: u32, arg0: u32) -> u32 {
+        run_args(prog, arch, nr, [arg0, 0, 0])
+    }
+
+    fn run_args(prog: &[nix::libc::sock_filter], arch: u32, nr: u32, args: [u32; 3]) -> u32 {
         let mut pc = 0usize;
         let mut acc = 0u32;
         for _ in 0..prog.len() * 2 {
@@ -509,9 +549,15 @@ mod tests {
                     acc = match i.k {
                         0 => nr,
                         4 => arch,
-                        16 => arg0,
+                        16 => args[0],
+                        24 => args[1],
+                        32 => args[2],
                         other => panic!("load of offset {other}"),
                     };
+                    pc += 1;
+                }
+                0x54 => {
+                    acc &= i.k;
                     pc += 1;
                 }
                 0x15 | 0x35 => {
@@ -545,15 +591,19 @@ mod tests {
             assert_eq!(run(&p, 0x4000_0003, c::SYS_read as u32, 0), 0x8000_0000);
             assert_eq!(run(&p, NATIVE, 0x4000_0000 | 41, 0), EPERM);
             // Ordinary calls pass.
-            for nr in [
-                c::SYS_read,
-                c::SYS_write,
-                c::SYS_openat,
-                c::SYS_socketpair,
-                c::SYS_connect,
-            ] {
+            for nr in [c::SYS_read, c::SYS_write, c::SYS_openat, c::SYS_connect] {
                 assert_eq!(run(&p, NATIVE, nr as u32, 0), ALLOW, "{nr}");
             }
+            // socketpair: stream and seqpacket (with flags) only.
+            let pair = c::SYS_socketpair as u32;
+            let unix = c::AF_UNIX as u32;
+            let cloexec = c::SOCK_CLOEXEC as u32;
+            let stream = c::SOCK_STREAM as u32 | cloexec;
+            assert_eq!(run_args(&p, NATIVE, pair, [unix, stream, 0]), ALLOW);
+            let seqpacket = c::SOCK_SEQPACKET as u32;
+            assert_eq!(run_args(&p, NATIVE, pair, [unix, seqpacket, 0]), ALLOW);
+            let dgram = c::SOCK_DGRAM as u32;
+            assert_eq!(run_args(&p, NATIVE, pair, [unix, dgram, 0]), EPERM);
             for nr in denied_syscalls(true) {
                 assert_eq!(run(&p, NATIVE, nr, 0), EPERM, "{nr}");
             }
@@ -561,9 +611,16 @@ mod tests {
             assert_eq!(run(&p, NATIVE, socket, c::AF_UNIX as u32), EPERM);
             assert_eq!(run(&p, NATIVE, socket, c::AF_PACKET as u32), EPERM);
             let inet = if allow_inet { ALLOW } else { EPERM };
-            for family in [c::AF_INET, c::AF_INET6, c::AF_NETLINK] {
+            for family in [c::AF_INET, c::AF_INET6] {
                 assert_eq!(run(&p, NATIVE, socket, family as u32), inet, "{family}");
             }
+            let nl = c::AF_NETLINK as u32;
+            let route = c::NETLINK_ROUTE as u32;
+            assert_eq!(run_args(&p, NATIVE, socket, [nl, 3, route]), inet);
+            assert_eq!(
+                run_args(&p, NATIVE, socket, [nl, 3, c::NETLINK_SOCK_DIAG as u32]),
+                EPERM
+            );
         }
         // truncate is refused only when Landlock cannot mediate it.
         let with = seccomp_socket_filter(false, true);
