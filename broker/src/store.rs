@@ -454,6 +454,11 @@ mod tests {
         fs::write(home.config_path(), format!("{exact} ")).unwrap();
         assert!(matches!(home.load().unwrap_err(), StoreError::TooLarge(_)));
         fs::remove_dir_all(base).unwrap();
+        crate::test_report::record(
+            "P5",
+            "broker/src/store.rs::oversized_file_is_refused_one_byte_over",
+            serde_json::json!({}),
+        );
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! negotiation signals, refused versions and result-type rules.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../tests/support/report.rs"]
+mod report;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -617,6 +620,11 @@ async fn pagination_is_bounded_and_a_repeated_cursor_is_refused() {
     assert_eq!(server.count("tools/list"), 64);
     let e = c.list_prompts().await.unwrap_err();
     assert!(matches!(e, McpError::Protocol { .. }), "{e}");
+    report::record(
+        "P5",
+        "broker/tests/mcp_http.rs::pagination_is_bounded_and_a_repeated_cursor_is_refused",
+        serde_json::json!({}),
+    );
 }
 
 /// A managed token that starts as `old` and becomes `new` after a forced refresh.

@@ -834,6 +834,11 @@ async fn a_chunked_body_of_exactly_the_cap_is_read_and_one_byte_more_fails() {
         err.unwrap_err().to_string(),
         "response body exceeds the 5000-byte limit"
     );
+    report::record(
+        "P5",
+        "broker/tests/net.rs::a_chunked_body_of_exactly_the_cap_is_read_and_one_byte_more_fails",
+        serde_json::json!({}),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

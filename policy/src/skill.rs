@@ -267,6 +267,11 @@ mod tests {
             parse(skill(&long, "d", "b").as_bytes(), &long).unwrap_err(),
             SkillError::BadName
         );
+        crate::test_report::record(
+            "P5",
+            "policy/src/skill.rs::hostile_skills_are_refused_with_their_reason",
+            serde_json::json!({}),
+        );
     }
 
     proptest! {
