@@ -311,6 +311,17 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;
+        // The (device, inode) of each denied path and of every directory above it: no rule may
+        // land on one of them, whatever path led there.
+        let forbidden: Vec<(u64, u64)> = effective
+            .denied
+            .iter()
+            .flat_map(|d| d.ancestors())
+            .filter_map(|a| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(a).ok().map(|m| (m.dev(), m.ino()))
+            })
+            .collect();
         // Writable grants never include making device nodes or device ioctls.
         let all = landlock::handled_fs(abi)
             & !(landlock::MAKE_CHAR | landlock::MAKE_BLOCK | landlock::IOCTL_DEV);
@@ -321,7 +332,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             } else {
                 read & landlock::FILE_RIGHTS
             };
-            sys::landlock_allow(&rs, p, access)?;
+            sys::landlock_allow(&rs, p, access, &forbidden)?;
         }
         for p in writable {
             let access = if p.is_dir() {
@@ -329,18 +340,18 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             } else {
                 all & landlock::FILE_RIGHTS
             };
-            sys::landlock_allow(&rs, p, access)?;
+            sys::landlock_allow(&rs, p, access, &forbidden)?;
         }
         for d in DEVICES_READ {
             if Path::new(d).exists() {
-                sys::landlock_allow(&rs, Path::new(d), landlock::READ_FILE)?;
+                sys::landlock_allow(&rs, Path::new(d), landlock::READ_FILE, &forbidden)?;
             }
         }
         for d in DEVICES_RW {
             if Path::new(d).exists() {
                 let rw = (landlock::READ_FILE | landlock::WRITE_FILE)
                     | if abi >= 3 { landlock::TRUNCATE } else { 0 };
-                sys::landlock_allow(&rs, Path::new(d), rw)?;
+                sys::landlock_allow(&rs, Path::new(d), rw, &forbidden)?;
             }
         }
         prepared.ruleset = Some(rs);
@@ -352,8 +363,9 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
 mod tests {
     use super::*;
 
-    fn tree() -> PathBuf {
-        let base = std::env::temp_dir().join(format!("iteron-confine-{}", std::process::id()));
+    fn tree(name: &str) -> PathBuf {
+        let base =
+            std::env::temp_dir().join(format!("iteron-confine-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         for d in ["a/home/x", "a/b", "a/c", "d"] {
             std::fs::create_dir_all(base.join(d)).unwrap();
@@ -364,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_grant_containing_the_home_becomes_its_siblings() {
-        let t = tree();
+        let t = tree("expand");
         let deny = vec![t.join("a/home")];
         let mut got = expand(&t, &deny);
         got.sort();
@@ -378,8 +390,39 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_never_lands_on_a_forbidden_inode_whatever_the_path() {
+        use std::os::unix::fs::MetadataExt;
+        let Some(abi) = sys::landlock_abi() else {
+            return; // nothing to test without Landlock (doctor reports it)
+        };
+        let t = tree("swap");
+        let home = t.join("a/home");
+        std::os::unix::fs::symlink(&home, t.join("link")).unwrap();
+        let m = std::fs::metadata(&home).unwrap();
+        let rs = sys::landlock_ruleset(abi, true).unwrap();
+        let read = landlock::READ_FILE | landlock::READ_DIR;
+        // Through a symlink (as if swapped in after planning): refused.
+        assert!(sys::landlock_allow(&rs, &t.join("link"), read, &[(m.dev(), m.ino())]).is_err());
+        // A sibling: granted.
+        assert!(sys::landlock_allow(&rs, &t.join("d"), read, &[(m.dev(), m.ino())]).is_ok());
+        // And a grant planned through the symlink is dropped as inside the home.
+        let spec = Spec {
+            deny: vec![home.clone()],
+            readable: vec![t.join("link")],
+            ..Spec::default()
+        };
+        let e = plan(&spec);
+        assert!(
+            e.dropped
+                .iter()
+                .any(|(_, why)| *why == "inside the operator home")
+        );
+        let _ = std::fs::remove_dir_all(&t);
+    }
+
+    #[test]
     fn the_install_tree_includes_node_module_roots_and_venvs() {
-        let t = tree();
+        let t = tree("install");
         std::fs::create_dir_all(t.join("proj/node_modules/pkg/dist")).unwrap();
         std::fs::write(t.join("proj/node_modules/pkg/dist/index.js"), "").unwrap();
         std::fs::create_dir_all(t.join("proj/peers")).unwrap();

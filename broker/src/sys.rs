@@ -292,11 +292,25 @@ pub(crate) fn landlock_ruleset(abi: u32, deny_tcp: bool) -> std::io::Result<Owne
 
 /// Allow `access` beneath `path` (opened `O_PATH`, following symlinks: the rule applies to the
 /// inode the operator named).
-pub(crate) fn landlock_allow(ruleset: &OwnedFd, path: &Path, access: u64) -> std::io::Result<()> {
+pub(crate) fn landlock_allow(
+    ruleset: &OwnedFd,
+    path: &Path,
+    access: u64,
+    forbidden: &[(u64, u64)],
+) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags_path()
         .open(path)?;
+    // What was opened is checked, not what was planned: if the path was swapped for a link to
+    // the operator home (or one of its ancestors) since planning, nothing is granted.
+    let m = dir.metadata()?;
+    if forbidden.contains(&(m.dev(), m.ino())) {
+        return Err(std::io::Error::other(
+            "a grant now resolves to the operator home or above it",
+        ));
+    }
     let attr = PathBeneathAttr {
         allowed_access: access,
         parent_fd: dir.as_raw_fd(),
