@@ -465,7 +465,7 @@ fn the_operator_approves_or_denies_each_call_and_secrets_stay_out_of_results() {
     let records = area.audit_records();
     let decided: Vec<(&str, &str)> = records
         .iter()
-        .filter(|r| r["kind"] == "call_tool")
+        .filter(|r| r["kind"] == "call_tool" && r["outcome"] != "dispatching")
         .map(|r| {
             (
                 r["decision"].as_str().unwrap(),
@@ -477,6 +477,12 @@ fn the_operator_approves_or_denies_each_call_and_secrets_stay_out_of_results() {
         decided,
         vec![("approved", "ok"), ("denied", "denied"), ("approved", "ok")]
     );
+    // Each approved effect was audited before it was sent.
+    let dispatched = records
+        .iter()
+        .filter(|r| r["kind"] == "call_tool" && r["outcome"] == "dispatching")
+        .count();
+    assert_eq!(dispatched, 2);
     let all = serde_json::to_string(&records).unwrap();
     assert!(
         !all.contains(canary_env) && !all.contains(forwarded) && !all.contains("approved hello")
@@ -756,7 +762,7 @@ fn an_agent_that_disconnects_cancels_its_approval_and_its_call() {
     let outcomes: Vec<(String, String)> = area
         .audit_records()
         .iter()
-        .filter(|r| r["kind"] == "call_tool")
+        .filter(|r| r["kind"] == "call_tool" && r["outcome"] != "dispatching")
         .map(|r| {
             (
                 r["decision"].as_str().unwrap().into(),

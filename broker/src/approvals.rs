@@ -63,9 +63,11 @@ pub struct CallInfo {
     pub tool: String,
     /// SHA-256 of the canonical arguments (as audited).
     pub args_sha256: String,
-    /// The arguments, terminal-safe and capped at [`MAX_PREVIEW`] bytes (the operator decides
-    /// on what will be sent).
+    /// The arguments, terminal-safe, not redacted, capped at [`MAX_PREVIEW`] bytes (the
+    /// operator decides on what will be sent).
     pub preview: String,
+    /// The arguments' full size in bytes (compact JSON).
+    pub args_bytes: usize,
 }
 
 enum Item {
@@ -232,6 +234,8 @@ impl Approvals {
                         "tool": info.tool,
                         "args_sha256": info.args_sha256,
                         "arguments": info.preview,
+                        "arguments_bytes": info.args_bytes,
+                        "arguments_cut": info.args_bytes > info.preview.len(),
                     }),
                     Item::Form {
                         server,
@@ -318,10 +322,11 @@ impl Elicitor for OperatorForms {
     }
 }
 
-/// The operator's preview of arguments: compact JSON, terminal-safe, capped.
-pub fn preview(arguments: &Map<String, Value>) -> String {
+/// The operator's preview of arguments: compact JSON, terminal-safe but not redacted (what is
+/// approved must be visible), capped at [`MAX_PREVIEW`]; and the full size.
+pub fn preview(arguments: &Map<String, Value>) -> (String, usize) {
     let raw = serde_json::to_string(arguments).unwrap_or_default();
-    text::single_line_capped(&raw, MAX_PREVIEW)
+    (text::escape_capped(&raw, MAX_PREVIEW), raw.len())
 }
 
 #[cfg(test)]
@@ -337,6 +342,7 @@ mod tests {
             tool: "t".into(),
             args_sha256: "00".into(),
             preview: "{}".into(),
+            args_bytes: 2,
         }
     }
 

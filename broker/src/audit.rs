@@ -123,6 +123,9 @@ pub struct Event {
 }
 
 struct Chain {
+    /// Set after any failed write: a torn line or a stale head would break the chain, so
+    /// nothing more is appended until the operator looks.
+    failed: bool,
     seq: u64,
     prev: String,
     day: String,
@@ -296,6 +299,7 @@ impl AuditLog {
         Ok(AuditLog {
             dir,
             chain: Mutex::new(Chain {
+                failed: false,
                 seq,
                 prev,
                 day: String::new(),
@@ -318,9 +322,22 @@ impl AuditLog {
             Ok(c) => c,
             Err(p) => p.into_inner(),
         };
+        if chain.failed {
+            return Err(AuditError::Broken(
+                "an earlier write failed; nothing more is appended".into(),
+            ));
+        }
+        let result = Self::append_locked(&self.dir, &mut chain, event);
+        if result.is_err() {
+            chain.failed = true;
+        }
+        result
+    }
+
+    fn append_locked(dir: &Path, chain: &mut Chain, event: &Event) -> Result<(), AuditError> {
         let (time, day) = utc(SystemTime::now());
         if chain.day != day || chain.file.is_none() {
-            let path = self.dir.join(format!("{day}.jsonl"));
+            let path = dir.join(format!("{day}.jsonl"));
             let file = OpenOptions::new()
                 .append(true)
                 .create(true)
@@ -358,12 +375,12 @@ impl AuditLog {
         }
         let hash = sha256_hex(&line);
         line.push(b'\n');
-        let path = self.dir.join(format!("{}.jsonl", chain.day));
+        let path = dir.join(format!("{}.jsonl", chain.day));
         if let Some(f) = chain.file.as_mut() {
             f.write_all(&line)
                 .map_err(private_fs::io_err("append", &path))?;
         }
-        let head = self.dir.join(HEAD);
+        let head = dir.join(HEAD);
         if chain.head.is_none() {
             let hf = OpenOptions::new()
                 .write(true)

@@ -131,9 +131,16 @@ fn vendor_component(p: &Path, base: &Path) -> Option<String> {
 
 /// Read a regular file (never through a symlink), at most `max` bytes.
 fn read_plain(path: &Path, max: usize) -> Result<Vec<u8>, String> {
+    // O_NONBLOCK: a FIFO planted where a file was expected must not block the broker in open;
+    // it is then refused as not a regular file.
     let file = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .custom_flags(
+            (nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_NONBLOCK
+                | nix::fcntl::OFlag::O_NOCTTY)
+                .bits(),
+        )
         .open(path)
         .map_err(|e| {
             if e.raw_os_error() == Some(nix::libc::ELOOP) {

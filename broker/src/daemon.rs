@@ -54,6 +54,8 @@ pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 pub const MAX_RESULT_TEXT: usize = 768 * 1024;
 /// The longest client label in `hello`.
 pub const MAX_CLIENT_LABEL: usize = 64;
+/// How long one answer frame may take to write before the connection is dropped.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(30);
 /// How long in-flight work gets to wind down at shutdown before it is dropped.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -178,6 +180,8 @@ struct Child {
     started: Instant,
     turns: AtomicU64,
     consecutive_errors: AtomicU64,
+    /// A child's calls run one at a time, so its budget checks and counts cannot race.
+    serial: tokio::sync::Mutex<()>,
 }
 
 impl Session {
@@ -511,10 +515,17 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
     // Buffered: a frame is usually one read, not three.
     let mut rd = tokio::io::BufReader::with_capacity(16 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT + 2);
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(body) = rx.recv().await {
-            if frame::write_frame(&mut wr, &body, MAX_FRAME).await.is_err() {
-                break;
+            // A peer that stops reading gets no more than WRITE_DEADLINE per frame.
+            match tokio::time::timeout(
+                WRITE_DEADLINE,
+                frame::write_frame(&mut wr, &body, MAX_FRAME),
+            )
+            .await
+            {
+                Ok(Ok(())) => {}
+                _ => break,
             }
         }
     });
@@ -728,7 +739,12 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    if tokio::time::timeout(Duration::from_secs(5), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
 }
 
 fn open_session(
@@ -797,6 +813,7 @@ fn open_session(
                 started: Instant::now(),
                 turns: AtomicU64::new(0),
                 consecutive_errors: AtomicU64::new(0),
+                serial: tokio::sync::Mutex::new(()),
             })
         }
     };
@@ -852,6 +869,8 @@ async fn dispatch(
         (Role::Agent, Request::CallTool(c), Some(s)) => match &s.child {
             None => call_tool(broker, s, c).await,
             Some(child) => {
+                let _serial = child.serial.lock().await;
+                check_wall_budget(s)?;
                 let turn = child.turns.fetch_add(1, Ordering::SeqCst) + 1;
                 if turn > child.def.budget.max_turns {
                     return Err(Refusal::new(
@@ -868,7 +887,17 @@ async fn dispatch(
                     )
                     .with_certainty("not_sent"));
                 }
-                let r = call_tool(broker, s, c).await;
+                // The wall-clock budget bounds the call itself, not only its start.
+                let left = Duration::from_secs(child.def.budget.max_wall_secs)
+                    .saturating_sub(child.started.elapsed());
+                let r = match tokio::time::timeout(left, call_tool(broker, s, c)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Refusal::new(
+                        Code::Refused,
+                        "the child's wall-clock budget ran out during the call; it may or may not have been applied",
+                    )
+                    .with_certainty("maybe_applied")),
+                };
                 let failed = match &r {
                     Ok(v) => v.get("is_error").and_then(Value::as_bool) == Some(true),
                     Err(_) => true,
@@ -1133,6 +1162,18 @@ impl CallRecord<'_> {
     }
 }
 
+impl CallRecord<'_> {
+    /// Write the "dispatching" record of an approved call; `false` if the log refused it (the
+    /// final record is then written by `finish` or the drop guard as usual).
+    fn dispatching(&mut self) -> bool {
+        let mut e = self.event.clone();
+        e.decision = "approved";
+        e.outcome = "dispatching";
+        e.duration_ms = elapsed_ms(self.started);
+        self.broker.audit.append(&e).is_ok()
+    }
+}
+
 impl Drop for CallRecord<'_> {
     fn drop(&mut self) {
         if !self.done {
@@ -1166,6 +1207,15 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         started: Instant::now(),
         done: false,
     };
+    // First, before anything tells known tools from unknown ones: an unwritable audit log
+    // refuses every call alike.
+    if AUDIT_FAILED.load(Ordering::SeqCst) {
+        record.finish("refused", "audit_unavailable", None);
+        return Err(Refusal::new(
+            Code::Refused,
+            "the broker cannot write its audit log, so it performs no effects; ask the operator",
+        ));
+    }
     let Some(server) = s.snapshot.config.server(&c.server) else {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
@@ -1176,13 +1226,6 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
     if !exposed(ceiling, server, &c.tool) {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
-    }
-    if AUDIT_FAILED.load(Ordering::SeqCst) {
-        record.finish("refused", "audit_unavailable", None);
-        return Err(Refusal::new(
-            Code::Refused,
-            "the broker cannot write its audit log, so it performs no effects; ask the operator",
-        ));
     }
     let (slot, client, catalog) = match session_catalog(broker, s, server).await {
         Ok(x) => x,
@@ -1236,6 +1279,9 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         ));
     }
     record.event.decision = "awaiting_approval";
+    // A cancel, restart or stop of this server from now on also stops this call.
+    let epoch = slot.cancel_epoch();
+    let preview = approvals::preview(&c.arguments);
     let approval = broker
         .approvals
         .approve_call(CallInfo {
@@ -1245,7 +1291,8 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
             server: server.name.as_str().to_owned(),
             tool: tool.name.clone(),
             args_sha256,
-            preview: approvals::preview(&c.arguments),
+            preview: preview.0,
+            args_bytes: preview.1,
         })
         .await;
     if let Err(why) = approval {
@@ -1290,10 +1337,28 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         )
         .with_certainty("not_sent"));
     }
-    let mut guard = slot.begin_call();
+    if slot.cancel_epoch() != epoch {
+        record.finish("approved", "cancelled_by_operator", None);
+        return Err(Refusal::new(
+            Code::Cancelled,
+            "the operator cancelled calls on this server while this one waited; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
+    // The effect is audited before it happens: if that record cannot be written, nothing is
+    // sent.
+    if !record.dispatching() {
+        return Err(Refusal::new(
+            Code::Refused,
+            "the broker cannot write its audit log, so it performs no effects; ask the operator",
+        )
+        .with_certainty("not_sent"));
+    }
+    let mut guard = slot.begin_call(epoch);
     let result = tokio::select! {
-        r = client.call_tool(&tool.name, c.arguments) => Some(r),
+        biased;
         _ = guard.cancelled.changed() => None,
+        r = client.call_tool(&tool.name, c.arguments) => Some(r),
     };
     drop(guard);
     let secrets = slot.secrets();
@@ -1329,16 +1394,18 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
             )
         }
     };
-    if s.child.is_none() {
-        let reports = broker.hooks.post_tool_use(&event, outcome).await;
-        broker.audit_hooks(Some(&s.id), s.peer, &reports);
-    }
     let detail = answer
         .as_ref()
         .err()
         .and_then(|r| r.certainty)
         .map(|c| format!("certainty {c}"));
+    // The outcome is recorded before the PostToolUse hooks run: an agent that goes away during
+    // a hook cannot turn an applied effect into a "cancelled" record.
     record.finish("approved", outcome, detail);
+    if s.child.is_none() {
+        let reports = broker.hooks.post_tool_use(&event, outcome).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+    }
     answer
 }
 

@@ -156,11 +156,21 @@ impl Slot {
         Arc::clone(&self.lock().secrets)
     }
 
-    /// Start counting a call; its `cancelled` fires on cancel/restart/stop.
-    pub fn begin_call(&self) -> CallGuard<'_> {
+    /// The cancel counter now (taken when a call is queued for approval).
+    pub fn cancel_epoch(&self) -> u64 {
+        *self.cancel.borrow()
+    }
+
+    /// Start counting a call queued at cancel counter `epoch`; its `cancelled` fires on
+    /// cancel/restart/stop — at once if one happened since `epoch`.
+    pub fn begin_call(&self, epoch: u64) -> CallGuard<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let mut rx = self.cancel.subscribe();
-        rx.mark_unchanged();
+        if *rx.borrow_and_update() == epoch {
+            rx.mark_unchanged();
+        } else {
+            rx.mark_changed();
+        }
         CallGuard {
             slot: self,
             cancelled: rx,

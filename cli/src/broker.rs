@@ -323,8 +323,18 @@ fn describe_item(item: &Value) -> String {
     };
     let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
     let line = if s("kind") == "call" {
+        let cut = if item.get("arguments_cut").and_then(Value::as_bool) == Some(true) {
+            format!(
+                " (cut: {} bytes in all; see --format json for the digest)",
+                item.get("arguments_bytes")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "[{id}] call {}/{} from uid {} (session {}) arguments {}",
+            "[{id}] call {}/{} from uid {} (session {}) arguments {}{cut}",
             s("server"),
             s("tool"),
             item.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
@@ -339,7 +349,9 @@ fn describe_item(item: &Value) -> String {
             item.get("schema").map(Value::to_string).unwrap_or_default()
         )
     };
-    text::single_line_capped(&line, 8192)
+    // Not redacted: the operator must see what is approved (the broker already made the
+    // arguments terminal-safe; escaping again keeps the line safe whatever arrived).
+    text::escape_capped(&line, 8192)
 }
 
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {

@@ -244,9 +244,16 @@ pub fn check_untrusted(s: &str, allow_newlines: bool) -> Result<(), UnsafeChar> 
 /// `max` bytes it is cut between two characters/escapes (never inside an escape) and ends with
 /// `…` (U+2026), the total staying within `max`.
 pub fn single_line_capped(s: &str, max: usize) -> String {
+    escape_capped(&redact(s), max)
+}
+
+/// Like [`single_line_capped`] but without redaction: for showing the operator exactly what
+/// an agent asked for (an approval must not hide part of what it approves), terminal-safe and
+/// capped the same way.
+pub fn escape_capped(s: &str, max: usize) -> String {
     let max = max.max(MIN_LINE_BYTES);
     let budget = max - ELLIPSIS.len();
-    let redacted = redact(s);
+    let redacted = s;
     let mut out = String::with_capacity(redacted.len().min(max));
     // Length of `out` at the last unit boundary that still leaves room for the ellipsis.
     let mut fits = 0;
