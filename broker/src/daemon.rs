@@ -204,13 +204,45 @@ struct Broker {
     shutdown: watch::Receiver<bool>,
     next_session: AtomicU64,
     session_salt: String,
+    /// Refused-peer records in the current second, and how many were left out.
+    refused_window: Mutex<(u64, u32, u64)>,
+    /// Requests in flight across all connections.
+    work: Arc<Semaphore>,
 }
+
+/// Refused-peer audit records per second; beyond, they are counted and summarized (another
+/// local user must not be able to fill the disk and so stop every effect).
+pub const MAX_REFUSED_RECORDS_PER_SEC: u32 = 20;
+/// Requests in flight across all connections (each holds at most one frame).
+pub const MAX_BROKER_IN_FLIGHT: usize = 512;
 
 fn elapsed_ms(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Broker {
+    /// Whether this refused peer gets its own record (and how many were left out before it).
+    fn refused_budget(&self) -> (bool, u64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut w = match self.refused_window.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if w.0 != now {
+            w.0 = now;
+            w.1 = 0;
+        }
+        if w.1 >= MAX_REFUSED_RECORDS_PER_SEC {
+            w.2 += 1;
+            return (false, 0);
+        }
+        w.1 += 1;
+        let suppressed = std::mem::take(&mut w.2);
+        (true, suppressed)
+    }
+
     fn audit_hooks(&self, session: Option<&str>, peer: Peer, reports: &[Report]) {
         for r in reports {
             self.audit(Event {
@@ -355,6 +387,8 @@ pub async fn serve(
         shutdown: stop_rx.clone(),
         next_session: AtomicU64::new(1),
         session_salt: audit::sha256_hex(&salt)[..8].to_owned(),
+        refused_window: Mutex::new((0, 0, 0)),
+        work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
     });
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
@@ -449,18 +483,24 @@ async fn accept_loop(
             Err(_) => continue,
         };
         if !allowed.contains(&peer.uid) {
-            broker.audit(Event {
-                peer_uid: Some(peer.uid),
-                peer_pid: peer.pid,
-                kind: if role == Role::Agent {
-                    "connect_agent"
-                } else {
-                    "connect_operator"
-                },
-                decision: "refused",
-                outcome: "peer_uid_not_allowed",
-                ..Event::default()
-            });
+            let (record, suppressed) = broker.refused_budget();
+            if record {
+                broker.audit(Event {
+                    peer_uid: Some(peer.uid),
+                    peer_pid: peer.pid,
+                    kind: if role == Role::Agent {
+                        "connect_agent"
+                    } else {
+                        "connect_operator"
+                    },
+                    decision: "refused",
+                    outcome: "peer_uid_not_allowed",
+                    detail: (suppressed > 0).then(|| {
+                        format!("{suppressed} earlier refusals were not recorded one by one")
+                    }),
+                    ..Event::default()
+                });
+            }
             refuse_connection(
                 stream,
                 Refusal::new(Code::Refused, "this uid may not use this socket"),
@@ -570,6 +610,12 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             }
         };
         let Some(permit) = permit else { break };
+        // And one of the broker-wide slots, so that many connections cannot hold unbounded work.
+        let global = tokio::select! {
+            p = Arc::clone(&broker.work).acquire_owned() => p.ok(),
+            _ = shutdown.wait_for(|s| *s) => None,
+        };
+        let Some(global) = global else { break };
         let read = async {
             if state == State::AwaitingHello {
                 match tokio::time::timeout(
@@ -721,6 +767,7 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                         Err(r) => send(&tx, &proto::error_frame(Some(id), &r)).await,
                     }
                     drop(permit);
+                    drop(global);
                 });
             }
         }
@@ -1362,6 +1409,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
     };
     drop(guard);
     let secrets = slot.secrets();
+    let mut failure = None;
     let (answer, outcome) = match result {
         None => (
             Err(Refusal::new(
@@ -1388,6 +1436,8 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         Some(Err(e)) => {
             let certainty = e.certainty().as_str();
             let msg = secrets.scrub(&describe_failure(&e));
+            // The full (scrubbed) failure goes to the audit record for the operator.
+            failure = Some(secrets.scrub(&e.to_string()));
             (
                 Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
                 "failed",
@@ -1398,7 +1448,10 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         .as_ref()
         .err()
         .and_then(|r| r.certainty)
-        .map(|c| format!("certainty {c}"));
+        .map(|c| match &failure {
+            Some(f) => format!("certainty {c}; {f}"),
+            None => format!("certainty {c}"),
+        });
     // The outcome is recorded before the PostToolUse hooks run: an agent that goes away during
     // a hook cannot turn an applied effect into a "cancelled" record.
     record.finish("approved", outcome, detail);
@@ -1427,8 +1480,27 @@ fn cut_escaped(text: &mut String, max: usize) -> bool {
     false
 }
 
+/// What the agent is told when a call fails: the server's own error message (its answer to
+/// the call), or a fixed description — never transport details such as host names, addresses
+/// or zones, which stay in the audit record and `iteron broker status`.
 fn describe_failure(e: &McpError) -> String {
-    format!("the tool call failed: {e}")
+    use crate::mcp::TransportErrorKind as K;
+    match e {
+        McpError::Rpc { error, .. } => format!(
+            "the server answered with an error: {}",
+            text::single_line_capped(&error.message, 300)
+        ),
+        McpError::Transport(t) => match t.kind {
+            K::Timeout => "the call did not complete in time".to_owned(),
+            K::Unauthorized { .. } => "the server refused the broker's credentials".to_owned(),
+            _ => "the connection to the server failed".to_owned(),
+        },
+        McpError::Protocol { .. } => "the server broke the protocol".to_owned(),
+        McpError::Limit { what, max } => format!("a bound was exceeded: {what} (at most {max})"),
+        McpError::InputRefused(why) => format!("the server needed input that was refused: {why}"),
+        McpError::UnknownTool => "unknown tool".to_owned(),
+        _ => "the tool call failed".to_owned(),
+    }
 }
 
 async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Refusal> {

@@ -83,13 +83,18 @@ impl Report {
 }
 
 /// The configured hooks.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HookRunner {
     hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
     timeout: Option<Duration>,
     home: Option<std::path::PathBuf>,
     writable: Vec<std::path::PathBuf>,
+    /// Hook processes running at once, broker-wide.
+    running: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// Most hook processes running at once; further runs wait their turn.
+pub const MAX_RUNNING_HOOKS: usize = 8;
 
 impl HookRunner {
     /// The hooks of the operator's configuration.
@@ -99,6 +104,7 @@ impl HookRunner {
             timeout: None,
             home: None,
             writable: Vec::new(),
+            running: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
         }
     }
 
@@ -155,6 +161,8 @@ impl HookRunner {
         let input = serde_json::to_vec(payload).unwrap_or_default();
         let mut out = Vec::new();
         for cmd in commands {
+            // The semaphore is never closed, so acquiring only waits for a free slot.
+            let _slot = self.running.acquire().await;
             let report = run_one(
                 event,
                 cmd.as_str(),
