@@ -1162,13 +1162,22 @@ async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
     let mut unavailable = Vec::new();
     for server in &s.snapshot.config.mcp_servers {
         match session_catalog(broker, s, server).await {
-            Ok((_, _, catalog)) => {
+            Ok((slot, _, catalog)) => {
+                // A server that puts a configured secret into its catalog does not get it shown.
+                let secrets = slot.secrets();
                 for t in catalog.iter() {
+                    let schema = serde_json::to_string(&t.input_schema).unwrap_or_default();
+                    let scrubbed = secrets.scrub(&schema);
+                    let input_schema = if scrubbed == schema {
+                        t.input_schema.clone()
+                    } else {
+                        serde_json::from_str(&scrubbed).unwrap_or(Value::Null)
+                    };
                     tools.push(json!({
                         "server": server.name.as_str(),
                         "name": t.name,
-                        "description": t.description,
-                        "input_schema": t.input_schema,
+                        "description": secrets.scrub(&t.description),
+                        "input_schema": input_schema,
                     }));
                 }
             }
