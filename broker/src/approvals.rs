@@ -19,6 +19,8 @@ use iteron_policy::text;
 
 /// Most items waiting at once; beyond it a request is refused (nothing is queued unboundedly).
 pub const MAX_PENDING: usize = 64;
+/// Most forms waiting at once (within [`MAX_PENDING`]).
+pub const MAX_PENDING_FORMS: usize = 8;
 /// How long an item waits for the operator by default.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
 /// The longest argument preview shown to the operator.
@@ -138,6 +140,17 @@ impl Approvals {
         }
         let mut items = self.lock();
         if items.len() >= MAX_PENDING {
+            return Err(NotApproved::Full);
+        }
+        // Forms have their own, smaller share, so servers asking for input cannot crowd out
+        // the agent's calls (or grow the operator's list past a frame).
+        if matches!(item, Item::Form { .. })
+            && items
+                .values()
+                .filter(|w| matches!(w.item, Item::Form { .. }))
+                .count()
+                >= MAX_PENDING_FORMS
+        {
             return Err(NotApproved::Full);
         }
         let id = self.next.fetch_add(1, Ordering::SeqCst);
@@ -436,6 +449,39 @@ mod tests {
             "broker/src/approvals.rs::the_queue_is_bounded",
             serde_json::json!({}),
         );
+    }
+
+    #[test]
+    fn forms_have_their_own_smaller_share() {
+        rt().block_on(async {
+            let a = Approvals::new(true, Duration::from_secs(5));
+            let el = a.elicitor("srv").unwrap();
+            let schema = json!({"type":"object","properties":{}});
+            let mut asks = Vec::new();
+            for _ in 0..MAX_PENDING_FORMS {
+                asks.push(tokio::spawn(el.ask(FormRequest {
+                    message: "m".into(),
+                    schema: schema.clone(),
+                })));
+            }
+            settle(&a, MAX_PENDING_FORMS).await;
+            // One more form is cancelled at once; calls still have room.
+            let extra = el
+                .ask(FormRequest {
+                    message: "m".into(),
+                    schema: schema.clone(),
+                })
+                .await;
+            assert_eq!(extra, FormAnswer::Cancel);
+            let a2 = Arc::clone(&a);
+            let call = tokio::spawn(async move { a2.approve_call(info()).await });
+            settle(&a, MAX_PENDING_FORMS + 1).await;
+            a.close();
+            let _ = call.await;
+            for t in asks {
+                let _ = t.await;
+            }
+        });
     }
 
     #[test]

@@ -1160,7 +1160,15 @@ async fn session_catalog(
 async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
     let mut tools = Vec::new();
     let mut unavailable = Vec::new();
-    for server in &s.snapshot.config.mcp_servers {
+    // Every MCP tool carries irreversible_external: a session whose ceiling lacks it (a child)
+    // can see none, so no server is started for it.
+    let servers: &[iteron_policy::config::ServerConfig] =
+        if s.ceiling().contains(Capability::IrreversibleExternal) {
+            &s.snapshot.config.mcp_servers
+        } else {
+            &[]
+        };
+    for server in servers {
         match session_catalog(broker, s, server).await {
             Ok((slot, _, catalog)) => {
                 // A server that puts a configured secret into its catalog does not get it shown.
