@@ -1272,6 +1272,16 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_stored_credential_is_scrubbed_from_what_a_server_sends_back() {
+        let cred = credential("srv", "canary-9f2c1e");
+        let k = crate::servers::KnownSecrets::default().with_credential(&cred);
+        let echoed = "Authorization: at-canary-9f2c1e; refresh rt-canary-9f2c1e; cs-canary-9f2c1e";
+        let shown = k.scrub(echoed);
+        assert!(!shown.contains("canary-9f2c1e"), "{shown}");
+        assert_eq!(shown.matches("[REDACTED]").count(), 3);
+    }
+
     fn assert_holds(c: &Credential, name: &str, token: &str) {
         let want = credential(name, token);
         assert_eq!(c.binding, want.binding);

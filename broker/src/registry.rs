@@ -351,6 +351,25 @@ impl Registry {
             ),
         )
         .await;
+        // A stored OAuth credential's tokens are scrubbed too (read after connecting, so a
+        // refresh during the connect is included; later rotations are not).
+        let secrets = match (&connected, &server.transport) {
+            (Ok(Ok(_)), iteron_policy::config::Transport::Http(_)) => {
+                let store = crate::credentials::CredentialStore::new(&self.home);
+                let name = server.name.as_str().to_owned();
+                let loaded = tokio::task::spawn_blocking(move || store.load(&name))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .flatten();
+                match (Arc::try_unwrap(secrets), loaded) {
+                    (Ok(k), Some(cred)) => Arc::new(k.with_credential(&cred)),
+                    (Ok(k), None) => Arc::new(k),
+                    (Err(shared), _) => shared,
+                }
+            }
+            _ => secrets,
+        };
         let mut s = slot.lock();
         s.secrets = secrets;
         match connected {

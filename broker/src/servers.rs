@@ -117,6 +117,23 @@ impl KnownSecrets {
         )
     }
 
+    /// Also scrub the secrets of a stored OAuth credential (tokens and a registered client's
+    /// secret): a server that echoes its bearer token must not hand it to the agent.
+    pub fn with_credential(mut self, cred: &crate::credentials::Credential) -> KnownSecrets {
+        use secrecy::ExposeSecret;
+        let s = &cred.secrets;
+        for v in std::iter::once(&s.access_token)
+            .chain(s.refresh_token.iter())
+            .chain(s.client_secret.iter())
+        {
+            let v = v.expose_secret();
+            if v.len() >= 4 {
+                self.0.push(zeroize::Zeroizing::new(v.to_owned()));
+            }
+        }
+        self
+    }
+
     /// `text` with every known secret value replaced by `[REDACTED]`.
     pub fn scrub(&self, text: &str) -> String {
         let mut out = text.to_owned();
