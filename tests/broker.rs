@@ -581,6 +581,57 @@ fn mrtr_input_requests_reach_the_operator() {
     drop(broker);
 }
 
+/// Several waiting calls can be decided in one command; each is still decided and audited on
+/// its own, and an id that is not waiting is named.
+#[test]
+fn several_calls_are_approved_in_one_command_and_each_is_audited() {
+    let area = Area::new("batch");
+    area.everything();
+    let broker = area.broker(&[], &[]);
+    let calls: Vec<_> = (0..2)
+        .map(|i| {
+            area.agent(&[
+                "call",
+                "ev",
+                "echo",
+                "--json",
+                &format!(r#"{{"message":"m{i}"}}"#),
+            ])
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let p = area.wait_pending(2);
+    let ids: Vec<String> = p
+        .iter()
+        .map(|i| i["id"].as_u64().unwrap().to_string())
+        .collect();
+    let out = area.run(&["approvals", "approve", &ids[0], &ids[1]]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).lines().count(), 2);
+    for c in calls {
+        assert!(wait_child(c).status.success());
+    }
+    let out = area.run(&["approvals", "deny", &ids[0], "999999"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(
+        text(&out.stderr).contains("not waiting"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    let decisions = area
+        .audit_records()
+        .iter()
+        .filter(|r| r["kind"] == "operator_decide")
+        .count();
+    assert_eq!(
+        decisions, 4,
+        "two approvals and two failed denials, one record each"
+    );
+}
+
 #[test]
 fn live_control_cancels_restarts_and_stops_that_exact_server() {
     let area = Area::new("control");

@@ -1569,20 +1569,30 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             Ok(json!({"pending": broker.approvals.list_wait(wait).await}))
         }
         Request::Decide(d) => {
-            let done = broker.approvals.decide(d.id, d.approve);
-            broker.audit(Event {
-                peer_uid: Some(peer.uid),
-                peer_pid: peer.pid,
-                kind: "operator_decide",
-                decision: if d.approve { "approved" } else { "denied" },
-                outcome: if done { "ok" } else { "not_found" },
-                detail: Some(format!("pending item {}", d.id)),
-                ..Event::default()
-            });
-            if done {
-                Ok(json!({}))
-            } else {
+            // Each call is decided — and audited — on its own, also when several are named.
+            let mut decided = Vec::new();
+            let mut missing = Vec::new();
+            for item in d.all() {
+                let done = broker.approvals.decide(item, d.approve);
+                broker.audit(Event {
+                    peer_uid: Some(peer.uid),
+                    peer_pid: peer.pid,
+                    kind: "operator_decide",
+                    decision: if d.approve { "approved" } else { "denied" },
+                    outcome: if done { "ok" } else { "not_found" },
+                    detail: Some(format!("pending item {item}")),
+                    ..Event::default()
+                });
+                if done {
+                    decided.push(item);
+                } else {
+                    missing.push(item);
+                }
+            }
+            if d.id.is_some() && decided.is_empty() {
                 Err(Refusal::new(Code::NotFound, "no such call is waiting"))
+            } else {
+                Ok(json!({"decided": decided, "not_found": missing}))
             }
         }
         Request::Answer(a) => {

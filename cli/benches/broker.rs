@@ -137,11 +137,17 @@ async fn operator(socket: PathBuf, stop: Arc<std::sync::atomic::AtomicBool>) {
     c.hello("bench-operator").await.unwrap();
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         let v = c.request("pending", json!({"wait_ms": 200})).await.unwrap();
-        for item in v["pending"].as_array().unwrap() {
-            let id = item["id"].as_u64().unwrap();
-            // A call may vanish between listing and deciding; that is not an error here.
+        let ids: Vec<u64> = v["pending"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["id"].as_u64())
+            .collect();
+        // Everything listed is approved in one request (each call is still decided and audited
+        // on its own); a call that vanished meanwhile is simply reported not found.
+        if !ids.is_empty() {
             let _ = c
-                .request("decide", json!({"id": id, "approve": true}))
+                .request("decide", json!({"ids": ids, "approve": true}))
                 .await;
         }
     }

@@ -127,10 +127,10 @@ pub(crate) struct ApprovalsArgs {
 pub(crate) enum Approvals {
     /// List what is waiting (the default).
     List(FormatArg),
-    /// Approve one waiting call.
-    Approve(IdArg),
-    /// Deny one waiting call.
-    Deny(IdArg),
+    /// Approve waiting calls.
+    Approve(IdsArg),
+    /// Deny waiting calls.
+    Deny(IdsArg),
     /// Answer one waiting form: --json CONTENT to accept, or --decline / --cancel.
     Answer(AnswerArgs),
     /// Ask about each waiting call and form on the terminal as it arrives, until end of input.
@@ -138,9 +138,10 @@ pub(crate) enum Approvals {
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct IdArg {
-    /// The waiting item's id (from `iteron approvals list`).
-    pub(crate) id: u64,
+pub(crate) struct IdsArg {
+    /// The waiting calls' ids (from `iteron approvals list`); each is decided on its own.
+    #[arg(required = true, num_args = 1..=64)]
+    pub(crate) ids: Vec<u64>,
 }
 
 #[derive(Debug, Args)]

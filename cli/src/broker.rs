@@ -273,14 +273,8 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
                 }
             }
         }
-        Approvals::Approve(id) => {
-            operator_request(&socket, "decide", json!({"id": id.id, "approve": true}))?;
-            out_line(out, &format!("approved {}", id.id))
-        }
-        Approvals::Deny(id) => {
-            operator_request(&socket, "decide", json!({"id": id.id, "approve": false}))?;
-            out_line(out, &format!("denied {}", id.id))
-        }
+        Approvals::Approve(a) => decide(&socket, &a.ids, true, out),
+        Approvals::Deny(a) => decide(&socket, &a.ids, false, out),
         Approvals::Answer(a) => {
             let (action, content) = if a.decline {
                 ("decline", Map::new())
@@ -305,6 +299,38 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
         }
         Approvals::Watch => watch(&socket, out),
     }
+}
+
+/// Approve or deny waiting calls by id. One id that is not waiting exits 4 (as it always has);
+/// with several, those not waiting are named and the command exits 4 if any was missing.
+fn decide(socket: &Path, ids: &[u64], approve: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let word = if approve { "approved" } else { "denied" };
+    let params = match ids {
+        [one] => json!({"id": one, "approve": approve}),
+        many => json!({"ids": many, "approve": approve}),
+    };
+    let v = operator_request(socket, "decide", params)?;
+    let list = |k: &str| -> Vec<u64> {
+        v.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    };
+    for id in list("decided") {
+        out_line(out, &format!("{word} {id}"))?;
+    }
+    let missing = list("not_found");
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing.iter().map(u64::to_string).collect();
+        return Err(CliError::Broker(
+            iteron_broker::ipc::client::ClientError::Refused {
+                code: "not_found".into(),
+                message: format!("not waiting: {}", shown.join(", ")),
+                certainty: None,
+            },
+        ));
+    }
+    Ok(())
 }
 
 fn parse_object(raw: &str) -> Option<Map<String, Value>> {

@@ -308,10 +308,28 @@ pub struct PendingArg {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Decide {
-    /// The pending request's id.
-    pub id: u64,
+    /// The pending call's id …
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// … or several, each decided alike (at most [`MAX_DECIDE_IDS`]; exactly one of `id` and
+    /// `ids` is given).
+    #[serde(default)]
+    pub ids: Vec<u64>,
     /// Approve (true) or deny (false).
     pub approve: bool,
+}
+
+/// Most ids in one `decide`.
+pub const MAX_DECIDE_IDS: usize = 64;
+
+impl Decide {
+    /// The ids decided, in order.
+    pub fn all(&self) -> Vec<u64> {
+        self.id
+            .into_iter()
+            .chain(self.ids.iter().copied())
+            .collect()
+    }
 }
 
 /// What the operator does with a form.
@@ -608,7 +626,19 @@ pub fn decode(
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
         Kind::Stop => Request::Stop(params(env.params, id, m)?),
         Kind::Pending => Request::Pending(params(env.params, id, m)?),
-        Kind::Decide => Request::Decide(params(env.params, id, m)?),
+        Kind::Decide => {
+            let d: Decide = params(env.params, id, m)?;
+            if d.id.is_some() != d.ids.is_empty() || d.ids.len() > MAX_DECIDE_IDS {
+                return Err(Fatal {
+                    id: Some(id),
+                    refusal: Refusal::new(
+                        Code::Protocol,
+                        &format!("decide takes id, or ids (1-{MAX_DECIDE_IDS}), not both"),
+                    ),
+                });
+            }
+            Request::Decide(d)
+        }
         Kind::Answer => Request::Answer(params(env.params, id, m)?),
     };
     Ok((id, entry, req))
@@ -709,6 +739,30 @@ mod tests {
         .unwrap_err();
         assert_eq!(early.id, Some(3));
         assert!(early.refusal.message().contains("before hello"));
+    }
+
+    #[test]
+    fn decide_takes_one_id_or_a_bounded_list() {
+        let op = |params: &str| {
+            decode(
+                Role::Operator,
+                State::Open,
+                format!(r#"{{"id":1,"method":"decide","params":{params}}}"#).as_bytes(),
+            )
+        };
+        assert!(op(r#"{"id":3,"approve":true}"#).is_ok());
+        assert!(op(r#"{"ids":[3,4],"approve":false}"#).is_ok());
+        let max: Vec<String> = (0..MAX_DECIDE_IDS).map(|i| i.to_string()).collect();
+        assert!(op(&format!(r#"{{"ids":[{}],"approve":true}}"#, max.join(","))).is_ok());
+        let over: Vec<String> = (0..=MAX_DECIDE_IDS).map(|i| i.to_string()).collect();
+        for bad in [
+            format!(r#"{{"ids":[{}],"approve":true}}"#, over.join(",")),
+            r#"{"id":3,"ids":[4],"approve":true}"#.to_owned(),
+            r#"{"approve":true}"#.to_owned(),
+            r#"{"ids":[],"approve":true}"#.to_owned(),
+        ] {
+            assert_eq!(op(&bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
+        }
     }
 
     #[test]
