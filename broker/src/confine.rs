@@ -282,6 +282,20 @@ pub fn describe(spec: &Spec, command: &Path, args: &[String]) -> Effective {
     plan(&s)
 }
 
+/// Add a rule; a path that vanished since planning (another process removed it) simply gets
+/// none — there is nothing left to grant.
+fn allow_if_present(
+    rs: &std::os::fd::OwnedFd,
+    p: &Path,
+    access: u64,
+    forbidden: &[(u64, u64)],
+) -> std::io::Result<()> {
+    match sys::landlock_allow(rs, p, access, forbidden) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// Prepare the confinement of one child (in the parent: this allocates and opens files).
 pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
     let effective = plan(spec);
@@ -332,7 +346,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             } else {
                 read & landlock::FILE_RIGHTS
             };
-            sys::landlock_allow(&rs, p, access, &forbidden)?;
+            allow_if_present(&rs, p, access, &forbidden)?;
         }
         for p in writable {
             let access = if p.is_dir() {
@@ -340,7 +354,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             } else {
                 all & landlock::FILE_RIGHTS
             };
-            sys::landlock_allow(&rs, p, access, &forbidden)?;
+            allow_if_present(&rs, p, access, &forbidden)?;
         }
         for d in DEVICES_READ {
             if Path::new(d).exists() {
