@@ -210,6 +210,21 @@ struct Broker {
     work: Arc<Semaphore>,
 }
 
+/// One refused peer at second `now`: whether it gets its own record, and how many refusals
+/// before it were counted instead. `w` is (second, records this second, not recorded).
+fn refused_step(w: &mut (u64, u32, u64), now: u64) -> (bool, u64) {
+    if w.0 != now {
+        w.0 = now;
+        w.1 = 0;
+    }
+    if w.1 >= MAX_REFUSED_RECORDS_PER_SEC {
+        w.2 += 1;
+        return (false, 0);
+    }
+    w.1 += 1;
+    (true, std::mem::take(&mut w.2))
+}
+
 /// Refused-peer audit records per second; beyond, they are counted and summarized (another
 /// local user must not be able to fill the disk and so stop every effect).
 pub const MAX_REFUSED_RECORDS_PER_SEC: u32 = 20;
@@ -230,17 +245,7 @@ impl Broker {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if w.0 != now {
-            w.0 = now;
-            w.1 = 0;
-        }
-        if w.1 >= MAX_REFUSED_RECORDS_PER_SEC {
-            w.2 += 1;
-            return (false, 0);
-        }
-        w.1 += 1;
-        let suppressed = std::mem::take(&mut w.2);
-        (true, suppressed)
+        refused_step(&mut w, now)
     }
 
     fn audit_hooks(&self, session: Option<&str>, peer: Peer, reports: &[Report]) {
@@ -1628,5 +1633,29 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             }
         }
         _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_peer_records_are_bounded_per_second_one_over() {
+        let mut w = (0, 0, 0);
+        for _ in 0..MAX_REFUSED_RECORDS_PER_SEC {
+            assert_eq!(refused_step(&mut w, 7), (true, 0));
+        }
+        // One over: counted, not recorded.
+        assert_eq!(refused_step(&mut w, 7), (false, 0));
+        assert_eq!(refused_step(&mut w, 7), (false, 0));
+        // The next second's first record carries the count.
+        assert_eq!(refused_step(&mut w, 8), (true, 2));
+        assert_eq!(refused_step(&mut w, 8), (true, 0));
+        crate::test_report::record(
+            "P5",
+            "broker/src/daemon.rs::refused_peer_records_are_bounded_per_second_one_over",
+            serde_json::json!({}),
+        );
     }
 }

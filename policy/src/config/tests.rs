@@ -1013,3 +1013,26 @@ fn the_sandbox_block_is_strict_and_bounded_one_over() {
         serde_json::json!({}),
     );
 }
+
+#[test]
+fn hooks_writable_is_bounded_one_over_and_absolute() {
+    let list = |n: usize| {
+        let items: Vec<String> = (0..n).map(|i| format!("\"/var/log/h{i}\"")).collect();
+        doc_with(&format!(r#""hooks_writable": [{}]"#, items.join(",")))
+    };
+    let c = parse(&list(MAX_SANDBOX_PATHS)).unwrap();
+    assert_eq!(c.hooks_writable.len(), MAX_SANDBOX_PATHS);
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    assert_eq!(
+        error(&list(MAX_SANDBOX_PATHS + 1)).kind,
+        ConfigErrorKind::TooMany {
+            max: MAX_SANDBOX_PATHS
+        }
+    );
+    assert!(parse(&doc_with(r#""hooks_writable": ["relative"]"#)).is_err());
+    crate::test_report::record(
+        "P5",
+        "policy/src/config/tests.rs::hooks_writable_is_bounded_one_over_and_absolute",
+        serde_json::json!({}),
+    );
+}
