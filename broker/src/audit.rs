@@ -122,6 +122,27 @@ pub struct Event {
     pub identity: Option<String>,
 }
 
+/// One line of the log, serialized field by field in the order of [`KEYS`] (a derived
+/// serializer: no intermediate JSON tree per record).
+#[derive(serde::Serialize)]
+struct Record<'a> {
+    seq: u64,
+    time: &'a str,
+    session: Option<&'a str>,
+    peer_uid: Option<u32>,
+    peer_pid: Option<i32>,
+    kind: &'a str,
+    server: Option<&'a str>,
+    tool: Option<&'a str>,
+    args_sha256: Option<&'a str>,
+    decision: &'a str,
+    duration_ms: u64,
+    outcome: &'a str,
+    detail: Option<&'a str>,
+    identity: Option<&'a str>,
+    prev: &'a str,
+}
+
 struct Chain {
     /// Set after any failed write: a torn line or a stale head would break the chain, so
     /// nothing more is appended until the operator looks.
@@ -352,23 +373,30 @@ impl AuditLog {
             chain.file = Some(file);
             chain.day = day;
         }
-        let record = json!({
-            "seq": chain.seq,
-            "time": time,
-            "session": event.session,
-            "peer_uid": event.peer_uid,
-            "peer_pid": event.peer_pid,
-            "kind": event.kind,
-            "server": event.server,
-            "tool": event.tool,
-            "args_sha256": event.args_sha256,
-            "decision": event.decision,
-            "duration_ms": event.duration_ms,
-            "outcome": event.outcome,
-            "detail": event.detail.as_deref().map(|d| iteron_policy::text::single_line_capped(d, 200)),
-            "identity": event.identity.as_deref().filter(|i| i.len() == 64 && i.bytes().all(|b| b.is_ascii_hexdigit())),
-            "prev": chain.prev,
-        });
+        let detail = event
+            .detail
+            .as_deref()
+            .map(|d| iteron_policy::text::single_line_capped(d, 200));
+        let record = Record {
+            seq: chain.seq,
+            time: &time,
+            session: event.session.as_deref(),
+            peer_uid: event.peer_uid,
+            peer_pid: event.peer_pid,
+            kind: event.kind,
+            server: event.server.as_deref(),
+            tool: event.tool.as_deref(),
+            args_sha256: event.args_sha256.as_deref(),
+            decision: event.decision,
+            duration_ms: event.duration_ms,
+            outcome: event.outcome,
+            detail: detail.as_deref(),
+            identity: event
+                .identity
+                .as_deref()
+                .filter(|i| i.len() == 64 && i.bytes().all(|b| b.is_ascii_hexdigit())),
+            prev: &chain.prev,
+        };
         let mut line = serde_json::to_vec(&record).unwrap_or_default();
         if line.is_empty() || line.len() > MAX_RECORD {
             return Err(AuditError::Broken("a record is over the size bound".into()));
@@ -646,6 +674,16 @@ mod tests {
             s.push('\n');
         }
         fs::write(path, s).unwrap();
+    }
+
+    #[test]
+    fn records_carry_exactly_the_documented_keys_in_order() {
+        let (_home, file) = write_log(2);
+        let line = lines(&file)[1].clone();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, KEYS);
+        assert_eq!(v["seq"], 1);
     }
 
     #[test]

@@ -756,7 +756,9 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                 let flights = Arc::clone(&in_flight);
                 let mut shut = broker.shutdown.clone();
                 tasks.spawn(async move {
-                    let work = dispatch(&b, role, peer, s.as_deref(), other);
+                    // Boxed: the request's future is large, and the task would otherwise be
+                    // copied whole whenever tokio moves it.
+                    let work = Box::pin(dispatch(&b, role, peer, s.as_deref(), other));
                     let answer = tokio::select! {
                         r = work => r,
                         _ = shut.wait_for(|s| *s) => Err(Refusal::new(

@@ -35,7 +35,7 @@ mod docs;
 
 const SEQUENTIAL: usize = 2000;
 const AGENTS: usize = 64;
-const PER_AGENT: usize = 100;
+const PER_AGENT: usize = 1000;
 const START: &str = "<!-- bench:broker:start -->";
 const END: &str = "<!-- bench:broker:end -->";
 
@@ -193,10 +193,64 @@ async fn refused_calls(socket: &Path, n: usize) -> Vec<Duration> {
     lat
 }
 
+/// The floor: a process that answers every frame (4-byte length + body) with the same frame,
+/// on a one-thread runtime like the broker's. No JSON, no checks, no audit.
+fn pong(path: &Path) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut len = [0u8; 4];
+        let mut body = Vec::new();
+        while s.read_exact(&mut len).await.is_ok() {
+            body.resize(u32::from_be_bytes(len) as usize, 0);
+            s.read_exact(&mut body).await.unwrap();
+            let mut frame = len.to_vec();
+            frame.extend_from_slice(&body);
+            s.write_all(&frame).await.unwrap();
+        }
+    });
+}
+
+/// Round trips of a frame the size of a `call_tool` request through [`pong`] in another process.
+async fn floor_round_trips(path: &Path, warm: usize, n: usize) -> Vec<Duration> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    let body = json!({"id": 7, "method": "call_tool",
+        "params": {"server": "bench", "tool": "echo", "arguments": {"text": "z"}}})
+    .to_string();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body.as_bytes());
+    let mut back = vec![0u8; frame.len()];
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..warm + n {
+        let t = Instant::now();
+        s.write_all(&frame).await.unwrap();
+        s.read_exact(&mut back).await.unwrap();
+        if i >= warm {
+            lat.push(t.elapsed());
+        }
+    }
+    lat
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("--serve") {
         serve();
+        return;
+    }
+    if argv.get(1).map(String::as_str) == Some("--pong") {
+        pong(Path::new(&argv[2]));
         return;
     }
     let write_docs = argv.iter().any(|a| a == "--write-docs");
@@ -249,6 +303,18 @@ fn main() {
         .build()
         .unwrap();
     let (direct_one, direct_many) = rt.block_on(direct(&exe));
+    let pong_path = base.join("pong.sock");
+    let mut ponger = Command::new(&exe)
+        .arg("--pong")
+        .arg(&pong_path)
+        .spawn()
+        .unwrap();
+    let floor = stats(
+        rt.block_on(floor_round_trips(&pong_path, 200, SEQUENTIAL)),
+        Duration::from_secs(1),
+    );
+    let _ = ponger.kill();
+    let _ = ponger.wait();
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let op = rt.spawn(operator(operator_socket.clone(), Arc::clone(&stop)));
@@ -321,8 +387,13 @@ fn main() {
          | direct in-process, 64 concurrent tasks | 64 | {:.1} | {:.1} | {:.0} |\n\
          | agent → broker → fixture, 64 agents | 64 | {:.1} | {:.1} | {:.0} |\n\
          | agent → broker, refused (unknown tool; no approval, no effect) | 1 | {:.1} | {:.1} | {:.0} |\n\
-         | agent → broker, refused, 64 agents | 64 | {:.1} | {:.1} | {:.0} |\n\n\
+         | agent → broker, refused, 64 agents | 64 | {:.1} | {:.1} | {:.0} |\n\
+         | floor: bare frame round trip to another process (no JSON, no checks) | 1 | {:.1} | {:.1} | – |\n\n\
          Added by the broker at p50 with one agent: **{:.1} µs** (target ≤ 50 µs). \
+         A brokered call makes two more process round trips than the direct call (agent ↔ broker, \
+         broker ↔ operator for the per-call approval), so on this machine the floor for what any \
+         broker of this shape adds is about **{:.1} µs** (2 × the bare round trip), before any \
+         checking, approval bookkeeping or audit. \
          With 64 agents: **{:.0} calls/s** (target ≥ 20,000). \
          Broker RSS: **{:.1} MiB idle**, **{:.1} MiB with 64 open sessions** (target ≤ 10 MiB idle).",
         us(direct_one.p50),
@@ -343,7 +414,10 @@ fn main() {
         us(refused_many.p50),
         us(refused_many.p99),
         refused_many.per_sec,
+        us(floor.p50),
+        us(floor.p99),
         added,
+        2.0 * us(floor.p50),
         broker_many.per_sec,
         rss_idle as f64 / 1024.0,
         rss_sessions as f64 / 1024.0,
