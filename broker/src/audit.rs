@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::private_fs::{self, FsError, Lock};
@@ -621,6 +621,7 @@ pub fn verify(home: &Path) -> Result<Verified, Tampered> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn home() -> PathBuf {
         let base = std::env::temp_dir().join(format!(
