@@ -963,6 +963,85 @@ fn protocol_violations_get_one_error_frame_and_the_connection_closes() {
     );
 }
 
+/// Send `n` `pending` long-polls that hold their slot for up to 30 s (nothing is waiting for
+/// approval), without reading the answers.
+async fn hold(c: &mut Connection, first_id: usize, n: usize) {
+    for i in 0..n {
+        let f = json!({"id": first_id + i, "method": "pending", "params": {"wait_ms": 30000}});
+        c.send_raw(f.to_string().as_bytes()).await.unwrap();
+    }
+}
+
+/// The socket-wide bound on requests in flight: with every slot of the operator socket held by
+/// long-polls, a new connection's `hello` is not even read until one frees; one slot under the
+/// bound, it is. Agents holding their own socket's slots do not slow the operator down.
+/// (A connection waiting for its next frame has already reserved the slot that frame will use.)
+#[test]
+fn requests_in_flight_are_bounded_per_socket_at_the_limit_and_one_over() {
+    use iteron_broker::daemon::{MAX_BROKER_IN_FLIGHT, MAX_IN_FLIGHT};
+    let area = Area::new("inflight");
+    area.config(json!([]));
+    let broker = area.broker(&[], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let op = area.operator_socket();
+    let full = MAX_BROKER_IN_FLIGHT / MAX_IN_FLIGHT - 1;
+    rt.block_on(async {
+        let settle = || tokio::time::sleep(Duration::from_millis(500));
+        let mut held = Vec::new();
+        for _ in 0..full {
+            let mut c = Connection::connect(&op).await.unwrap();
+            c.hello("hold").await.unwrap();
+            hold(&mut c, 100, MAX_IN_FLIGHT).await;
+            held.push(c);
+        }
+        // The last holder: MAX_IN_FLIGHT - 2 requests and its reservation for the next frame,
+        // so exactly one slot is left.
+        let mut last = Connection::connect(&op).await.unwrap();
+        last.hello("hold").await.unwrap();
+        hold(&mut last, 100, MAX_IN_FLIGHT - 2).await;
+        settle().await;
+        // One under the bound: a new connection is served.
+        let mut under = Connection::connect(&op).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), under.hello("under"))
+            .await
+            .expect("one slot under the bound, hello was not answered")
+            .unwrap();
+        drop(under);
+        settle().await;
+        // At the bound: the next hello waits.
+        hold(&mut last, 200, 1).await;
+        settle().await;
+        let mut over = Connection::connect(&op).await.unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(1500), over.hello("over")).await;
+        assert!(waiting.is_err(), "hello was answered with every slot held");
+        // Meanwhile the agent's socket has its own slots.
+        let mut agent = Connection::connect(&area.agent_socket()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), agent.hello("agent"))
+            .await
+            .expect("the agent socket shares the operator's pool")
+            .unwrap();
+        // A connection that goes away frees its slots, and the waiting request proceeds.
+        drop(held.remove(0));
+        let answered = tokio::time::timeout(Duration::from_secs(5), over.read_value())
+            .await
+            .expect("hello was not answered after slots were freed")
+            .unwrap()
+            .unwrap();
+        assert!(answered.get("result").is_some(), "{answered}");
+        drop(held);
+    });
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    support::report::record(
+        "P5",
+        "tests/broker.rs::requests_in_flight_are_bounded_per_socket_at_the_limit_and_one_over",
+        json!({"max_in_flight_per_socket": MAX_BROKER_IN_FLIGHT, "per_connection": MAX_IN_FLIGHT}),
+    );
+}
+
 /// Every frame the agent receives during a full session — listing, unknown and hidden tools, a
 /// refused call, approved calls including one that dumps the server's environment, a cancelled
 /// call — is scanned for the secrets the broker holds (a forwarded variable, an unnamed one).

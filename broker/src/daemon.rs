@@ -206,8 +206,10 @@ struct Broker {
     session_salt: String,
     /// Refused-peer records in the current second, and how many were left out.
     refused_window: Mutex<(u64, u32, u64)>,
-    /// Requests in flight across all connections.
-    work: Arc<Semaphore>,
+    /// Requests in flight across the agent socket's connections.
+    agent_work: Arc<Semaphore>,
+    /// Requests in flight across the operator socket's connections.
+    operator_work: Arc<Semaphore>,
 }
 
 /// One refused peer at second `now`: whether it gets its own record, and how many refusals
@@ -228,7 +230,10 @@ fn refused_step(w: &mut (u64, u32, u64), now: u64) -> (bool, u64) {
 /// Refused-peer audit records per second; beyond, they are counted and summarized (another
 /// local user must not be able to fill the disk and so stop every effect).
 pub const MAX_REFUSED_RECORDS_PER_SEC: u32 = 20;
-/// Requests in flight across all connections (each holds at most one frame).
+/// Requests in flight across all connections of one socket (each holds at most one frame). A
+/// connection waiting for its next frame has already reserved the slot that frame will use.
+/// Each socket has its own pool, so the agent's load can never starve the operator's channel
+/// (the one that approves, denies, cancels and stops).
 pub const MAX_BROKER_IN_FLIGHT: usize = 512;
 
 fn elapsed_ms(t: Instant) -> u64 {
@@ -393,7 +398,8 @@ pub async fn serve(
         next_session: AtomicU64::new(1),
         session_salt: audit::sha256_hex(&salt)[..8].to_owned(),
         refused_window: Mutex::new((0, 0, 0)),
-        work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
+        agent_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
+        operator_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
     });
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
@@ -555,26 +561,34 @@ async fn send(tx: &mpsc::Sender<Vec<u8>>, v: &Value) {
     let _ = tx.send(encode_answer(v)).await;
 }
 
+/// Write queued answers in order until the queue closes or a frame cannot be written within
+/// `deadline` (a peer that stops reading); then give up on the connection.
+async fn write_answers<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
+    rx: &mut mpsc::Receiver<Vec<u8>>,
+    deadline: Duration,
+) {
+    while let Some(body) = rx.recv().await {
+        match tokio::time::timeout(deadline, frame::write_frame(wr, &body, MAX_FRAME)).await {
+            Ok(Ok(())) => {}
+            _ => break,
+        }
+    }
+}
+
 async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: Peer) {
     let (rd, mut wr) = stream.into_split();
     // Buffered: a frame is usually one read, not three.
     let mut rd = tokio::io::BufReader::with_capacity(16 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT + 2);
     let mut writer = tokio::spawn(async move {
-        while let Some(body) = rx.recv().await {
-            // A peer that stops reading gets no more than WRITE_DEADLINE per frame.
-            match tokio::time::timeout(
-                WRITE_DEADLINE,
-                frame::write_frame(&mut wr, &body, MAX_FRAME),
-            )
-            .await
-            {
-                Ok(Ok(())) => {}
-                _ => break,
-            }
-        }
+        write_answers(&mut wr, &mut rx, WRITE_DEADLINE).await;
     });
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let work = match role {
+        Role::Agent => &broker.agent_work,
+        Role::Operator => &broker.operator_work,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let in_flight: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
     let mut state = State::AwaitingHello;
@@ -615,9 +629,9 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             }
         };
         let Some(permit) = permit else { break };
-        // And one of the broker-wide slots, so that many connections cannot hold unbounded work.
+        // And one of the socket-wide slots, so that many connections cannot hold unbounded work.
         let global = tokio::select! {
-            p = Arc::clone(&broker.work).acquire_owned() => p.ok(),
+            p = Arc::clone(work).acquire_owned() => p.ok(),
             _ = shutdown.wait_for(|s| *s) => None,
         };
         let Some(global) = global else { break };
@@ -1572,6 +1586,7 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             Ok(json!({}))
         }
         Request::Pending(p) => {
+            // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
             let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));
             Ok(json!({"pending": broker.approvals.list_wait(wait).await}))
         }
@@ -1641,6 +1656,56 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_peer_that_stops_reading_is_given_up_after_the_write_deadline() {
+        let deadline = Duration::from_millis(300);
+        let big = vec![b'x'; 64 * 1024];
+        // A reader that drains within the deadline gets every frame.
+        rt().block_on(async {
+            let (mut wr, mut rd) = tokio::io::duplex(1024);
+            let (tx, mut rx) = mpsc::channel(4);
+            tx.send(big.clone()).await.unwrap();
+            tx.send(big.clone()).await.unwrap();
+            drop(tx);
+            let reader = tokio::spawn(async move {
+                tokio::time::sleep(deadline / 3).await;
+                let mut got = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut got)
+                    .await
+                    .unwrap();
+                got.len()
+            });
+            write_answers(&mut wr, &mut rx, deadline).await;
+            drop(wr);
+            assert_eq!(reader.await.unwrap(), 2 * (4 + big.len()));
+        });
+        // A reader that never reads: the writer stops at the deadline, leaving the rest queued.
+        rt().block_on(async {
+            let (mut wr, _rd) = tokio::io::duplex(1024);
+            let (tx, mut rx) = mpsc::channel(4);
+            tx.send(big.clone()).await.unwrap();
+            tx.send(big.clone()).await.unwrap();
+            let t = Instant::now();
+            write_answers(&mut wr, &mut rx, deadline).await;
+            let took = t.elapsed();
+            assert!(took >= deadline, "{took:?}");
+            assert!(took < deadline * 10, "{took:?}");
+            assert!(rx.try_recv().is_ok(), "the second frame was not attempted");
+        });
+        crate::test_report::record(
+            "P5",
+            "broker/src/daemon.rs::a_peer_that_stops_reading_is_given_up_after_the_write_deadline",
+            serde_json::json!({"write_deadline_s": WRITE_DEADLINE.as_secs()}),
+        );
+    }
 
     #[test]
     fn refused_peer_records_are_bounded_per_second_one_over() {

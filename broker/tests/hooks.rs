@@ -13,6 +13,9 @@ use iteron_broker::hooks::{HookRunner, MAX_HOOK_OUTPUT, Outcome};
 use iteron_policy::config::{AbsolutePath, HookEvent};
 use serde_json::{Map, Value, json};
 
+#[path = "../../tests/support/report.rs"]
+mod report;
+
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("iteron-hooks-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -198,4 +201,65 @@ fn a_hook_reads_but_does_not_write_outside_its_grants_and_never_sees_the_home() 
     assert!(seen.contains("write-denied"), "{seen}");
     assert!(!elsewhere.join("planted").exists());
     assert!(seen.contains("read-ok"), "{seen}");
+}
+
+#[test]
+fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
+    use iteron_broker::hooks::MAX_RUNNING_HOOKS;
+    let d = dir("bound");
+    let runs = d.join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    // Each run marks itself running, records how many runs it sees, holds its slot, then
+    // leaves. A run that started while all slots were held would see one marker too many.
+    let hook = script(
+        &d,
+        "hold.sh",
+        &format!(
+            "touch {runs}/$$\nls {runs} | wc -l >> {counts}\nsleep 2\nrm {runs}/$$",
+            runs = runs.display(),
+            counts = d.join("counts").display()
+        ),
+    );
+    let r = std::sync::Arc::new(runner(&d, HookEvent::PreToolUse, vec![hook]));
+    let t = Instant::now();
+    let finished = rt().block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..=MAX_RUNNING_HOOKS {
+            let r = std::sync::Arc::clone(&r);
+            set.spawn(async move {
+                let (verdict, reports) = r.pre_tool_use(&event()).await;
+                assert_eq!(verdict, Verdict::NoOpinion);
+                assert_eq!(reports[0].outcome, Outcome::Exited(0));
+                t.elapsed()
+            });
+        }
+        let mut finished = Vec::new();
+        while let Some(done) = set.join_next().await {
+            finished.push(done.unwrap());
+        }
+        finished.sort();
+        finished
+    });
+    let counts: Vec<usize> = std::fs::read_to_string(d.join("counts"))
+        .unwrap()
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), MAX_RUNNING_HOOKS + 1);
+    let most = *counts.iter().max().unwrap();
+    assert!(
+        most <= MAX_RUNNING_HOOKS,
+        "{most} hooks ran at once: {counts:?}"
+    );
+    // The ninth started only after a slot freed: it finished a whole hold after the first.
+    assert!(
+        finished[MAX_RUNNING_HOOKS] >= finished[0] + Duration::from_millis(1500),
+        "{finished:?}"
+    );
+    report::record(
+        "P5",
+        "broker/tests/hooks.rs::at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn",
+        json!({"max_running_hooks": MAX_RUNNING_HOOKS, "most_seen_at_once": most}),
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }

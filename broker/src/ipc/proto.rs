@@ -299,7 +299,7 @@ pub const MAX_PENDING_WAIT_MS: u64 = 30_000;
 #[serde(deny_unknown_fields)]
 pub struct PendingArg {
     /// When nothing is waiting, wait up to this long for something to arrive (at most
-    /// [`MAX_PENDING_WAIT_MS`]; default 0: answer at once).
+    /// [`MAX_PENDING_WAIT_MS`], more is a protocol error; default 0: answer at once).
     #[serde(default)]
     pub wait_ms: u64,
 }
@@ -625,7 +625,19 @@ pub fn decode(
         Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
         Kind::Stop => Request::Stop(params(env.params, id, m)?),
-        Kind::Pending => Request::Pending(params(env.params, id, m)?),
+        Kind::Pending => {
+            let p: PendingArg = params(env.params, id, m)?;
+            if p.wait_ms > MAX_PENDING_WAIT_MS {
+                return Err(Fatal {
+                    id: Some(id),
+                    refusal: Refusal::new(
+                        Code::Protocol,
+                        &format!("pending takes wait_ms 0-{MAX_PENDING_WAIT_MS}"),
+                    ),
+                });
+            }
+            Request::Pending(p)
+        }
         Kind::Decide => {
             let d: Decide = params(env.params, id, m)?;
             if d.id.is_some() != d.ids.is_empty() || d.ids.len() > MAX_DECIDE_IDS {
@@ -763,6 +775,28 @@ mod tests {
         ] {
             assert_eq!(op(&bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
         }
+    }
+
+    #[test]
+    fn pending_waits_at_most_thirty_seconds() {
+        let op = |params: String| {
+            decode(
+                Role::Operator,
+                State::Open,
+                format!(r#"{{"id":1,"method":"pending","params":{params}}}"#).as_bytes(),
+            )
+        };
+        assert!(op("{}".into()).is_ok());
+        assert!(op(format!(r#"{{"wait_ms":{MAX_PENDING_WAIT_MS}}}"#)).is_ok());
+        let over = op(format!(r#"{{"wait_ms":{}}}"#, MAX_PENDING_WAIT_MS + 1)).unwrap_err();
+        assert_eq!(over.refusal.code, Code::Protocol);
+        assert_eq!(over.refusal.message(), "pending takes wait_ms 0-30000");
+        assert!(op(r#"{"wait_ms":-1}"#.into()).is_err());
+        crate::test_report::record(
+            "P5",
+            "broker/src/ipc/proto.rs::pending_waits_at_most_thirty_seconds",
+            json!({"max_wait_ms": MAX_PENDING_WAIT_MS}),
+        );
     }
 
     #[test]
