@@ -1282,6 +1282,49 @@ mod tests {
         assert_eq!(shown.matches("[REDACTED]").count(), 3);
     }
 
+    /// A token rotated in (or a new login) after the server connected is scrubbed too: the
+    /// server's token source teaches every token it hands out to the server's scrubber.
+    #[test]
+    fn every_token_handed_to_a_server_is_learned_by_its_scrubber() {
+        use crate::mcp::client::TokenSource;
+        let (base, home) = temp_home();
+        let store = CredentialStore::new(&home);
+        store.save(&credential("srv", "first-5d1a")).unwrap();
+        let learned = crate::servers::LearnedSecrets::default();
+        let scrubber = crate::servers::KnownSecrets::default().with_learned(learned.clone());
+        let source =
+            crate::servers::StoredToken::new(CredentialStore::new(&home), "srv", learned.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let first = rt.block_on(source.current()).unwrap();
+        assert_eq!(first.expose_secret(), "at-first-5d1a");
+        // The stored token changes while the server runs (a refresh persisted its rotation).
+        store
+            .update_secrets("srv", |s| {
+                s.access_token = SecretString::from("at-second-77c0");
+            })
+            .unwrap();
+        let second = rt.block_on(source.current()).unwrap();
+        assert_eq!(second.expose_secret(), "at-second-77c0");
+        let shown = scrubber.scrub("old at-first-5d1a, new at-second-77c0");
+        assert_eq!(shown, "old [REDACTED], new [REDACTED]");
+        // Bounded: the oldest is forgotten beyond the limit, the newest always kept.
+        for i in 0..crate::servers::MAX_LEARNED_SECRETS {
+            learned.learn(&format!("tok-{i:04}"));
+        }
+        let last = format!("tok-{:04}", crate::servers::MAX_LEARNED_SECRETS - 1);
+        assert_eq!(scrubber.scrub(&last), "[REDACTED]");
+        assert_eq!(scrubber.scrub("at-first-5d1a"), "at-first-5d1a");
+        crate::test_report::record(
+            "P1",
+            "broker/src/credentials.rs::every_token_handed_to_a_server_is_learned_by_its_scrubber",
+            serde_json::json!({"max_learned": crate::servers::MAX_LEARNED_SECRETS}),
+        );
+        let _ = fs::remove_dir_all(base);
+    }
+
     fn assert_holds(c: &Credential, name: &str, token: &str) {
         let want = credential(name, token);
         assert_eq!(c.binding, want.binding);

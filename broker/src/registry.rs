@@ -332,7 +332,9 @@ impl Registry {
             slot.cancel.send_modify(|n| *n += 1);
             old.close().await;
         }
-        let secrets = Arc::new(KnownSecrets::of(server, &|k| (self.lookup)(k)));
+        let learned = servers::LearnedSecrets::default();
+        let secrets =
+            Arc::new(KnownSecrets::of(server, &|k| (self.lookup)(k)).with_learned(learned.clone()));
         let opts = Options {
             elicitor: self.approvals.elicitor(server.name.as_str()),
             auth_context: digest.clone(),
@@ -348,11 +350,13 @@ impl Registry {
                 opts,
                 &self.home,
                 snap.config.ceiling(),
+                &learned,
             ),
         )
         .await;
-        // A stored OAuth credential's tokens are scrubbed too (read after connecting, so a
-        // refresh during the connect is included; later rotations are not).
+        // A stored OAuth credential's tokens are scrubbed too: what it held after connecting
+        // (refresh token, client secret), and every access token handed out since, rotations
+        // and new logins included (learned by its token source).
         let secrets = match (&connected, &server.transport) {
             (Ok(Ok(_)), iteron_policy::config::Transport::Http(_)) => {
                 let store = crate::credentials::CredentialStore::new(&self.home);

@@ -79,7 +79,52 @@ fn secret_header(value: OsString, name: &str) -> Result<HeaderValue, ConnectErro
 /// bearer tokens), held only to scrub them from any text a server sends back — a server that
 /// echoes an API key in an error must not get it printed.
 #[derive(Default)]
-pub struct KnownSecrets(Vec<zeroize::Zeroizing<String>>);
+pub struct KnownSecrets {
+    fixed: Vec<zeroize::Zeroizing<String>>,
+    learned: LearnedSecrets,
+}
+
+/// Most tokens one running server's scrubber learns (the oldest is forgotten beyond this; a
+/// token rotated out that long ago has expired).
+pub const MAX_LEARNED_SECRETS: usize = 32;
+
+/// Secret values learned while a server runs — every access token its stored OAuth credential
+/// yields, including ones a refresh rotated in or a new login replaced — shared between the
+/// server's token source (which learns them) and its [`KnownSecrets`] (which scrubs them).
+#[derive(Clone, Default)]
+pub struct LearnedSecrets(std::sync::Arc<std::sync::Mutex<Vec<zeroize::Zeroizing<String>>>>);
+
+impl LearnedSecrets {
+    /// Remember `value` (values shorter than 4 bytes are ignored, like configured ones).
+    pub fn learn(&self, value: &str) {
+        if value.len() < 4 {
+            return;
+        }
+        let mut known = match self.0.lock() {
+            Ok(k) => k,
+            Err(p) => p.into_inner(),
+        };
+        if known.iter().any(|k| k.as_str() == value) {
+            return;
+        }
+        if known.len() >= MAX_LEARNED_SECRETS {
+            known.remove(0);
+        }
+        known.push(zeroize::Zeroizing::new(value.to_owned()));
+    }
+
+    fn scrub(&self, out: &mut String) {
+        let known = match self.0.lock() {
+            Ok(k) => k,
+            Err(p) => p.into_inner(),
+        };
+        for secret in known.iter() {
+            if out.contains(secret.as_str()) {
+                *out = out.replace(secret.as_str(), "[REDACTED]");
+            }
+        }
+    }
+}
 
 impl KnownSecrets {
     /// Collect the values of every variable `server` names (values shorter than 4 bytes are
@@ -106,15 +151,22 @@ impl KnownSecrets {
                 }))
                 .collect(),
         };
-        KnownSecrets(
-            names
+        KnownSecrets {
+            fixed: names
                 .iter()
                 .filter_map(|n| lookup(n))
                 .filter_map(|v| v.into_string().ok())
                 .filter(|v| v.len() >= 4)
                 .map(zeroize::Zeroizing::new)
                 .collect(),
-        )
+            learned: LearnedSecrets::default(),
+        }
+    }
+
+    /// Also scrub what `learned` learns while the server runs.
+    pub fn with_learned(mut self, learned: LearnedSecrets) -> KnownSecrets {
+        self.learned = learned;
+        self
     }
 
     /// Also scrub the secrets of a stored OAuth credential (tokens and a registered client's
@@ -128,7 +180,7 @@ impl KnownSecrets {
         {
             let v = v.expose_secret();
             if v.len() >= 4 {
-                self.0.push(zeroize::Zeroizing::new(v.to_owned()));
+                self.fixed.push(zeroize::Zeroizing::new(v.to_owned()));
             }
         }
         self
@@ -137,11 +189,12 @@ impl KnownSecrets {
     /// `text` with every known secret value replaced by `[REDACTED]`.
     pub fn scrub(&self, text: &str) -> String {
         let mut out = text.to_owned();
-        for secret in &self.0 {
+        for secret in &self.fixed {
             if out.contains(secret.as_str()) {
                 out = out.replace(secret.as_str(), "[REDACTED]");
             }
         }
+        self.learned.scrub(&mut out);
         out
     }
 }
@@ -350,7 +403,8 @@ async fn refresh_stored(
 /// Connect like [`connect`], authorizing HTTP requests with the operator's stored OAuth
 /// credential when there is one: a binding that no longer fits the configuration requires a
 /// new login (never silent reuse); an expiring token is refreshed first; a 401 refreshes once
-/// and connects again (nothing that may have been applied is ever resent).
+/// and connects again (nothing that may have been applied is ever resent). Every access token
+/// the credential yields, now or later, is taught to `learned` (for the server's scrubber).
 pub async fn connect_with_credentials(
     server: &ServerConfig,
     network: &NetworkConfig,
@@ -358,7 +412,9 @@ pub async fn connect_with_credentials(
     opts: Options,
     home: &crate::store::Home,
     ceiling: iteron_policy::capability::CapabilitySet,
+    learned: &LearnedSecrets,
 ) -> Result<Client, ConnectError> {
+    use secrecy::ExposeSecret;
     let ctx = SpawnContext {
         home: home.dir().to_path_buf(),
         ceiling,
@@ -384,11 +440,13 @@ pub async fn connect_with_credentials(
         }
         _ => cred.secrets.access_token.clone(),
     };
+    learned.learn(token.expose_secret());
     let mut opts = opts;
     opts.token = Some(std::sync::Arc::new(StoredToken {
         store: crate::credentials::CredentialStore::new(home),
         server: server.name.to_string(),
         network: network.clone(),
+        learned: learned.clone(),
     }));
     let mut refreshed = false;
     loop {
@@ -401,6 +459,7 @@ pub async fn connect_with_credentials(
                     .map_err(ConnectError::Credentials)?
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
                 token = refresh_stored(&store, &fresh, network).await?;
+                learned.learn(token.expose_secret());
             }
             other => return other,
         }
@@ -410,13 +469,29 @@ pub async fn connect_with_credentials(
 /// The operator's stored OAuth credential as the client's managed token: read from the store
 /// at each request, refreshed (with rotation persisted first) when it is about to expire or
 /// after a 401.
-struct StoredToken {
+pub(crate) struct StoredToken {
     store: crate::credentials::CredentialStore,
     server: String,
     network: NetworkConfig,
+    /// Every token handed out is learned here first.
+    learned: LearnedSecrets,
 }
 
 impl StoredToken {
+    #[cfg(test)]
+    pub(crate) fn new(
+        store: crate::credentials::CredentialStore,
+        server: &str,
+        learned: LearnedSecrets,
+    ) -> StoredToken {
+        StoredToken {
+            store,
+            server: server.to_owned(),
+            network: NetworkConfig::default(),
+            learned,
+        }
+    }
+
     async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
         let cred = load_stored(&self.store, &self.server)
             .await?
@@ -425,13 +500,18 @@ impl StoredToken {
             .secrets
             .expires_at
             .is_some_and(|t| t <= unix_now() + REFRESH_MARGIN_SECS);
-        if force || expiring {
+        let token = if force || expiring {
             refresh_stored(&self.store, &cred, &self.network)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?
         } else {
-            Ok(cred.secrets.access_token.clone())
+            cred.secrets.access_token.clone()
+        };
+        {
+            use secrecy::ExposeSecret;
+            self.learned.learn(token.expose_secret());
         }
+        Ok(token)
     }
 }
 

@@ -59,6 +59,7 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             Options::default(),
             home,
             config.ceiling(),
+            &servers::LearnedSecrets::default(),
         )
         .await
         .map_err(|e: ConnectError| match &e {
