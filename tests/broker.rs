@@ -972,6 +972,123 @@ async fn hold(c: &mut Connection, first_id: usize, n: usize) {
     }
 }
 
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`): a credential named like a forwarded
+/// variable supplies it (over the broker's environment), the directory itself is denied to every
+/// child (servers and hooks) and never named in a child's environment, and an unsafe directory
+/// stops the start with one line that quotes no value.
+#[test]
+fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it() {
+    let area = Area::new("unitcreds");
+    let creds = area.base.join("creds");
+    std::fs::create_dir(&creds).unwrap();
+    let forwarded = "iteron-canary-unit-5b2e90";
+    let other = "iteron-canary-other-c41d77";
+    for (name, value) in [
+        ("ITERON_TEST_FORWARDED", forwarded),
+        ("OTHER_SECRET", other),
+    ] {
+        let p = creds.join(name);
+        std::fs::write(&p, format!("{value}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o500)).unwrap();
+    let logs = area.base.join("hook-logs");
+    std::fs::create_dir(&logs).unwrap();
+    let probe = hook_script(
+        &area,
+        "probe.sh",
+        &format!(
+            "env > {logs}/env\ncat {creds}/OTHER_SECRET > {logs}/read 2> {logs}/read-error\necho $? > {logs}/read-status",
+            logs = logs.display(),
+            creds = creds.display()
+        ),
+    );
+    let config = json!({"schema_version": 2,
+        "hooks_writable": [logs.to_str().unwrap()],
+        "hooks": {"SessionStart": [probe]},
+        "mcp_servers": [{"name": "ev", "transport": "stdio", "command": node().to_str().unwrap(),
+                         "args": [everything_js().to_str().unwrap(), "stdio"],
+                         "env": ["ITERON_TEST_FORWARDED"],
+                         "sandbox": {"readable": [area.base.to_str().unwrap()]}}]});
+    let path = area.home().join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let broker = area.broker(
+        &[],
+        &[
+            ("CREDENTIALS_DIRECTORY", creds.to_str().unwrap()),
+            // The credential wins over the broker's own environment.
+            ("ITERON_TEST_FORWARDED", "from-the-environment"),
+        ],
+    );
+    // The server sees the credential's value (scrubbed from what the agent gets back).
+    let call = area
+        .agent(&["call", "ev", "get-env", "--json", "{}"])
+        .spawn()
+        .unwrap();
+    area.approve_next();
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("ITERON_TEST_FORWARDED"), "{shown}");
+    assert!(!shown.contains("from-the-environment"), "{shown}");
+    assert!(
+        !shown.contains(forwarded) && !shown.contains(other),
+        "{shown}"
+    );
+    assert!(!shown.contains("CREDENTIALS_DIRECTORY"), "{shown}");
+    // The hook (which reads everything but the home) could not read the directory.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logs.join("read-status").exists() {
+        assert!(Instant::now() < deadline, "the SessionStart hook never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = std::fs::read_to_string(logs.join("read-status")).unwrap();
+    assert_ne!(status.trim(), "0", "a hook read the credentials directory");
+    assert!(
+        std::fs::read_to_string(logs.join("read"))
+            .unwrap()
+            .is_empty()
+    );
+    let err = std::fs::read_to_string(logs.join("read-error")).unwrap();
+    assert!(err.contains("Permission denied"), "{err}");
+    let env = std::fs::read_to_string(logs.join("env")).unwrap();
+    assert!(!env.contains("CREDENTIALS_DIRECTORY"), "{env}");
+    let (code, stderr) = broker.finish();
+    assert_eq!(code, Some(0));
+    assert!(
+        stderr.contains(
+            "credentials directory supplies 2 variable(s): ITERON_TEST_FORWARDED, OTHER_SECRET"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(forwarded) && !stderr.contains(other));
+
+    // An unsafe directory stops the start, naming the file and never its content.
+    let bad = creds.join("OTHER_SECRET");
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o620)).unwrap();
+    let out = area
+        .iteron(&["broker", "serve", "--noninteractive"])
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("credentials directory: writable by group or others: ")
+            && err.trim_end().ends_with("/creds/OTHER_SECRET"),
+        "{err}"
+    );
+    assert!(!err.contains(other), "{err}");
+    support::report::record(
+        "P1",
+        "tests/broker.rs::the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it",
+        json!({}),
+    );
+}
+
 /// The socket-wide bound on requests in flight: with every slot of the operator socket held by
 /// long-polls, a new connection's `hello` is not even read until one frees; one slot under the
 /// bound, it is. Agents holding their own socket's slots do not slow the operator down.

@@ -229,12 +229,23 @@ fn shebang(command: &Path) -> Option<String> {
     first.starts_with('/').then(|| first.to_owned())
 }
 
+/// Paths denied to every child the process starts from now on, whatever its [`Spec`] says (the
+/// broker's `$CREDENTIALS_DIRECTORY`). Set once, at start.
+static ALWAYS_DENIED: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Deny `paths` to every child started from now on. Only the first call counts; `false` if the
+/// set was already fixed.
+pub fn deny_to_every_child(paths: Vec<PathBuf>) -> bool {
+    ALWAYS_DENIED.set(paths).is_ok()
+}
+
 /// What a confinement would enforce, without enforcing anything (diagnostics, and the first
 /// half of [`prepare`]).
 pub fn plan(spec: &Spec) -> Effective {
     let deny: Vec<PathBuf> = spec
         .deny
         .iter()
+        .chain(ALWAYS_DENIED.get().into_iter().flatten())
         .map(|d| canonical(d).unwrap_or_else(|| d.clone()))
         .collect();
     let mut dropped = Vec::new();
@@ -246,7 +257,7 @@ pub fn plan(spec: &Spec) -> Effective {
                 continue;
             };
             if deny.iter().any(|d| real.starts_with(d)) {
-                dropped.push((g.clone(), "inside the operator home"));
+                dropped.push((g.clone(), "inside a denied directory"));
                 continue;
             }
             out.extend(expand(&real, &deny));
@@ -429,7 +440,7 @@ mod tests {
         assert!(
             e.dropped
                 .iter()
-                .any(|(_, why)| *why == "inside the operator home")
+                .any(|(_, why)| *why == "inside a denied directory")
         );
         let _ = std::fs::remove_dir_all(&t);
     }

@@ -45,6 +45,8 @@ pub mod store;
     reason = "the one module with FFI; every block has a SAFETY comment"
 )]
 pub mod sys;
+#[cfg(feature = "broker")]
+pub mod unit_secrets;
 
 /// The security report (test builds only): tests that prove a SECURITY.md promise record it.
 #[cfg(test)]

@@ -165,6 +165,13 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .unwrap_or_else(|| default_operator_socket(&home));
     let interactive = !args.noninteractive;
     let config = home.load()?;
+    // Secrets systemd hands the unit (LoadCredential=): read once, checked, and the directory
+    // denied to every child from here on.
+    let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
+        .map_err(|e| CliError::Serve(e.to_string()))?;
+    if let Some(u) = &unit {
+        iteron_broker::confine::deny_to_every_child(vec![u.dir().to_path_buf()]);
+    }
     // Skills and agent definitions are discovered once, for the broker's whole run; hooks come
     // only from the operator's configuration.
     let catalog = Arc::new(iteron_broker::catalog::discover(
@@ -185,6 +192,19 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         approval_deadline: Duration::from_secs(args.approval_timeout),
     };
     let mut err = std::io::stderr();
+    if let Some(u) = &unit {
+        let names: Vec<&str> = u.names().collect();
+        let _ = writeln!(
+            err,
+            "{}",
+            text::single_line(&format!(
+                "iteron broker: credentials directory supplies {} variable(s){}{}",
+                names.len(),
+                if names.is_empty() { "" } else { ": " },
+                names.join(", ")
+            ))
+        );
+    }
     if !hardened.removed.is_empty() {
         let _ = writeln!(
             err,
@@ -224,7 +244,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             home,
             opts,
             hooks,
-            Arc::new(|k: &str| std::env::var_os(k)),
+            Arc::new(move |k: &str| {
+                unit.as_ref()
+                    .and_then(|u| u.get(k))
+                    .or_else(|| std::env::var_os(k))
+            }),
             stop,
             |ready| {
                 let _ = writeln!(
