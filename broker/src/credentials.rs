@@ -1310,13 +1310,31 @@ mod tests {
         assert_eq!(second.expose_secret(), "at-second-77c0");
         let shown = scrubber.scrub("old at-first-5d1a, new at-second-77c0");
         assert_eq!(shown, "old [REDACTED], new [REDACTED]");
-        // Bounded: the oldest is forgotten beyond the limit, the newest always kept.
-        for i in 0..crate::servers::MAX_LEARNED_SECRETS {
-            learned.learn(&format!("tok-{i:04}"));
+        // The refresh token and client secret of the credential are learned too.
+        assert_eq!(
+            scrubber.scrub("rt-first-5d1a cs-first-5d1a"),
+            "[REDACTED] [REDACTED]"
+        );
+        // Bounded, failing closed: once the set is full nothing is forgotten, and a new
+        // token is refused rather than handed out unscrubbed.
+        let mut i = 0;
+        while learned.learn(&format!("tok-{i:04}")) {
+            i += 1;
         }
-        let last = format!("tok-{:04}", crate::servers::MAX_LEARNED_SECRETS - 1);
-        assert_eq!(scrubber.scrub(&last), "[REDACTED]");
-        assert_eq!(scrubber.scrub("at-first-5d1a"), "at-first-5d1a");
+        assert_eq!(scrubber.scrub("at-first-5d1a"), "[REDACTED]");
+        assert_eq!(scrubber.scrub(&format!("tok-{:04}", i - 1)), "[REDACTED]");
+        assert_eq!(
+            scrubber.scrub(&format!("tok-{i:04}")),
+            format!("tok-{i:04}")
+        );
+        store
+            .update_secrets("srv", |s| {
+                s.access_token = SecretString::from("at-third-0e4b");
+            })
+            .unwrap();
+        let refused = rt.block_on(source.current()).unwrap_err();
+        assert!(refused.contains("restart it"), "{refused}");
+        assert!(!refused.contains("third"), "{refused}");
         crate::test_report::record(
             "P1",
             "broker/src/credentials.rs::every_token_handed_to_a_server_is_learned_by_its_scrubber",

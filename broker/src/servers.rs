@@ -84,33 +84,48 @@ pub struct KnownSecrets {
     learned: LearnedSecrets,
 }
 
-/// Most tokens one running server's scrubber learns (the oldest is forgotten beyond this; a
-/// token rotated out that long ago has expired).
-pub const MAX_LEARNED_SECRETS: usize = 32;
+/// Most secrets one running server's scrubber learns. Beyond, its token source refuses to hand
+/// out another (fail closed: nothing is forgotten, and a server cannot force endless
+/// refreshes); restarting the server starts afresh.
+pub const MAX_LEARNED_SECRETS: usize = 64;
 
-/// Secret values learned while a server runs — every access token its stored OAuth credential
-/// yields, including ones a refresh rotated in or a new login replaced — shared between the
-/// server's token source (which learns them) and its [`KnownSecrets`] (which scrubs them).
+/// Secret values learned while a server runs — every token and client secret its stored OAuth
+/// credential holds whenever it is read, including ones a refresh rotated in or a new login
+/// replaced — shared between the server's token source (which learns them) and its
+/// [`KnownSecrets`] (which scrubs them).
 #[derive(Clone, Default)]
 pub struct LearnedSecrets(std::sync::Arc<std::sync::Mutex<Vec<zeroize::Zeroizing<String>>>>);
 
 impl LearnedSecrets {
     /// Remember `value` (values shorter than 4 bytes are ignored, like configured ones).
-    pub fn learn(&self, value: &str) {
+    /// `false` when it is new and [`MAX_LEARNED_SECRETS`] are already known: the caller must
+    /// not use it.
+    pub fn learn(&self, value: &str) -> bool {
         if value.len() < 4 {
-            return;
+            return true;
         }
         let mut known = match self.0.lock() {
             Ok(k) => k,
             Err(p) => p.into_inner(),
         };
         if known.iter().any(|k| k.as_str() == value) {
-            return;
+            return true;
         }
         if known.len() >= MAX_LEARNED_SECRETS {
-            known.remove(0);
+            return false;
         }
         known.push(zeroize::Zeroizing::new(value.to_owned()));
+        true
+    }
+
+    /// Learn every secret of a stored credential; `false` if one could not be learned.
+    pub fn learn_credential(&self, cred: &crate::credentials::Credential) -> bool {
+        use secrecy::ExposeSecret;
+        let s = &cred.secrets;
+        std::iter::once(&s.access_token)
+            .chain(s.refresh_token.iter())
+            .chain(s.client_secret.iter())
+            .all(|v| self.learn(v.expose_secret()))
     }
 
     fn scrub(&self, out: &mut String) {
@@ -440,7 +455,8 @@ pub async fn connect_with_credentials(
         }
         _ => cred.secrets.access_token.clone(),
     };
-    learned.learn(token.expose_secret());
+    // A fresh set per connect: it cannot be full yet, so nothing here can be refused.
+    let _ = learned.learn_credential(&cred) && learned.learn(token.expose_secret());
     let mut opts = opts;
     opts.token = Some(std::sync::Arc::new(StoredToken {
         store: crate::credentials::CredentialStore::new(home),
@@ -459,7 +475,8 @@ pub async fn connect_with_credentials(
                     .map_err(ConnectError::Credentials)?
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
                 token = refresh_stored(&store, &fresh, network).await?;
-                learned.learn(token.expose_secret());
+                // At most a handful learned so far (one connect, one refresh): never full.
+                let _ = learned.learn_credential(&fresh) && learned.learn(token.expose_secret());
             }
             other => return other,
         }
@@ -500,6 +517,15 @@ impl StoredToken {
             .secrets
             .expires_at
             .is_some_and(|t| t <= unix_now() + REFRESH_MARGIN_SECS);
+        let too_many = || {
+            format!(
+                "this server was handed more than {MAX_LEARNED_SECRETS} distinct secrets since it started; restart it (iteron broker restart)"
+            )
+        };
+        // Learned before use: a token the scrubber does not know is never handed out.
+        if !self.learned.learn_credential(&cred) {
+            return Err(too_many());
+        }
         let token = if force || expiring {
             refresh_stored(&self.store, &cred, &self.network)
                 .await
@@ -509,7 +535,9 @@ impl StoredToken {
         };
         {
             use secrecy::ExposeSecret;
-            self.learned.learn(token.expose_secret());
+            if !self.learned.learn(token.expose_secret()) {
+                return Err(too_many());
+            }
         }
         Ok(token)
     }

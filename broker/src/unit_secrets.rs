@@ -8,8 +8,9 @@
 //! must not be writable by group or others, and must not be symbolic links; a value is at most
 //! [`MAX_VALUE`] bytes (one trailing newline is dropped) and holds no NUL byte; the directory
 //! holds at most [`MAX_ENTRIES`] entries. Anything wrong stops the start with a one-line
-//! reason that names the file, never its content. Entries whose names are not variable names
-//! are ignored (and counted).
+//! reason that names the file, never its content. Entries whose names are not variable names,
+//! and variables the broker strips from its own environment (loader, proxy, TLS roots), are
+//! ignored and named at start.
 //!
 //! The directory is also denied to every child the broker starts ([`crate::confine`]), like the
 //! operator home: a server receives the one value its configuration forwards, never the others.
@@ -81,7 +82,7 @@ impl std::error::Error for UnitSecretsError {}
 pub struct UnitSecrets {
     dir: PathBuf,
     values: BTreeMap<String, Zeroizing<Vec<u8>>>,
-    ignored: usize,
+    ignored: Vec<String>,
 }
 
 impl fmt::Debug for UnitSecrets {
@@ -130,7 +131,10 @@ impl UnitSecrets {
         }
     }
 
-    /// Read and check every credential in `dir`.
+    /// Read and check every credential in `dir`. The directory is resolved once and opened
+    /// without following a final symbolic link; its entries are then listed and opened through
+    /// that open directory (`/proc/self/fd`), so renaming or replacing the path meanwhile
+    /// changes nothing that was checked.
     pub fn load(dir: &Path) -> Result<UnitSecrets, UnitSecretsError> {
         if !dir.is_absolute() {
             return Err(UnitSecretsError::NotAbsolute);
@@ -142,9 +146,20 @@ impl UnitSecrets {
                 why: "not a directory (symbolic links are not followed)",
             });
         }
+        let real = std::fs::canonicalize(dir).map_err(io(dir))?;
+        let handle = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags((nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_NOFOLLOW).bits())
+            .open(&real)
+            .map_err(io(dir))?;
+        let meta = handle.metadata().map_err(io(dir))?;
         check_owner_mode(dir, &meta)?;
+        let via = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&handle)
+        ));
         let mut names = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        for entry in std::fs::read_dir(&via).map_err(io(dir))? {
             let entry = entry.map_err(io(dir))?;
             if names.len() == MAX_ENTRIES {
                 return Err(UnitSecretsError::TooMany);
@@ -153,17 +168,26 @@ impl UnitSecrets {
         }
         names.sort();
         let mut values = BTreeMap::new();
-        let mut ignored = 0;
+        let mut ignored = Vec::new();
         for name in names {
             let Some(var) = name.to_str().filter(|n| EnvName::parse(n).is_ok()) else {
-                ignored += 1;
+                ignored.push(name.to_string_lossy().into_owned());
                 continue;
             };
-            let path = dir.join(&name);
-            values.insert(var.to_owned(), read_value(&path)?);
+            // A credential never supplies what the broker strips from its own environment
+            // (loader, proxy and TLS-root variables).
+            if crate::sys::is_dangerous_env(var) {
+                ignored.push(var.to_owned());
+                continue;
+            }
+            values.insert(
+                var.to_owned(),
+                read_value(&via.join(&name), &real.join(&name))?,
+            );
         }
+        drop(handle);
         Ok(UnitSecrets {
-            dir: dir.to_path_buf(),
+            dir: real,
             values,
             ignored,
         })
@@ -186,43 +210,53 @@ impl UnitSecrets {
         self.values.keys().map(String::as_str)
     }
 
-    /// Entries ignored because their names are not variable names.
-    pub fn ignored(&self) -> usize {
-        self.ignored
+    /// Entries ignored: names that are not variable names, and variables the broker never
+    /// forwards (loader, proxy, TLS roots). Names only, escaped for display.
+    pub fn ignored(&self) -> &[String] {
+        &self.ignored
     }
 }
 
-fn read_value(path: &Path) -> Result<Zeroizing<Vec<u8>>, UnitSecretsError> {
+/// Read one value through `via` (a path below the open directory); errors name `shown`.
+fn read_value(via: &Path, shown: &Path) -> Result<Zeroizing<Vec<u8>>, UnitSecretsError> {
     let unsafe_file = |why| UnitSecretsError::Unsafe {
-        path: path.to_path_buf(),
+        path: shown.to_path_buf(),
         why,
     };
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-        .open(path)
+        .open(via)
         .map_err(|e| {
             if e.raw_os_error() == Some(nix::libc::ELOOP) {
                 unsafe_file("a symbolic link")
             } else {
-                io(path)(e)
+                io(shown)(e)
             }
         })?;
-    let meta = file.metadata().map_err(io(path))?;
+    let meta = file.metadata().map_err(io(shown))?;
     if !meta.is_file() {
         return Err(unsafe_file("not a regular file"));
     }
-    check_owner_mode(path, &meta)?;
+    check_owner_mode(shown, &meta)?;
     if meta.len() > MAX_VALUE {
         return Err(unsafe_file("larger than 65536 bytes"));
     }
-    let mut value = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
-    file.take(MAX_VALUE + 1)
-        .read_to_end(&mut value)
-        .map_err(io(path))?;
-    if value.len() as u64 > MAX_VALUE {
-        return Err(unsafe_file("larger than 65536 bytes"));
+    // A buffer that never grows (a reallocation would leave an unzeroed copy behind): the size
+    // seen, and one byte more to notice a file that grew since.
+    let mut value = Zeroizing::new(vec![0u8; meta.len() as usize + 1]);
+    let mut filled = 0;
+    loop {
+        let n = file.read(&mut value[filled..]).map_err(io(shown))?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+        if filled == value.len() {
+            return Err(unsafe_file("changed while it was read"));
+        }
     }
+    value.truncate(filled);
     if value.last() == Some(&b'\n') {
         value.pop();
     }
@@ -257,7 +291,9 @@ mod tests {
         put(&d, "GITHUB_TOKEN", b"ghp-canary-31c7\n", 0o400);
         put(&d, "API_KEY", b"two\nlines", 0o440);
         put(&d, "not-a-variable", b"x", 0o400);
+        put(&d, "LD_PRELOAD", b"/tmp/evil.so", 0o400);
         let s = UnitSecrets::load(&d).unwrap();
+        assert_eq!(s.get("LD_PRELOAD"), None);
         assert_eq!(
             s.get("GITHUB_TOKEN").unwrap(),
             OsString::from("ghp-canary-31c7")
@@ -266,7 +302,7 @@ mod tests {
         assert_eq!(s.get("not-a-variable"), None);
         assert_eq!(s.get("OTHER"), None);
         assert_eq!(s.names().collect::<Vec<_>>(), ["API_KEY", "GITHUB_TOKEN"]);
-        assert_eq!(s.ignored(), 1);
+        assert_eq!(s.ignored(), ["LD_PRELOAD", "not-a-variable"]);
         assert!(!format!("{s:?}").contains("canary"));
         let _ = std::fs::remove_dir_all(&d);
     }

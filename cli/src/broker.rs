@@ -198,10 +198,15 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             err,
             "{}",
             text::single_line(&format!(
-                "iteron broker: credentials directory supplies {} variable(s){}{}",
+                "iteron broker: credentials directory supplies {} variable(s){}{}{}",
                 names.len(),
                 if names.is_empty() { "" } else { ": " },
-                names.join(", ")
+                names.join(", "),
+                if u.ignored().is_empty() {
+                    String::new()
+                } else {
+                    format!("; ignored: {}", u.ignored().join(", "))
+                }
             ))
         );
     }
