@@ -972,6 +972,161 @@ async fn hold(c: &mut Connection, first_id: usize, n: usize) {
     }
 }
 
+/// Resources and prompts over IPC: lists like `list_tools`; a read or a prompt goes through
+/// exposure, per-call approval and the audit like a tool call; a server whose policy does not
+/// admit what an MCP request carries answers exactly like an unknown one and is never started.
+#[test]
+fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
+    let area = Area::new("reads");
+    let ev = |name: &str, policy: Value| {
+        json!({"name": name, "transport": "stdio", "command": node().to_str().unwrap(),
+               "args": [everything_js().to_str().unwrap(), "stdio"], "policy": policy})
+    };
+    area.config(json!([
+        ev("ev", json!({})),
+        ev("bounded", json!({"capabilities": ["read_only"]}))
+    ]));
+    let broker = area.broker(&[], &[]);
+    let uri = "demo://resource/static/document/architecture.md";
+
+    let out = area
+        .agent(&["resources", "ev", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["uri"] == uri),
+        "{v}"
+    );
+    let out = area.agent(&["prompts", "ev"]).output().unwrap();
+    assert!(
+        text(&out.stdout).contains("args-prompt"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Not offered, or not there: the same answer, and the bounded server never starts.
+    let hidden = area.agent(&["resources", "bounded"]).output().unwrap();
+    let unknown = area.agent(&["resources", "nosuch"]).output().unwrap();
+    assert!(!hidden.status.success());
+    assert_eq!(hidden.status.code(), unknown.status.code());
+    assert_eq!(text(&hidden.stderr), text(&unknown.stderr));
+    assert!(
+        text(&hidden.stderr).contains("no such server"),
+        "{}",
+        text(&hidden.stderr)
+    );
+    let read_hidden = area
+        .agent(&["read-resource", "bounded", uri])
+        .output()
+        .unwrap();
+    assert!(text(&read_hidden.stderr).contains("no such server"));
+    assert!(area.pending().is_empty());
+
+    // A read waits for the operator; what it would read is shown to them.
+    let read = area.agent(&["read-resource", "ev", uri]).spawn().unwrap();
+    let p = area.wait_pending(1);
+    assert_eq!(p[0]["server"], "ev");
+    assert_eq!(p[0]["tool"], "resources/read");
+    assert!(p[0]["arguments"].as_str().unwrap().contains(uri));
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let out = wait_child(read);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).trim().is_empty());
+
+    // A prompt, approved; and one denied.
+    let get = area
+        .agent(&[
+            "get-prompt",
+            "ev",
+            "args-prompt",
+            "--json",
+            r#"{"city":"Lyon-7c2a"}"#,
+        ])
+        .spawn()
+        .unwrap();
+    area.approve_next();
+    let out = wait_child(get);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Lyon-7c2a"),
+        "{}",
+        text(&out.stdout)
+    );
+    let get = area
+        .agent(&["get-prompt", "ev", "simple-prompt"])
+        .spawn()
+        .unwrap();
+    let p = area.wait_pending(1);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "deny", &id]).status.success());
+    let out = wait_child(get);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("denied"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Request bounds: checked before anything reaches the operator.
+    let long = format!("demo://{}", "x".repeat(2048));
+    let out = area
+        .agent(&["read-resource", "ev", &long])
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stderr).contains("over 2048 bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(area.pending().is_empty());
+
+    let status = area.status();
+    let bounded = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "bounded")
+        .unwrap()
+        .clone();
+    assert_eq!(bounded["phase"], "idle", "{status}");
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+
+    let records = area.audit_records();
+    let of = |kind: &str| -> Vec<&Value> { records.iter().filter(|r| r["kind"] == kind).collect() };
+    let reads = of("read_resource");
+    assert!(reads.iter().any(|r| r["outcome"] == "dispatching"));
+    assert!(
+        reads
+            .iter()
+            .any(|r| r["outcome"] == "ok" && r["server"] == "ev")
+    );
+    assert!(reads.iter().any(|r| r["outcome"] == "unknown_server"));
+    assert!(reads.iter().any(|r| r["outcome"] == "bad_request"));
+    let prompts = of("get_prompt");
+    assert!(
+        prompts
+            .iter()
+            .any(|r| r["outcome"] == "ok" && r["tool"] == "args-prompt")
+    );
+    assert!(prompts.iter().any(|r| r["decision"] == "denied"));
+    assert!(of("list_resources").iter().any(|r| r["outcome"] == "ok"));
+    // Digests only: neither the uri nor the prompt's arguments are in the log.
+    let log = records.iter().map(Value::to_string).collect::<String>();
+    assert!(!log.contains("Lyon-7c2a") && !log.contains("architecture.md"));
+    support::report::record(
+        "P1",
+        "tests/broker.rs::resources_and_prompts_are_listed_approved_per_read_and_audited",
+        json!({}),
+    );
+}
+
 /// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`): a credential named like a forwarded
 /// variable supplies it (over the broker's environment), the directory itself is denied to every
 /// child (servers and hooks) and never named in a child's environment, and an unsafe directory

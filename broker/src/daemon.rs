@@ -978,6 +978,23 @@ async fn dispatch(
                 r
             }
         },
+        (Role::Agent, Request::ListResources(a), Some(s)) => {
+            list_reads(broker, s, &a.server, false).await
+        }
+        (Role::Agent, Request::ListPrompts(a), Some(s)) => {
+            list_reads(broker, s, &a.server, true).await
+        }
+        (Role::Agent, Request::ReadResource(r), Some(s)) => {
+            server_read(broker, s, &r.server, Read::Resource(r.uri)).await
+        }
+        (Role::Agent, Request::GetPrompt(g), Some(s)) => {
+            let arguments = g
+                .arguments
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
+            server_read(broker, s, &g.server, Read::Prompt(g.name, arguments)).await
+        }
         (Role::Agent, Request::ListSkills, Some(_)) => Ok(skills_index(&broker.catalog)),
         (Role::Agent, Request::UseSkill(u), Some(s)) => use_skill(broker, s, &u.name),
         (Role::Agent, Request::ResolveAgent(r), Some(s)) => {
@@ -1381,25 +1398,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         })
         .await;
     if let Err(why) = approval {
-        let (code, outcome, msg) = match why {
-            NotApproved::Noninteractive => (
-                Code::ApprovalRequired,
-                "approval_required",
-                "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
-            ),
-            NotApproved::Denied => (Code::Refused, "denied", "the operator denied this call; nothing was sent".to_owned()),
-            NotApproved::TimedOut => (
-                Code::Refused,
-                "approval_timed_out",
-                "no operator approved this call in time; nothing was sent".to_owned(),
-            ),
-            NotApproved::Full => (
-                Code::Busy,
-                "approval_queue_full",
-                format!("{} calls are already waiting for approval; nothing was sent", approvals::MAX_PENDING),
-            ),
-            NotApproved::ShuttingDown => (Code::ShuttingDown, "shutting_down", "the broker is shutting down; nothing was sent".to_owned()),
-        };
+        let (code, outcome, msg) = not_approved(why);
         record.finish(
             if outcome == "denied" {
                 "denied"
@@ -1498,6 +1497,508 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         broker.audit_hooks(Some(&s.id), s.peer, &reports);
     }
     answer
+}
+
+/// Resources and prompts: what a server offers beside tools. Listing them is like listing
+/// tools; reading a resource or getting a prompt runs the server's code like a tool call, so it
+/// goes the same way (exposure → approval → `dispatching` record → effect → outcome record),
+/// without the `PreToolUse`/`PostToolUse` hooks, which are about tools.
+const UNKNOWN_SERVER: &str = "no such server";
+
+/// Most resources or prompts listed from one server; more are dropped with a note.
+pub const MAX_LISTED: usize = 1000;
+/// Most prompt arguments in one `get_prompt`.
+pub const MAX_PROMPT_ARGUMENTS: usize = 64;
+/// Longest prompt name or argument name in a request.
+pub const MAX_PROMPT_NAME: usize = 256;
+
+fn unknown_server() -> Refusal {
+    Refusal::new(Code::UnknownTool, UNKNOWN_SERVER)
+}
+
+/// The server a resource or prompt request names, if this session may use it. A server that
+/// is not offered answers exactly like one that does not exist, and is never started.
+fn reads_server<'a>(s: &'a Session, name: &str) -> Result<&'a ServerConfig, Refusal> {
+    let server = s.snapshot.config.server(name).ok_or_else(unknown_server)?;
+    if !iteron_policy::capability::server_reads_exposed(s.ceiling(), &server.policy) {
+        return Err(unknown_server());
+    }
+    Ok(server)
+}
+
+/// The audit outcome and the agent's refusal when a server cannot be reached.
+fn slot_refusal(e: &SlotError) -> (&'static str, Refusal) {
+    match e {
+        SlotError::StaleSession => (
+            "stale_session",
+            Refusal::new(Code::Refused, &SlotError::StaleSession.to_string()),
+        ),
+        SlotError::ShuttingDown => (
+            "shutting_down",
+            Refusal::new(Code::ShuttingDown, "the broker is shutting down"),
+        ),
+        _ => (
+            "server_unavailable",
+            Refusal::new(
+                Code::Failed,
+                "the server is unavailable; nothing was sent (the operator can see why in iteron broker status)",
+            )
+            .with_certainty("not_sent"),
+        ),
+    }
+}
+
+/// An untrusted string field of a server's answer, scrubbed and made terminal-safe.
+fn field(v: &Value, key: &str, secrets: &crate::servers::KnownSecrets, max: usize) -> Value {
+    match v.get(key).and_then(Value::as_str) {
+        Some(t) => Value::String(text::escape_capped(&secrets.scrub(t), max)),
+        None => Value::Null,
+    }
+}
+
+/// `list_resources` and `list_prompts`.
+async fn list_reads(
+    broker: &Broker,
+    s: &Session,
+    server_name: &str,
+    prompts: bool,
+) -> Result<Value, Refusal> {
+    let kind = if prompts {
+        "list_prompts"
+    } else {
+        "list_resources"
+    };
+    let audit = |decision: &'static str, outcome: &'static str, server: Option<String>| {
+        broker.audit(Event {
+            session: Some(s.id.clone()),
+            peer_uid: Some(s.peer.uid),
+            peer_pid: s.peer.pid,
+            kind,
+            server,
+            decision,
+            outcome,
+            ..Event::default()
+        });
+    };
+    let server = match reads_server(s, server_name) {
+        Ok(x) => x,
+        Err(r) => {
+            audit("refused", "unknown_server", None);
+            return Err(r);
+        }
+    };
+    let name = server.name.as_str().to_owned();
+    let (slot, client) = match broker.registry.client(&s.snapshot, server).await {
+        Ok(x) => x,
+        Err(e) => {
+            let (outcome, r) = slot_refusal(&e);
+            audit("refused", outcome, Some(name));
+            return Err(r);
+        }
+    };
+    let listed = if prompts {
+        client.list_prompts().await
+    } else {
+        client.list_resources().await
+    };
+    let secrets = slot.secrets();
+    let items = match listed {
+        Ok(v) => v,
+        Err(e) => {
+            audit("allowed", "failed", Some(name));
+            return Err(Refusal::new(
+                Code::Failed,
+                &secrets.scrub(&format!(
+                    "the server did not list its {}: {}",
+                    if prompts { "prompts" } else { "resources" },
+                    describe_failure(&e)
+                )),
+            ));
+        }
+    };
+    let mut notes = Vec::new();
+    if items.len() > MAX_LISTED {
+        notes.push(format!(
+            "{} of {} entries are shown",
+            MAX_LISTED,
+            items.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for item in items.iter().take(MAX_LISTED) {
+        if prompts {
+            let arguments: Vec<Value> = item
+                .get("arguments")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .take(MAX_PROMPT_ARGUMENTS)
+                .map(|a| {
+                    json!({
+                        "name": field(a, "name", &secrets, MAX_PROMPT_NAME),
+                        "description": field(a, "description", &secrets, 1024),
+                        "required": a.get("required").and_then(Value::as_bool).unwrap_or(false),
+                    })
+                })
+                .collect();
+            out.push(json!({
+                "name": field(item, "name", &secrets, MAX_PROMPT_NAME),
+                "description": field(item, "description", &secrets, 2048),
+                "arguments": arguments,
+            }));
+        } else {
+            // A resource is only useful by its exact URI: one that could not be read back as
+            // it was listed (too long, control characters) is left out.
+            let Some(uri) = item
+                .get("uri")
+                .and_then(Value::as_str)
+                .filter(|u| valid_uri(u))
+            else {
+                notes.push("a resource without a usable uri was left out".to_owned());
+                continue;
+            };
+            out.push(json!({
+                "uri": secrets.scrub(uri),
+                "name": field(item, "name", &secrets, 256),
+                "description": field(item, "description", &secrets, 2048),
+                "mime_type": field(item, "mimeType", &secrets, 128),
+            }));
+        }
+    }
+    audit("allowed", "ok", Some(name));
+    Ok(if prompts {
+        json!({"prompts": out, "notes": notes})
+    } else {
+        json!({"resources": out, "notes": notes})
+    })
+}
+
+fn valid_uri(u: &str) -> bool {
+    !u.is_empty() && u.len() <= proto::MAX_RESOURCE_URI && !u.chars().any(char::is_control)
+}
+
+/// One read a server performs for the agent.
+enum Read {
+    Resource(String),
+    Prompt(String, Map<String, Value>),
+}
+
+/// `read_resource` and `get_prompt`: approved per call, audited before and after.
+async fn server_read(
+    broker: &Broker,
+    s: &Session,
+    server_name: &str,
+    read: Read,
+) -> Result<Value, Refusal> {
+    let (kind, method, args) = match &read {
+        Read::Resource(uri) => ("read_resource", "resources/read", json!({"uri": uri})),
+        Read::Prompt(name, arguments) => (
+            "get_prompt",
+            "prompts/get",
+            json!({"name": name, "arguments": arguments}),
+        ),
+    };
+    let args_sha256 = audit::sha256_hex(&audit::canonical_json(&args));
+    let mut record = CallRecord {
+        broker,
+        event: Event {
+            session: Some(s.id.clone()),
+            peer_uid: Some(s.peer.uid),
+            peer_pid: s.peer.pid,
+            kind,
+            args_sha256: Some(args_sha256.clone()),
+            ..Event::default()
+        },
+        started: Instant::now(),
+        done: false,
+    };
+    if AUDIT_FAILED.load(Ordering::SeqCst) {
+        record.finish("refused", "audit_unavailable", None);
+        return Err(Refusal::new(
+            Code::Refused,
+            "the broker cannot write its audit log, so it performs no effects; ask the operator",
+        ));
+    }
+    let server = match reads_server(s, server_name) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "unknown_server", None);
+            return Err(r);
+        }
+    };
+    record.event.server = Some(server.name.as_str().to_owned());
+    // The request's own bounds, before anything starts or reaches the operator.
+    let malformed = match &read {
+        Read::Resource(uri) => (!valid_uri(uri)).then_some(
+            "the uri is empty, over 2048 bytes or holds a control character; nothing was sent",
+        ),
+        Read::Prompt(name, arguments) => (name.is_empty()
+            || name.len() > MAX_PROMPT_NAME
+            || name.chars().any(char::is_control)
+            || arguments.len() > MAX_PROMPT_ARGUMENTS
+            || arguments
+                .keys()
+                .any(|k| k.is_empty() || k.len() > MAX_PROMPT_NAME))
+        .then_some(
+            "the prompt name or an argument name is empty, over 256 bytes or holds a control character, or there are over 64 arguments; nothing was sent",
+        ),
+    };
+    if let Some(why) = malformed {
+        record.finish("refused", "bad_request", None);
+        return Err(Refusal::new(Code::Refused, why).with_certainty("not_sent"));
+    }
+    if let Read::Prompt(name, _) = &read
+        && ToolName::parse(name).is_ok()
+    {
+        record.event.tool = Some(name.clone());
+    }
+    let (slot, client) = match broker.registry.client(&s.snapshot, server).await {
+        Ok(x) => x,
+        Err(e) => {
+            let (outcome, r) = slot_refusal(&e);
+            record.finish("refused", outcome, None);
+            return Err(r);
+        }
+    };
+    let generation = slot.generation();
+    record.event.decision = "awaiting_approval";
+    let epoch = slot.cancel_epoch();
+    let preview = approvals::preview(args.as_object().unwrap_or(&Map::new()));
+    let approval = broker
+        .approvals
+        .approve_call(CallInfo {
+            session: s.id.clone(),
+            peer_uid: s.peer.uid,
+            peer_pid: s.peer.pid,
+            server: server.name.as_str().to_owned(),
+            tool: method.to_owned(),
+            args_sha256,
+            preview: preview.0,
+            args_bytes: preview.1,
+        })
+        .await;
+    if let Err(why) = approval {
+        let (code, outcome, msg) = not_approved(why);
+        record.finish(
+            if outcome == "denied" {
+                "denied"
+            } else {
+                "refused"
+            },
+            outcome,
+            None,
+        );
+        return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
+    }
+    record.event.decision = "approved";
+    if slot.generation() != generation || !slot.is_ready() {
+        record.finish("approved", "server_restarted", None);
+        return Err(Refusal::new(
+            Code::Failed,
+            "the server was restarted or stopped while the request waited for approval; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
+    if slot.cancel_epoch() != epoch {
+        record.finish("approved", "cancelled_by_operator", None);
+        return Err(Refusal::new(
+            Code::Cancelled,
+            "the operator cancelled requests to this server while this one waited; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
+    if !record.dispatching() {
+        return Err(Refusal::new(
+            Code::Refused,
+            "the broker cannot write its audit log, so it performs no effects; ask the operator",
+        )
+        .with_certainty("not_sent"));
+    }
+    let mut guard = slot.begin_call(epoch);
+    let effect = async {
+        match &read {
+            Read::Resource(uri) => client.read_resource(uri).await,
+            Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
+        }
+    };
+    let result = tokio::select! {
+        biased;
+        _ = guard.cancelled.changed() => None,
+        r = effect => Some(r),
+    };
+    drop(guard);
+    let secrets = slot.secrets();
+    let (answer, outcome, detail) = match result {
+        None => (
+            Err(Refusal::new(
+                Code::Cancelled,
+                "the operator cancelled requests to this server; it may or may not have been applied",
+            )
+            .with_certainty("maybe_applied")),
+            "cancelled_by_operator",
+            Some("certainty maybe_applied".to_owned()),
+        ),
+        Some(Ok(v)) => (
+            Ok(match &read {
+                Read::Resource(_) => project_contents(&v, &secrets),
+                Read::Prompt(..) => project_prompt(&v, &secrets),
+            }),
+            "ok",
+            None,
+        ),
+        Some(Err(e)) => {
+            let certainty = e.certainty().as_str();
+            let msg = secrets.scrub(&describe_failure(&e));
+            let failure = secrets.scrub(&e.to_string());
+            (
+                Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
+                "failed",
+                Some(format!("certainty {certainty}; {failure}")),
+            )
+        }
+    };
+    record.finish("approved", outcome, detail);
+    answer
+}
+
+/// Add `text` (scrubbed, cut to what is left of the answer's budget) to `out`.
+fn budgeted_text(
+    t: &str,
+    secrets: &crate::servers::KnownSecrets,
+    budget: &mut usize,
+    notes: &mut Vec<String>,
+) -> String {
+    let mut t = secrets.scrub(t);
+    if cut_escaped(&mut t, *budget) {
+        notes.push(format!(
+            "the answer was cut to {MAX_RESULT_TEXT} bytes of text (as JSON text)"
+        ));
+    }
+    let used = serde_json::to_string(&t).map_or(t.len(), |j| j.len().saturating_sub(2));
+    *budget = budget.saturating_sub(used);
+    t
+}
+
+/// A `resources/read` answer as the agent gets it: text contents scrubbed and bounded, binary
+/// contents named in a note.
+fn project_contents(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
+    let mut notes = Vec::new();
+    let mut budget = MAX_RESULT_TEXT;
+    let mut contents = Vec::new();
+    let all: &[Value] = v
+        .get("contents")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    for c in all.iter().take(MAX_LISTED) {
+        if let Some(t) = c.get("text").and_then(Value::as_str) {
+            contents.push(json!({
+                "uri": field(c, "uri", secrets, proto::MAX_RESOURCE_URI),
+                "mime_type": field(c, "mimeType", secrets, 128),
+                "text": budgeted_text(t, secrets, &mut budget, &mut notes),
+            }));
+        } else if let Some(b) = c.get("blob").and_then(Value::as_str) {
+            notes.push(format!(
+                "a binary content of {} bytes (base64) was left out",
+                b.len()
+            ));
+        } else {
+            notes.push("a content without text was left out".to_owned());
+        }
+    }
+    if all.len() > MAX_LISTED {
+        notes.push(format!("{MAX_LISTED} of {} contents are shown", all.len()));
+    }
+    notes.dedup();
+    json!({"contents": contents, "notes": notes})
+}
+
+/// A `prompts/get` answer as the agent gets it: text messages scrubbed and bounded, any other
+/// content named in a note.
+fn project_prompt(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
+    let mut notes = Vec::new();
+    let mut budget = MAX_RESULT_TEXT;
+    let mut messages = Vec::new();
+    let all: &[Value] = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    for m in all.iter().take(MAX_LISTED) {
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("user" | "assistant")) => r,
+            _ => {
+                notes.push("a message with an unknown role was left out".to_owned());
+                continue;
+            }
+        };
+        let content = m.get("content").unwrap_or(&Value::Null);
+        let text = match content.get("type").and_then(Value::as_str) {
+            Some("text") => content.get("text").and_then(Value::as_str),
+            Some("resource") => content
+                .get("resource")
+                .and_then(|r| r.get("text"))
+                .and_then(Value::as_str),
+            _ => None,
+        };
+        match text {
+            Some(t) => messages.push(json!({
+                "role": role,
+                "text": budgeted_text(t, secrets, &mut budget, &mut notes),
+            })),
+            None => notes.push(format!(
+                "a {} content was left out",
+                text::escape_capped(
+                    content
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("non-text"),
+                    32
+                )
+            )),
+        }
+    }
+    if all.len() > MAX_LISTED {
+        notes.push(format!("{MAX_LISTED} of {} messages are shown", all.len()));
+    }
+    notes.dedup();
+    json!({
+        "description": field(v, "description", secrets, 2048),
+        "messages": messages,
+        "notes": notes,
+    })
+}
+
+/// What the agent is told, and the audit outcome, when a call was not approved.
+fn not_approved(why: NotApproved) -> (Code, &'static str, String) {
+    match why {
+        NotApproved::Noninteractive => (
+            Code::ApprovalRequired,
+            "approval_required",
+            "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
+        ),
+        NotApproved::Denied => (
+            Code::Refused,
+            "denied",
+            "the operator denied this call; nothing was sent".to_owned(),
+        ),
+        NotApproved::TimedOut => (
+            Code::Refused,
+            "approval_timed_out",
+            "no operator approved this call in time; nothing was sent".to_owned(),
+        ),
+        NotApproved::Full => (
+            Code::Busy,
+            "approval_queue_full",
+            format!(
+                "{} calls are already waiting for approval; nothing was sent",
+                approvals::MAX_PENDING
+            ),
+        ),
+        NotApproved::ShuttingDown => (
+            Code::ShuttingDown,
+            "shutting_down",
+            "the broker is shutting down; nothing was sent".to_owned(),
+        ),
+    }
 }
 
 /// Cut `text` so that its JSON-escaped form is at most `max` bytes (control characters take six

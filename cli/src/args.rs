@@ -187,6 +187,48 @@ pub(crate) enum Agent {
     UseSkill(SkillArg),
     /// Look up an agent definition by its exact name.
     ResolveAgent(ResolveArgs),
+    /// One server's resources.
+    Resources(ServerFormat),
+    /// Read one resource (waits for operator approval).
+    ReadResource(ReadResourceArgs),
+    /// One server's prompts.
+    Prompts(ServerFormat),
+    /// Get one prompt (waits for operator approval).
+    GetPrompt(GetPromptArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServerFormat {
+    /// Server name.
+    pub(crate) server: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReadResourceArgs {
+    /// Server name.
+    pub(crate) server: String,
+    /// The resource's URI, as listed.
+    pub(crate) uri: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GetPromptArgs {
+    /// Server name.
+    pub(crate) server: String,
+    /// The prompt's name.
+    pub(crate) name: String,
+    /// The arguments, a JSON object of strings.
+    #[arg(long, value_name = "OBJECT", default_value = "{}")]
+    pub(crate) json: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Args)]

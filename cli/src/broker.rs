@@ -510,6 +510,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
         })
         .map_err(CliError::Broker)
     };
+    let prompts = matches!(args.action, Agent::Prompts(_));
     match args.action {
         Agent::Skills(f) => {
             let v = one("list_skills", json!({}))?;
@@ -585,6 +586,79 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                 })),
             }
         }
+        Agent::Resources(a) | Agent::Prompts(a) => {
+            let (method, key) = if prompts {
+                ("list_prompts", "prompts")
+            } else {
+                ("list_resources", "resources")
+            };
+            let v = one(method, json!({"server": a.server}))?;
+            match a.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    for r in v.get(key).and_then(Value::as_array).unwrap_or(&empty) {
+                        let g = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+                        let line = if prompts {
+                            format!("{}  {}", g("name"), g("description"))
+                        } else {
+                            format!("{}  {}  {}", g("uri"), g("name"), g("description"))
+                        };
+                        out_line(out, &text::single_line(&line))?;
+                    }
+                    notes_out(out, &v)
+                }
+            }
+        }
+        Agent::ReadResource(r) => {
+            let v = one("read_resource", json!({"server": r.server, "uri": r.uri}))?;
+            match r.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    for c in v
+                        .get("contents")
+                        .and_then(Value::as_array)
+                        .unwrap_or(&empty)
+                    {
+                        let t = c.get("text").and_then(Value::as_str).unwrap_or("");
+                        // Server output is untrusted: terminal-safe, keeping line breaks.
+                        for line in t.lines() {
+                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
+                        }
+                    }
+                    notes_out(out, &v)
+                }
+            }
+        }
+        Agent::GetPrompt(g) => {
+            let arguments = parse_object(&g.json)
+                .filter(|m| m.values().all(Value::is_string))
+                .ok_or_else(|| CliError::Usage("--json must be a JSON object of strings".into()))?;
+            let v = one(
+                "get_prompt",
+                json!({"server": g.server, "name": g.name, "arguments": arguments}),
+            )?;
+            match g.format {
+                Format::Json => json_out(out, &v),
+                Format::Text => {
+                    let empty = Vec::new();
+                    for m in v
+                        .get("messages")
+                        .and_then(Value::as_array)
+                        .unwrap_or(&empty)
+                    {
+                        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+                        out_line(out, &format!("[{}]", text::single_line(role)))?;
+                        let t = m.get("text").and_then(Value::as_str).unwrap_or("");
+                        for line in t.lines() {
+                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
+                        }
+                    }
+                    notes_out(out, &v)
+                }
+            }
+        }
         Agent::Tools(f) => {
             let v = rt.block_on(async {
                 let mut c = agent_session(&socket, child).await?;
@@ -654,6 +728,18 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             Ok(())
         }
     }
+}
+
+/// A result's notes (what was left out or cut), one line each, marked as notes.
+fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
+    let empty = Vec::new();
+    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
+        out_line(
+            out,
+            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
+        )?;
+    }
+    Ok(())
 }
 
 /// `iteron audit verify`

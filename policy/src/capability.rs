@@ -200,6 +200,18 @@ pub fn admitted(ceiling: CapabilitySet, policy: &ServerPolicy, tool: &ToolName) 
     set
 }
 
+/// Whether a server's resources and prompts are offered: reading a resource or getting a
+/// prompt runs the server's code like a tool call, so it carries what an MCP tool carries
+/// ([`CapabilitySet::MCP_TOOL`]) and needs it admitted by the ceiling and the server's bound.
+/// Only ever intersects, like [`admitted`].
+pub fn server_reads_exposed(ceiling: CapabilitySet, policy: &ServerPolicy) -> bool {
+    let set = match policy.capabilities {
+        Some(server) => ceiling.intersect(server),
+        None => ceiling,
+    };
+    CapabilitySet::MCP_TOOL.iter().all(|c| set.contains(c))
+}
+
 /// Why a tool is not exposed. Internal: the agent sees an unexposed tool exactly as an unknown
 /// one; these reasons are for the operator's diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,6 +287,23 @@ mod tests {
 
     fn tool(s: &str) -> ToolName {
         ToolName::parse(s).unwrap()
+    }
+
+    #[test]
+    fn server_reads_need_what_a_tool_call_needs() {
+        let all = CapabilitySet(63);
+        let open = ServerPolicy::default();
+        assert!(server_reads_exposed(all, &open));
+        assert!(server_reads_exposed(CapabilitySet::MCP_TOOL, &open));
+        // A read-only ceiling (a child session) sees none.
+        let read_only = CapabilitySet(1 << Capability::ReadOnly as u8);
+        assert!(!server_reads_exposed(read_only, &open));
+        // A server bound without irreversible_external offers none.
+        let bound = ServerPolicy {
+            capabilities: Some(read_only),
+            ..ServerPolicy::default()
+        };
+        assert!(!server_reads_exposed(all, &bound));
     }
 
     fn arb_set() -> impl Strategy<Value = CapabilitySet> {

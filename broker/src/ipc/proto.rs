@@ -59,6 +59,14 @@ pub enum Kind {
     ResolveAgent,
     /// A user prompt (runs the `UserPromptSubmit` hooks).
     SubmitPrompt,
+    /// One server's resources.
+    ListResources,
+    /// Read one resource (an effect, approved per call).
+    ReadResource,
+    /// One server's prompts.
+    ListPrompts,
+    /// Get one prompt (an effect, approved per call).
+    GetPrompt,
     /// Server phases (operator).
     Status,
     /// Cancel a server's in-flight calls (operator).
@@ -149,6 +157,34 @@ pub const TABLE: &[Entry] = &[
         role: Role::Agent,
         kind: Kind::SubmitPrompt,
         class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "list_resources",
+        role: Role::Agent,
+        kind: Kind::ListResources,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "read_resource",
+        role: Role::Agent,
+        kind: Kind::ReadResource,
+        class: Some(Capability::IrreversibleExternal),
+        states: OPEN,
+    },
+    Entry {
+        method: "list_prompts",
+        role: Role::Agent,
+        kind: Kind::ListPrompts,
+        class: Some(Capability::ReadOnly),
+        states: OPEN,
+    },
+    Entry {
+        method: "get_prompt",
+        role: Role::Agent,
+        kind: Kind::GetPrompt,
+        class: Some(Capability::IrreversibleExternal),
         states: OPEN,
     },
     Entry {
@@ -274,7 +310,33 @@ pub struct CallTool {
     pub arguments: Map<String, Value>,
 }
 
-/// A request naming one server (operator).
+/// `read_resource` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadResource {
+    /// The server's configured name.
+    pub server: String,
+    /// The resource's URI (at most [`MAX_RESOURCE_URI`] bytes, no control characters).
+    pub uri: String,
+}
+
+/// Longest resource URI a request may name.
+pub const MAX_RESOURCE_URI: usize = 2048;
+
+/// `get_prompt` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetPrompt {
+    /// The server's configured name.
+    pub server: String,
+    /// The prompt's name.
+    pub name: String,
+    /// The prompt's arguments (string values, as MCP defines them).
+    #[serde(default)]
+    pub arguments: std::collections::BTreeMap<String, String>,
+}
+
+/// A request naming one server (operator control, and the agent's resource and prompt lists).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerArg {
@@ -376,6 +438,14 @@ pub enum Request {
     ResolveAgent(ResolveAgent),
     /// `submit_prompt`.
     SubmitPrompt(SubmitPrompt),
+    /// `list_resources`.
+    ListResources(ServerArg),
+    /// `read_resource`.
+    ReadResource(ReadResource),
+    /// `list_prompts`.
+    ListPrompts(ServerArg),
+    /// `get_prompt`.
+    GetPrompt(GetPrompt),
     /// `status`.
     Status(StatusArg),
     /// `cancel`.
@@ -621,6 +691,10 @@ pub fn decode(
         Kind::UseSkill => Request::UseSkill(params(env.params, id, m)?),
         Kind::ResolveAgent => Request::ResolveAgent(params(env.params, id, m)?),
         Kind::SubmitPrompt => Request::SubmitPrompt(params(env.params, id, m)?),
+        Kind::ListResources => Request::ListResources(params(env.params, id, m)?),
+        Kind::ReadResource => Request::ReadResource(params(env.params, id, m)?),
+        Kind::ListPrompts => Request::ListPrompts(params(env.params, id, m)?),
+        Kind::GetPrompt => Request::GetPrompt(params(env.params, id, m)?),
         Kind::Status => Request::Status(params(env.params, id, m)?),
         Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
@@ -775,6 +849,49 @@ mod tests {
         ] {
             assert_eq!(op(&bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
         }
+    }
+
+    #[test]
+    fn resource_and_prompt_requests_are_strict() {
+        let agent = |method: &str, params: &str| {
+            agent_open(&format!(
+                r#"{{"id":1,"method":"{method}","params":{params}}}"#
+            ))
+        };
+        assert!(agent("list_resources", r#"{"server":"s"}"#).is_ok());
+        assert!(agent("list_prompts", r#"{"server":"s"}"#).is_ok());
+        assert!(agent("read_resource", r#"{"server":"s","uri":"file:///x"}"#).is_ok());
+        assert!(agent("get_prompt", r#"{"server":"s","name":"p"}"#).is_ok());
+        assert!(
+            agent(
+                "get_prompt",
+                r#"{"server":"s","name":"p","arguments":{"a":"b"}}"#
+            )
+            .is_ok()
+        );
+        for (method, bad) in [
+            ("list_resources", r#"{}"#),
+            ("list_resources", r#"{"server":"s","cursor":"c"}"#),
+            ("read_resource", r#"{"server":"s"}"#),
+            ("read_resource", r#"{"server":"s","uri":7}"#),
+            (
+                "get_prompt",
+                r#"{"server":"s","name":"p","arguments":{"a":1}}"#,
+            ),
+            ("get_prompt", r#"{"server":"s","name":"p","arguments":[]}"#),
+        ] {
+            let e = agent(method, bad).unwrap_err();
+            assert_eq!(e.refusal.code, Code::Protocol, "{method} {bad}");
+        }
+        // Reads are effects in the table, lists are not.
+        let class = |m: &str| lookup(Role::Agent, m).unwrap().class;
+        assert_eq!(
+            class("read_resource"),
+            Some(Capability::IrreversibleExternal)
+        );
+        assert_eq!(class("get_prompt"), Some(Capability::IrreversibleExternal));
+        assert_eq!(class("list_resources"), Some(Capability::ReadOnly));
+        assert!(lookup(Role::Operator, "read_resource").is_none());
     }
 
     #[test]
