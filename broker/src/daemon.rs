@@ -40,6 +40,7 @@ use crate::ipc::proto::{self, Code, Fatal, PROTOCOL_VERSION, Refusal, Request, R
 use crate::mcp::client::{McpError, Tool};
 use crate::mcp::elicit::FormAnswer;
 use crate::registry::{Registry, Slot, SlotError, Snapshot};
+use crate::servers::KnownSecrets;
 use crate::store::Home;
 
 /// Requests in flight on one connection.
@@ -1472,7 +1473,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         }
         Some(Err(e)) => {
             let certainty = e.certainty().as_str();
-            let msg = secrets.scrub(&describe_failure(&e));
+            let msg = secrets.scrub(&describe_failure(&e, &secrets));
             // The full (scrubbed) failure goes to the audit record for the operator.
             failure = Some(secrets.scrub(&e.to_string()));
             (
@@ -1549,7 +1550,7 @@ fn slot_refusal(e: &SlotError) -> (&'static str, Refusal) {
 }
 
 /// An untrusted string field of a server's answer, scrubbed and made terminal-safe.
-fn field(v: &Value, key: &str, secrets: &crate::servers::KnownSecrets, max: usize) -> Value {
+fn field(v: &Value, key: &str, secrets: &KnownSecrets, max: usize) -> Value {
     match v.get(key).and_then(Value::as_str) {
         Some(t) => Value::String(text::escape_capped(&secrets.scrub(t), max)),
         None => Value::Null,
@@ -1611,59 +1612,69 @@ async fn list_reads(
                 &secrets.scrub(&format!(
                     "the server did not list its {}: {}",
                     if prompts { "prompts" } else { "resources" },
-                    describe_failure(&e)
+                    describe_failure(&e, &secrets)
                 )),
             ));
         }
     };
     let mut notes = Vec::new();
-    if items.len() > MAX_LISTED {
-        notes.push(format!(
-            "{} of {} entries are shown",
-            MAX_LISTED,
-            items.len()
-        ));
-    }
     let mut out = Vec::new();
+    let mut used = 0usize;
+    let mut unusable = 0usize;
     for item in items.iter().take(MAX_LISTED) {
-        if prompts {
+        // What the agent sends back (a URI, a prompt or argument name) is passed exactly, or
+        // not at all; what it only reads is made terminal-safe and bounded.
+        let entry = if prompts {
+            let Some(name) = exact(item, "name", valid_name, &secrets) else {
+                unusable += 1;
+                continue;
+            };
             let arguments: Vec<Value> = item
                 .get("arguments")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
                 .take(MAX_PROMPT_ARGUMENTS)
-                .map(|a| {
-                    json!({
-                        "name": field(a, "name", &secrets, MAX_PROMPT_NAME),
+                .filter_map(|a| {
+                    Some(json!({
+                        "name": exact(a, "name", valid_name, &secrets)?,
                         "description": field(a, "description", &secrets, 1024),
                         "required": a.get("required").and_then(Value::as_bool).unwrap_or(false),
-                    })
+                    }))
                 })
                 .collect();
-            out.push(json!({
-                "name": field(item, "name", &secrets, MAX_PROMPT_NAME),
+            json!({
+                "name": name,
                 "description": field(item, "description", &secrets, 2048),
                 "arguments": arguments,
-            }));
+            })
         } else {
-            // A resource is only useful by its exact URI: one that could not be read back as
-            // it was listed (too long, control characters) is left out.
-            let Some(uri) = item
-                .get("uri")
-                .and_then(Value::as_str)
-                .filter(|u| valid_uri(u))
-            else {
-                notes.push("a resource without a usable uri was left out".to_owned());
+            let Some(uri) = exact(item, "uri", valid_uri, &secrets) else {
+                unusable += 1;
                 continue;
             };
-            out.push(json!({
-                "uri": secrets.scrub(uri),
+            json!({
+                "uri": uri,
                 "name": field(item, "name", &secrets, 256),
                 "description": field(item, "description", &secrets, 2048),
                 "mime_type": field(item, "mimeType", &secrets, 128),
-            }));
+            })
+        };
+        if !push_bounded(&mut out, entry, &mut used) {
+            break;
         }
+    }
+    if unusable > 0 {
+        notes.push(format!(
+            "{unusable} entries were left out: a name or uri that is empty, too long, holds a control character or a secret"
+        ));
+    }
+    if out.len() + unusable < items.len() {
+        notes.push(format!(
+            "{} of {} entries are shown (at most {MAX_LISTED}, and {MAX_RESULT_TEXT} bytes)",
+            out.len(),
+            items.len()
+        ));
     }
     audit("allowed", "ok", Some(name));
     Ok(if prompts {
@@ -1675,6 +1686,29 @@ async fn list_reads(
 
 fn valid_uri(u: &str) -> bool {
     !u.is_empty() && u.len() <= proto::MAX_RESOURCE_URI && !u.chars().any(char::is_control)
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= MAX_PROMPT_NAME && !n.chars().any(char::is_control)
+}
+
+/// A name or URI the agent must be able to send back exactly: passed raw (JSON carries it
+/// safely; the CLI escapes what it prints) if it is usable and holds no secret, else `None`.
+fn exact(v: &Value, key: &str, valid: fn(&str) -> bool, secrets: &KnownSecrets) -> Option<String> {
+    let raw = v.get(key).and_then(Value::as_str).filter(|t| valid(t))?;
+    (secrets.scrub(raw) == raw).then(|| raw.to_owned())
+}
+
+/// Add `entry` to `out` while the entries stay within `*budget` bytes of JSON (so an answer
+/// always fits in a frame); `false` once one would not.
+fn push_bounded(out: &mut Vec<Value>, entry: Value, budget: &mut usize) -> bool {
+    let size = serde_json::to_vec(&entry).map_or(usize::MAX, |v| v.len());
+    if budget.saturating_add(size) > MAX_RESULT_TEXT {
+        return false;
+    }
+    *budget += size;
+    out.push(entry);
+    true
 }
 
 /// One read a server performs for the agent.
@@ -1732,13 +1766,9 @@ async fn server_read(
         Read::Resource(uri) => (!valid_uri(uri)).then_some(
             "the uri is empty, over 2048 bytes or holds a control character; nothing was sent",
         ),
-        Read::Prompt(name, arguments) => (name.is_empty()
-            || name.len() > MAX_PROMPT_NAME
-            || name.chars().any(char::is_control)
+        Read::Prompt(name, arguments) => (!valid_name(name)
             || arguments.len() > MAX_PROMPT_ARGUMENTS
-            || arguments
-                .keys()
-                .any(|k| k.is_empty() || k.len() > MAX_PROMPT_NAME))
+            || arguments.keys().any(|k| !valid_name(k)))
         .then_some(
             "the prompt name or an argument name is empty, over 256 bytes or holds a control character, or there are over 64 arguments; nothing was sent",
         ),
@@ -1746,11 +1776,6 @@ async fn server_read(
     if let Some(why) = malformed {
         record.finish("refused", "bad_request", None);
         return Err(Refusal::new(Code::Refused, why).with_certainty("not_sent"));
-    }
-    if let Read::Prompt(name, _) = &read
-        && ToolName::parse(name).is_ok()
-    {
-        record.event.tool = Some(name.clone());
     }
     let (slot, client) = match broker.registry.client(&s.snapshot, server).await {
         Ok(x) => x,
@@ -1848,7 +1873,7 @@ async fn server_read(
         ),
         Some(Err(e)) => {
             let certainty = e.certainty().as_str();
-            let msg = secrets.scrub(&describe_failure(&e));
+            let msg = secrets.scrub(&describe_failure(&e, &secrets));
             let failure = secrets.scrub(&e.to_string());
             (
                 Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
@@ -1861,29 +1886,40 @@ async fn server_read(
     answer
 }
 
-/// Add `text` (scrubbed, cut to what is left of the answer's budget) to `out`.
+/// `t` scrubbed and cut to what is left of `*used`'s budget of [`MAX_RESULT_TEXT`] bytes of
+/// JSON, which it then uses up.
 fn budgeted_text(
     t: &str,
-    secrets: &crate::servers::KnownSecrets,
-    budget: &mut usize,
+    secrets: &KnownSecrets,
+    used: &mut usize,
     notes: &mut Vec<String>,
 ) -> String {
     let mut t = secrets.scrub(t);
-    if cut_escaped(&mut t, *budget) {
+    if cut_escaped(&mut t, MAX_RESULT_TEXT.saturating_sub(*used)) {
         notes.push(format!(
-            "the answer was cut to {MAX_RESULT_TEXT} bytes of text (as JSON text)"
+            "the answer was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
         ));
     }
-    let used = serde_json::to_string(&t).map_or(t.len(), |j| j.len().saturating_sub(2));
-    *budget = budget.saturating_sub(used);
+    *used += serde_json::to_string(&t).map_or(t.len(), |j| j.len().saturating_sub(2));
     t
 }
 
-/// A `resources/read` answer as the agent gets it: text contents scrubbed and bounded, binary
-/// contents named in a note.
-fn project_contents(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
+/// The room the fields of one entry need besides its text (its other strings and the JSON
+/// around them), charged before the text so that the whole answer stays bounded.
+fn charge(entry: &Value, used: &mut usize) -> bool {
+    let size = serde_json::to_vec(entry).map_or(usize::MAX, |v| v.len());
+    if used.saturating_add(size) > MAX_RESULT_TEXT {
+        return false;
+    }
+    *used += size;
+    true
+}
+
+/// A `resources/read` answer as the agent gets it: text contents scrubbed, bounded together
+/// (text and the other fields) to [`MAX_RESULT_TEXT`] bytes; binary contents named in a note.
+fn project_contents(v: &Value, secrets: &KnownSecrets) -> Value {
     let mut notes = Vec::new();
-    let mut budget = MAX_RESULT_TEXT;
+    let mut used = 0usize;
     let mut contents = Vec::new();
     let all: &[Value] = v
         .get("contents")
@@ -1891,11 +1927,19 @@ fn project_contents(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value 
         .map_or(&[], Vec::as_slice);
     for c in all.iter().take(MAX_LISTED) {
         if let Some(t) = c.get("text").and_then(Value::as_str) {
-            contents.push(json!({
+            let mut entry = json!({
                 "uri": field(c, "uri", secrets, proto::MAX_RESOURCE_URI),
                 "mime_type": field(c, "mimeType", secrets, 128),
-                "text": budgeted_text(t, secrets, &mut budget, &mut notes),
-            }));
+                "text": "",
+            });
+            if !charge(&entry, &mut used) {
+                notes.push(format!(
+                    "the answer was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
+                ));
+                break;
+            }
+            entry["text"] = Value::String(budgeted_text(t, secrets, &mut used, &mut notes));
+            contents.push(entry);
         } else if let Some(b) = c.get("blob").and_then(Value::as_str) {
             notes.push(format!(
                 "a binary content of {} bytes (base64) was left out",
@@ -1908,15 +1952,21 @@ fn project_contents(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value 
     if all.len() > MAX_LISTED {
         notes.push(format!("{MAX_LISTED} of {} contents are shown", all.len()));
     }
+    notes.truncate(MAX_NOTES);
     notes.dedup();
     json!({"contents": contents, "notes": notes})
 }
 
-/// A `prompts/get` answer as the agent gets it: text messages scrubbed and bounded, any other
-/// content named in a note.
-fn project_prompt(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
+/// Most notes in one answer.
+const MAX_NOTES: usize = 32;
+
+/// A `prompts/get` answer as the agent gets it: text messages (and an embedded resource's
+/// text) scrubbed and bounded like [`project_contents`]; other content named in a note, in a
+/// fixed vocabulary (the server's own `type` string is never echoed).
+fn project_prompt(v: &Value, secrets: &KnownSecrets) -> Value {
     let mut notes = Vec::new();
-    let mut budget = MAX_RESULT_TEXT;
+    let description = field(v, "description", secrets, 2048);
+    let mut used = serde_json::to_vec(&description).map_or(0, |d| d.len());
     let mut messages = Vec::new();
     let all: &[Value] = v
         .get("messages")
@@ -1931,7 +1981,8 @@ fn project_prompt(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
             }
         };
         let content = m.get("content").unwrap_or(&Value::Null);
-        let text = match content.get("type").and_then(Value::as_str) {
+        let kind = content.get("type").and_then(Value::as_str);
+        let text = match kind {
             Some("text") => content.get("text").and_then(Value::as_str),
             Some("resource") => content
                 .get("resource")
@@ -1939,29 +1990,36 @@ fn project_prompt(v: &Value, secrets: &crate::servers::KnownSecrets) -> Value {
                 .and_then(Value::as_str),
             _ => None,
         };
-        match text {
-            Some(t) => messages.push(json!({
-                "role": role,
-                "text": budgeted_text(t, secrets, &mut budget, &mut notes),
-            })),
-            None => notes.push(format!(
-                "a {} content was left out",
-                text::escape_capped(
-                    content
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .unwrap_or("non-text"),
-                    32
-                )
-            )),
+        let Some(t) = text else {
+            notes.push(
+                match kind {
+                    Some("image") => "an image content was left out",
+                    Some("audio") => "an audio content was left out",
+                    Some("resource_link") => "a resource link was left out",
+                    Some("resource") => "a binary embedded resource was left out",
+                    _ => "a non-text content was left out",
+                }
+                .to_owned(),
+            );
+            continue;
+        };
+        let mut entry = json!({"role": role, "text": ""});
+        if !charge(&entry, &mut used) {
+            notes.push(format!(
+                "the answer was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
+            ));
+            break;
         }
+        entry["text"] = Value::String(budgeted_text(t, secrets, &mut used, &mut notes));
+        messages.push(entry);
     }
     if all.len() > MAX_LISTED {
         notes.push(format!("{MAX_LISTED} of {} messages are shown", all.len()));
     }
+    notes.truncate(MAX_NOTES);
     notes.dedup();
     json!({
-        "description": field(v, "description", secrets, 2048),
+        "description": description,
         "messages": messages,
         "notes": notes,
     })
@@ -2022,12 +2080,14 @@ fn cut_escaped(text: &mut String, max: usize) -> bool {
 /// What the agent is told when a call fails: the server's own error message (its answer to
 /// the call), or a fixed description — never transport details such as host names, addresses
 /// or zones, which stay in the audit record and `iteron broker status`.
-fn describe_failure(e: &McpError) -> String {
+fn describe_failure(e: &McpError, secrets: &KnownSecrets) -> String {
     use crate::mcp::TransportErrorKind as K;
     match e {
+        // Scrubbed before it is cut and escaped: a secret cut in half, or escaped, would no
+        // longer be recognised.
         McpError::Rpc { error, .. } => format!(
             "the server answered with an error: {}",
-            text::single_line_capped(&error.message, 300)
+            text::single_line_capped(&secrets.scrub(&error.message), 300)
         ),
         McpError::Transport(t) => match t.kind {
             K::Timeout => "the call did not complete in time".to_owned(),
@@ -2163,6 +2223,79 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    fn canary_secrets() -> KnownSecrets {
+        let learned = crate::servers::LearnedSecrets::default();
+        assert!(learned.learn("canary-5e1f0a"));
+        KnownSecrets::default().with_learned(learned)
+    }
+
+    #[test]
+    fn read_answers_are_bounded_scrubbed_and_never_echo_a_server_type() {
+        let secrets = canary_secrets();
+        // 1000 contents with the longest URIs and big texts: the answer stays in a frame.
+        let long_uri = format!("demo://{}", "u".repeat(2040));
+        let contents: Vec<Value> = (0..1200)
+            .map(|i| json!({"uri": long_uri, "mimeType": "text/plain", "text": format!("{i} canary-5e1f0a {}", "t".repeat(4000))}))
+            .collect();
+        let v = project_contents(&json!({"contents": contents}), &secrets);
+        let size = serde_json::to_vec(&v).unwrap().len();
+        assert!(size <= MAX_RESULT_TEXT + 4096, "{size}");
+        assert!(size <= frame::MAX_FRAME);
+        assert!(!v.to_string().contains("canary-5e1f0a"));
+        assert!(v["notes"].to_string().contains("cut"), "{}", v["notes"]);
+        // A prompt: unknown content types are named in a fixed vocabulary.
+        let v = project_prompt(
+            &json!({"description": "d canary-5e1f0a", "messages": [
+                {"role": "user", "content": {"type": "text", "text": "hello canary-5e1f0a"}},
+                {"role": "user", "content": {"type": "canary-5e1f0a-evil\u{1b}[2J"}},
+                {"role": "system", "content": {"type": "text", "text": "x"}},
+                {"role": "assistant", "content": {"type": "image", "data": "AAAA"}}
+            ]}),
+            &secrets,
+        );
+        let shown = v.to_string();
+        assert!(
+            !shown.contains("canary") && !shown.contains("evil"),
+            "{shown}"
+        );
+        assert_eq!(v["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(v["messages"][0]["text"], "hello [REDACTED]");
+        let notes: Vec<&str> = v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "a non-text content was left out",
+                "a message with an unknown role was left out",
+                "an image content was left out"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_the_agent_sends_back_are_exact_or_left_out() {
+        let secrets = canary_secrets();
+        let item = |name: &str| json!({"name": name});
+        let got = |name: &str| exact(&item(name), "name", valid_name, &secrets);
+        assert_eq!(got("a\\b ü"), Some("a\\b ü".to_owned()));
+        assert_eq!(
+            got(&"n".repeat(MAX_PROMPT_NAME)),
+            Some("n".repeat(MAX_PROMPT_NAME))
+        );
+        assert_eq!(got(&"n".repeat(MAX_PROMPT_NAME + 1)), None);
+        assert_eq!(got("bell\u{7}"), None);
+        assert_eq!(got(""), None);
+        assert_eq!(got("has canary-5e1f0a"), None);
+        let uri = |u: &str| exact(&json!({"uri": u}), "uri", valid_uri, &secrets);
+        let max = format!("x://{}", "u".repeat(proto::MAX_RESOURCE_URI - 4));
+        assert_eq!(uri(&max), Some(max.clone()));
+        assert_eq!(uri(&format!("{max}u")), None);
     }
 
     #[test]
