@@ -983,10 +983,22 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
                "args": [everything_js().to_str().unwrap(), "stdio"], "policy": policy,
                "env": ["ITERON_TEST_FORWARDED"]})
     };
-    area.config(json!([
-        ev("ev", json!({})),
-        ev("bounded", json!({"capabilities": ["read_only"]}))
-    ]));
+    // The tool hooks run around every effect: tool calls, resource reads, prompts.
+    let logs = area.base.join("hook-logs");
+    std::fs::create_dir(&logs).unwrap();
+    let log = logs.join("hooks.log");
+    let logger = hook_script(
+        &area,
+        "log.sh",
+        &format!("cat >> {}\necho >> {}", log.display(), log.display()),
+    );
+    let config = json!({"schema_version": 2,
+        "hooks_writable": [logs.to_str().unwrap()],
+        "hooks": {"PreToolUse": [logger], "PostToolUse": [logger]},
+        "mcp_servers": [ev("ev", json!({})), ev("bounded", json!({"capabilities": ["read_only"]}))]});
+    let path = area.home().join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     let canary = "iteron-canary-reads-8d31f6";
     let broker = area.broker(&[], &[("ITERON_TEST_FORWARDED", canary)]);
     let uri = "demo://resource/static/document/architecture.md";
@@ -1098,6 +1110,41 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
     let id = p[0]["id"].as_u64().unwrap().to_string();
     assert!(area.run(&["approvals", "deny", &id]).status.success());
     assert!(!wait_child(read).status.success());
+
+    // And a tool call, approved.
+    let call = area
+        .agent(&["call", "ev", "echo", "--json", r#"{"message":"hooked"}"#])
+        .spawn()
+        .unwrap();
+    area.approve_next();
+    assert!(wait_child(call).status.success());
+    let events: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let saw = |event: &str, tool: &str| {
+        events
+            .iter()
+            .any(|e| e["event"] == event && e["tool"] == tool && e["server"] == "ev")
+    };
+    for tool in ["resources/read", "prompts/get", "echo"] {
+        assert!(
+            saw("PreToolUse", tool),
+            "no PreToolUse for {tool}: {events:?}"
+        );
+        assert!(
+            saw("PostToolUse", tool),
+            "no PostToolUse for {tool}: {events:?}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "PostToolUse" && e["tool"] == "echo" && e["outcome"] == "ok"),
+        "{events:?}"
+    );
 
     let status = area.status();
     let bounded = status["servers"]

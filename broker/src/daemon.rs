@@ -1502,8 +1502,9 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
 
 /// Resources and prompts: what a server offers beside tools. Listing them is like listing
 /// tools; reading a resource or getting a prompt runs the server's code like a tool call, so it
-/// goes the same way (exposure → approval → `dispatching` record → effect → outcome record),
-/// without the `PreToolUse`/`PostToolUse` hooks, which are about tools.
+/// goes the same way (exposure → `PreToolUse` → approval → `dispatching` record → effect →
+/// outcome record → `PostToolUse`), the hooks seeing `resources/read` or `prompts/get` as the
+/// tool.
 const UNKNOWN_SERVER: &str = "no such server";
 
 /// Most resources or prompts listed from one server; more are dropped with a note.
@@ -1786,9 +1787,30 @@ async fn server_read(
         }
     };
     let generation = slot.generation();
+    // The tool hooks run around this effect too, with the MCP method as the tool's name.
+    let event = ToolEvent {
+        session: s.id.clone(),
+        server: server.name.as_str().to_owned(),
+        tool: method.to_owned(),
+        arguments: args.as_object().cloned().unwrap_or_default(),
+    };
+    let verdict = if s.child.is_none() {
+        let (verdict, reports) = broker.hooks.pre_tool_use(&event).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+        verdict
+    } else {
+        Verdict::NoOpinion
+    };
+    if let Verdict::Block(reason) = verdict {
+        record.finish("blocked_by_hook", "refused", None);
+        return Err(Refusal::new(
+            Code::Refused,
+            &format!("blocked by an operator hook: {reason}"),
+        ));
+    }
     record.event.decision = "awaiting_approval";
     let epoch = slot.cancel_epoch();
-    let preview = approvals::preview(args.as_object().unwrap_or(&Map::new()));
+    let preview = approvals::preview(&event.arguments);
     let approval = broker
         .approvals
         .approve_call(CallInfo {
@@ -1883,6 +1905,10 @@ async fn server_read(
         }
     };
     record.finish("approved", outcome, detail);
+    if s.child.is_none() {
+        let reports = broker.hooks.post_tool_use(&event, outcome).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+    }
     answer
 }
 
