@@ -1301,6 +1301,59 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     );
 }
 
+/// The broker hardens itself before anything else: umask 077, no core dumps, not dumpable, and
+/// the loader, proxy and TLS variables gone (named on stderr, never their values).
+#[test]
+fn the_broker_hardens_itself_first() {
+    let area = Area::new("harden");
+    area.config(json!([]));
+    let broker = area.broker(
+        &["--noninteractive"],
+        &[
+            ("HTTPS_PROXY", "http://127.0.0.1:9/proxy-canary-1a2b"),
+            ("LD_LIBRARY_PATH", "/nonexistent/ld-canary-3c4d"),
+            ("SSL_CERT_FILE", "/nonexistent/tls-canary-5e6f"),
+        ],
+    );
+    let pid = broker.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(field("Umask:"), "0077", "{status}");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap();
+    let soft_hard: Vec<&str> = core.split_whitespace().skip(4).take(2).collect();
+    assert_eq!(soft_hard, ["0", "0"], "{core}");
+    // Not dumpable: /proc/<pid>/ files of a non-dumpable process belong to root.
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata(format!("/proc/{pid}/status")).unwrap();
+    assert_eq!(own.uid(), 0, "the broker is dumpable");
+    let (code, stderr) = broker.finish();
+    assert_eq!(code, Some(0));
+    let ignored = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("iteron broker: ignoring environment variables: "))
+        .unwrap_or_default();
+    for name in ["HTTPS_PROXY", "LD_LIBRARY_PATH", "SSL_CERT_FILE"] {
+        assert!(ignored.split(", ").any(|n| n == name), "{stderr}");
+    }
+    assert!(!stderr.contains("canary"), "{stderr}");
+    support::report::record(
+        "P2",
+        "tests/broker.rs::the_broker_hardens_itself_first",
+        json!({"umask": "0077", "core_limit": 0}),
+    );
+}
+
 /// The socket-wide bound on requests in flight: with every slot of the operator socket held by
 /// long-polls, a new connection's `hello` is not even read until one frees; one slot under the
 /// bound, it is. The agent socket has its own slots, so a full operator socket does not block
