@@ -1445,24 +1445,39 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
         ],
     );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Everything the operator's commands print is kept and scanned too (they run with the
+    // secrets in their own environment, as an operator's shell would have them).
+    let operator_out = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let run_operator = {
+        let home = area.home();
+        let operator_out = std::sync::Arc::clone(&operator_out);
+        move |args: &[&str]| -> Output {
+            let out = Command::new(iteron())
+                .args(args)
+                .env("ITERON_HOME", &home)
+                .env("ITERON_TEST_FORWARDED", forwarded)
+                .env("ITERON_TEST_UNNAMED_SECRET", unnamed)
+                .output()
+                .unwrap();
+            operator_out.lock().unwrap().push(format!(
+                "{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            ));
+            out
+        }
+    };
     let approver = {
         let stop = std::sync::Arc::clone(&stop);
-        let home = area.home();
+        let run_operator = run_operator.clone();
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let out = Command::new(iteron())
-                    .args(["approvals", "list", "--format", "json"])
-                    .env("ITERON_HOME", &home)
-                    .output()
-                    .unwrap();
+                let out = run_operator(&["approvals", "list", "--format", "json"]);
                 let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
                 for item in v["pending"].as_array().cloned().unwrap_or_default() {
                     let id = item["id"].as_u64().unwrap().to_string();
                     let deny = item["tool"] == "get-annotated-message";
-                    let _ = Command::new(iteron())
-                        .args(["approvals", if deny { "deny" } else { "approve" }, &id])
-                        .env("ITERON_HOME", &home)
-                        .output();
+                    run_operator(&["approvals", if deny { "deny" } else { "approve" }, &id]);
                 }
                 std::thread::sleep(Duration::from_millis(30));
             }
@@ -1502,6 +1517,30 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     });
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     approver.join().unwrap();
+    for args in [
+        &["approvals", "list"][..],
+        &["broker", "status"],
+        &["broker", "status", "--format", "json"],
+        &["broker", "status", "ev", "--format", "json"],
+        &["mcp", "list", "--format", "json"],
+        &["mcp", "get", "ev"],
+        &["mcp", "get", "ev", "--format", "json"],
+        &["mcp", "status"],
+        &["skills", "--format", "json"],
+        &["agents", "--format", "json"],
+        &["audit", "verify", "--format", "json"],
+    ] {
+        let out = run_operator(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    let printed = operator_out.lock().unwrap().join("\n");
+    assert!(printed.contains("\"ev\""), "{printed}");
+    for secret in [forwarded, unnamed] {
+        assert!(
+            !printed.contains(secret),
+            "a secret reached an operator command's output"
+        );
+    }
     let all = frames.join("\n");
     assert!(
         all.contains("ITERON_TEST_FORWARDED"),
@@ -1519,7 +1558,7 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     support::report::record(
         "P1",
         "tests/broker.rs::no_frame_sent_to_the_agent_carries_a_secret",
-        serde_json::json!({"frames": frames.len()}),
+        serde_json::json!({"frames": frames.len(), "operator_outputs": operator_out.lock().unwrap().len()}),
     );
 }
 
