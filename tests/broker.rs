@@ -1301,6 +1301,152 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     );
 }
 
+/// Read one answer frame from a raw stream, or `None` at end of stream.
+async fn raw_frame(s: &mut tokio::net::UnixStream) -> Option<Value> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).await.ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+/// The agent socket's bounds, each at the limit and one over: the client label, the prompt,
+/// requests in flight on one connection, open connections, and the deadlines for the first
+/// frame and for the rest of a started frame.
+#[test]
+fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
+    use iteron_broker::daemon::{
+        FRAME_DEADLINE, HELLO_DEADLINE, MAX_CLIENT_LABEL, MAX_CONNECTIONS, MAX_IN_FLIGHT,
+    };
+    use iteron_broker::ipc::proto::MAX_PROMPT;
+    use tokio::io::AsyncWriteExt;
+    let area = Area::new("bounds");
+    area.config(json!([]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let sock = area.agent_socket();
+    let op = area.operator_socket();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // The deadlines run while the rest is tested: a connection that says nothing, and one
+        // that starts a frame and never finishes it.
+        let t0 = Instant::now();
+        let mut silent = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut stalled = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        stalled.write_all(&[0, 0, 0, 100, b'{']).await.unwrap();
+        let deadlines = async move {
+            let first = raw_frame(&mut silent).await;
+            let silent_after = t0.elapsed();
+            let second = raw_frame(&mut stalled).await;
+            let stalled_after = t0.elapsed();
+            (first, silent_after, second, stalled_after)
+        };
+        let deadlines = tokio::spawn(deadlines);
+
+        // Client label: 64 bytes open a session, 65 are refused.
+        let mut c = Connection::connect(&sock).await.unwrap();
+        c.hello(&"l".repeat(MAX_CLIENT_LABEL)).await.unwrap();
+        // Prompt: 262,144 bytes are taken, one more is refused.
+        c.request("submit_prompt", json!({"prompt": "p".repeat(MAX_PROMPT)}))
+            .await
+            .unwrap();
+        let e = c
+            .request(
+                "submit_prompt",
+                json!({"prompt": "p".repeat(MAX_PROMPT + 1)}),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("the prompt is over 262144 bytes"),
+            "{e}"
+        );
+        drop(c);
+        let mut c = Connection::connect(&sock).await.unwrap();
+        let e = c
+            .hello(&"l".repeat(MAX_CLIENT_LABEL + 1))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("at most 64 bytes"), "{e}");
+        drop(c);
+
+        // Requests in flight on one connection (operator long-polls, 1.5 s each): with 15
+        // waiting a 16th request is answered at once; with 16 waiting the 17th is not even
+        // read until one of them is answered.
+        for (waiting, served_at_once) in [(MAX_IN_FLIGHT - 1, true), (MAX_IN_FLIGHT, false)] {
+            let mut o = Connection::connect(&op).await.unwrap();
+            o.hello("bounds").await.unwrap();
+            for i in 0..waiting {
+                let f = json!({"id": 100 + i, "method": "pending", "params": {"wait_ms": 1500}});
+                o.send_raw(f.to_string().as_bytes()).await.unwrap();
+            }
+            let f = json!({"id": 7, "method": "status", "params": {}});
+            o.send_raw(f.to_string().as_bytes()).await.unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(10), o.read_value())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                first["id"] == 7,
+                served_at_once,
+                "{waiting} waiting: {first}"
+            );
+        }
+
+        // Open connections: 256 are held (the two deadline connections among them), the next
+        // one gets `busy` and is closed.
+        let mut open = Vec::new();
+        for _ in 0..MAX_CONNECTIONS - 2 {
+            open.push(tokio::net::UnixStream::connect(&sock).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut over = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let busy = tokio::time::timeout(Duration::from_secs(5), raw_frame(&mut over))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(busy["error"]["code"], "busy", "{busy}");
+        assert_eq!(raw_frame(&mut over).await, None);
+        // The 256th was accepted: it is served.
+        let last = open.last_mut().unwrap();
+        let hello = json!({"id": 1, "method": "hello", "params": {"protocol": 1}}).to_string();
+        last.write_all(&(hello.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        last.write_all(hello.as_bytes()).await.unwrap();
+        let answer = raw_frame(last).await.unwrap();
+        assert!(answer.get("result").is_some(), "{answer}");
+        drop(open);
+
+        let (first, silent_after, second, stalled_after) = deadlines.await.unwrap();
+        // The silent connection: closed at the hello deadline, with one error frame.
+        let first = first.unwrap();
+        assert_eq!(first["error"]["code"], "protocol", "{first}");
+        assert!(silent_after >= HELLO_DEADLINE, "{silent_after:?}");
+        assert!(silent_after < HELLO_DEADLINE * 3, "{silent_after:?}");
+        let second = second.unwrap();
+        assert_eq!(second["error"]["code"], "protocol", "{second}");
+        assert!(
+            stalled_after >= FRAME_DEADLINE.min(HELLO_DEADLINE),
+            "{stalled_after:?}"
+        );
+        assert!(stalled_after < HELLO_DEADLINE * 3, "{stalled_after:?}");
+    });
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    support::report::record(
+        "P5",
+        "tests/broker.rs::agent_socket_bounds_hold_at_the_limit_and_one_over",
+        json!({"client_label": MAX_CLIENT_LABEL, "prompt": MAX_PROMPT, "in_flight": MAX_IN_FLIGHT,
+               "connections": MAX_CONNECTIONS, "hello_deadline_s": HELLO_DEADLINE.as_secs(),
+               "frame_deadline_s": FRAME_DEADLINE.as_secs()}),
+    );
+}
+
 /// The broker hardens itself before anything else: umask 077, no core dumps, not dumpable, and
 /// the loader, proxy and TLS variables gone (named on stderr, never their values).
 #[test]

@@ -294,3 +294,52 @@ fn the_text_output_names_each_refusal_on_one_line() {
     }));
     assert!(text.lines().all(|l| l.len() <= 512));
 }
+
+/// The skill index holds at most 256 entries: the 256th is indexed, the 257th is refused with
+/// its reason.
+#[test]
+fn the_skill_index_is_bounded_at_the_limit_and_one_over() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let max = iteron_policy::skill::MAX_INDEX;
+    let base = std::env::temp_dir().join(format!("iteron-catalog-index-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let home = base.join("home");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(home.join("skills"))
+        .unwrap();
+    let add = |i: usize| {
+        let dir = home.join("skills").join(format!("s{i:03}"));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        let file = dir.join("SKILL.md");
+        std::fs::write(
+            &file,
+            format!("---\nname: s{i:03}\ndescription: Skill {i}.\n---\nBody {i}.\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    for i in 0..max {
+        add(i);
+    }
+    let (v, _) = run(&home, &["skills", "--format", "json"]);
+    assert_eq!(v["skills"].as_array().unwrap().len(), max);
+    assert!(v["rejected"].as_array().unwrap().is_empty(), "{v}");
+    add(max);
+    let (v, _) = run(&home, &["skills", "--format", "json"]);
+    assert_eq!(v["skills"].as_array().unwrap().len(), max);
+    let r = rejected(&v);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(
+        r.values()
+            .all(|why| why == "the skill index is full (256 entries)"),
+        "{r:?}"
+    );
+    support::report::record(
+        "P5",
+        "tests/catalog.rs::the_skill_index_is_bounded_at_the_limit_and_one_over",
+        serde_json::json!({"max_index": max}),
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -2251,6 +2251,31 @@ mod tests {
             .unwrap()
     }
 
+    #[test]
+    fn results_are_cut_by_their_escaped_size_at_the_limit_and_one_over() {
+        let mut exact = "a".repeat(MAX_RESULT_TEXT);
+        assert!(!cut_escaped(&mut exact, MAX_RESULT_TEXT));
+        assert_eq!(exact.len(), MAX_RESULT_TEXT);
+        let mut over = "a".repeat(MAX_RESULT_TEXT + 1);
+        assert!(cut_escaped(&mut over, MAX_RESULT_TEXT));
+        assert_eq!(over.len(), MAX_RESULT_TEXT);
+        // Escapes count as they are sent: a control character is six bytes, a quote two.
+        let mut ctl = format!("{}\u{1}", "a".repeat(MAX_RESULT_TEXT - 6));
+        assert!(!cut_escaped(&mut ctl, MAX_RESULT_TEXT));
+        let mut ctl = format!("{}\u{1}", "a".repeat(MAX_RESULT_TEXT - 5));
+        assert!(cut_escaped(&mut ctl, MAX_RESULT_TEXT));
+        assert_eq!(ctl.len(), MAX_RESULT_TEXT - 5);
+        // Never inside a character.
+        let mut wide = "é".repeat(MAX_RESULT_TEXT / 2 + 1);
+        assert!(cut_escaped(&mut wide, MAX_RESULT_TEXT));
+        assert_eq!(wide.len(), MAX_RESULT_TEXT);
+        crate::test_report::record(
+            "P5",
+            "broker/src/daemon.rs::results_are_cut_by_their_escaped_size_at_the_limit_and_one_over",
+            serde_json::json!({"max_result_text": MAX_RESULT_TEXT}),
+        );
+    }
+
     fn canary_secrets() -> KnownSecrets {
         let learned = crate::servers::LearnedSecrets::default();
         assert!(learned.learn("canary-5e1f0a"));
