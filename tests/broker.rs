@@ -1301,6 +1301,86 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     );
 }
 
+/// A child session's turn and wall-clock budgets: the turn after the last allowed one and any
+/// request after the wall-clock budget are refused with nothing sent; the budget is the
+/// session's, so a new child session starts afresh.
+#[test]
+fn child_turn_and_wall_clock_budgets_are_enforced() {
+    let area = Area::new("budgets");
+    area.config(json!([]));
+    let agents = area.home().join("agents");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&agents)
+        .unwrap();
+    for (name, budget) in [
+        ("Short", "maxTurns: 2\nmaxConsecutiveToolErrors: 3"),
+        ("Brief", "maxWallSecs: 1"),
+    ] {
+        let f = agents.join(format!("{name}.md"));
+        std::fs::write(
+            &f,
+            format!("---\nname: {name}\ndescription: A budgeted child.\ntools: [read_file]\n{budget}\n---\nWork.\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sock = area.agent_socket();
+    rt.block_on(async {
+        let child = |agent_type: &'static str| {
+            let sock = sock.clone();
+            async move {
+                let mut c = Connection::connect(&sock).await.unwrap();
+                let hello = c
+                    .request("hello", json!({"protocol": 1, "agent_type": agent_type}))
+                    .await
+                    .unwrap();
+                assert_eq!(hello["agent"]["name"], agent_type);
+                c
+            }
+        };
+        let call = json!({"server": "none", "tool": "read_file", "arguments": {}});
+        // Two turns (each a tool error: a child sees no MCP tool), then the budget is spent
+        // before the consecutive-error limit of three is reached.
+        let mut c = child("Short").await;
+        for _ in 0..2 {
+            let e = c.request("call_tool", call.clone()).await.unwrap_err();
+            assert!(e.to_string().starts_with("unknown_tool"), "{e}");
+        }
+        let e = c.request("call_tool", call.clone()).await.unwrap_err();
+        assert!(e.to_string().contains("turn budget is spent"), "{e}");
+        assert!(e.to_string().contains("not_sent"), "{e}");
+        // A new child session has its own budget.
+        let mut fresh = child("Short").await;
+        let e = fresh.request("call_tool", call.clone()).await.unwrap_err();
+        assert!(e.to_string().starts_with("unknown_tool"), "{e}");
+
+        // One second of wall clock: within it requests are served, after it none is.
+        let mut c = child("Brief").await;
+        c.request("list_skills", json!({})).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        for (method, params) in [
+            ("list_skills", json!({})),
+            ("call_tool", call.clone()),
+            ("list_tools", json!({})),
+        ] {
+            let e = c.request(method, params).await.unwrap_err();
+            assert!(
+                e.to_string().contains("wall-clock budget is spent"),
+                "{method}: {e}"
+            );
+        }
+        c.request("end_session", json!({})).await.unwrap();
+    });
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+}
+
 /// Read one answer frame from a raw stream, or `None` at end of stream.
 async fn raw_frame(s: &mut tokio::net::UnixStream) -> Option<Value> {
     use tokio::io::AsyncReadExt;
