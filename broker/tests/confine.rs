@@ -51,6 +51,10 @@ out["cap_eff"] = [l.split()[1] for l in open("/proc/self/status") if l.startswit
 if setuid:
     attempt("setuid_exec", lambda: subprocess.run([setuid, "-u"], capture_output=True, text=True).stdout.strip())
 out["tmpdir"] = os.environ.get("TMPDIR")
+import resource
+out["limits"] = {name: list(resource.getrlimit(getattr(resource, "RLIMIT_" + name)))
+                 for name in ["NOFILE", "DATA", "NPROC", "CORE"]}
+out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
 print(json.dumps(out))
 "#;
 
@@ -157,7 +161,7 @@ fn spec(fx: &Fixture) -> Spec {
         network: false,
         open_files: 256,
         data_bytes: 1 << 30,
-        processes: None,
+        processes: Some(4096),
     }
 }
 
@@ -207,6 +211,13 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
             "{v}"
         );
     }
+    // The resource limits of the spec, and no descriptor but stdin, stdout and stderr (the
+    // fourth is the one listing /proc/self/fd).
+    assert_eq!(v["limits"]["NOFILE"], serde_json::json!([256, 256]), "{v}");
+    assert_eq!(v["limits"]["DATA"], serde_json::json!([1u64 << 30, 1u64 << 30]), "{v}");
+    assert_eq!(v["limits"]["NPROC"], serde_json::json!([4096, 4096]), "{v}");
+    assert_eq!(v["limits"]["CORE"], serde_json::json!([0, 0]), "{v}");
+    assert_eq!(v["fds"], serde_json::json!([0, 1, 2, 3]), "{v}");
     // The scratch directory is gone once the child is.
     let tmpdir = PathBuf::from(v["tmpdir"].as_str().unwrap());
     std::thread::sleep(Duration::from_millis(200));
