@@ -1301,6 +1301,91 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     );
 }
 
+/// `iteron skills` and `iteron agents` show a running broker's snapshot — what its sessions get,
+/// discovered when it started — not a fresh scan: an edit made since is not shown until the
+/// broker restarts. Without a broker (or for another repository) they discover now.
+#[test]
+fn skills_and_agents_show_the_running_brokers_snapshot() {
+    let area = Area::new("snapshot");
+    support::copy_tree(
+        &repo().join("fixtures/hostile-home"),
+        &area.home(),
+        0o700,
+        0o600,
+    );
+    area.config(json!([]));
+    let fixture = repo().join("fixtures/hostile-repo");
+    let broker = area.broker(
+        &["--noninteractive", "--repo", fixture.to_str().unwrap()],
+        &[],
+    );
+    let skill = area.home().join("skills/deploy/SKILL.md");
+    let before = std::fs::read_to_string(&skill).unwrap();
+    std::fs::write(
+        &skill,
+        before.replace(
+            "How the operator deploys (trusted).",
+            "Edited after the start.",
+        ),
+    )
+    .unwrap();
+    let view = |args: &[&str]| -> Value {
+        let out = area.run(args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let description = |v: &Value| {
+        v["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "deploy")
+            .map(|s| s["description"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let v = view(&["skills", "--format", "json"]);
+    assert_eq!(v["source"], "broker", "{v}");
+    assert_eq!(description(&v), "How the operator deploys (trusted).");
+    // The broker's repository tier is part of its snapshot.
+    assert!(
+        v["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["tier"] == "repository"),
+        "{v}"
+    );
+    let same_repo = view(&[
+        "skills",
+        "--repo",
+        fixture.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(same_repo["source"], "broker");
+    let agents = view(&["agents", "--format", "json"]);
+    assert_eq!(agents["source"], "broker");
+    assert!(!agents["agents"].as_array().unwrap().is_empty());
+    // Another repository: discovered now, with the edit.
+    let other = area.base.join("other-repo");
+    std::fs::create_dir(&other).unwrap();
+    let v = view(&[
+        "skills",
+        "--repo",
+        other.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["source"], "discovery");
+    assert_eq!(description(&v), "Edited after the start.");
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    // No broker: discovered now.
+    let v = view(&["skills", "--format", "json"]);
+    assert_eq!(v["source"], "discovery");
+    assert_eq!(description(&v), "Edited after the start.");
+}
+
 /// A child session's turn and wall-clock budgets: the turn after the last allowed one and any
 /// request after the wall-clock budget are refused with nothing sent; the budget is the
 /// session's, so a new child session starts afresh.

@@ -116,6 +116,8 @@ pub struct Catalog {
     pub rejected: Vec<Rejected>,
     /// Rejections beyond [`MAX_REJECTED`].
     pub rejected_more: usize,
+    /// The repository discovered, as given (resolved when it could be).
+    pub repo: Option<PathBuf>,
 }
 
 fn shown(p: &Path) -> String {
@@ -508,6 +510,7 @@ pub fn discover(home: &Path, repo: Option<&Path>) -> Catalog {
             _ => {}
         }
         b.walk_repo(repo);
+        b.cat.repo = Some(std::fs::canonicalize(repo).unwrap_or_else(|_| repo.to_path_buf()));
     }
     b.cat
 }
@@ -559,6 +562,7 @@ impl Catalog {
                 "path": shown(&s.path),
             })).collect::<Vec<_>>(),
             "rejected": self.rejected_json(RejectKind::Skill),
+            "rejected_more": self.rejected_more,
         })
     }
 
@@ -567,6 +571,17 @@ impl Catalog {
         json!({
             "agents": self.agents.iter().map(|a| agent_json(&a.def, Some(&a.path))).collect::<Vec<_>>(),
             "rejected": self.rejected_json(RejectKind::Agent),
+            "rejected_more": self.rejected_more,
+        })
+    }
+
+    /// The whole snapshot, as a running broker hands it to the operator (`catalog`): the
+    /// repository it was discovered for, and the two views.
+    pub fn snapshot_json(&self) -> Value {
+        json!({
+            "repo": self.repo.as_deref().map(shown),
+            "skills": self.skills_json(),
+            "agents": self.agents_json(),
         })
     }
 

@@ -2172,6 +2172,7 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             control("operator_stop", &a.server);
             Ok(json!({}))
         }
+        Request::Catalog => Ok(broker.catalog.snapshot_json()),
         Request::Pending(p) => {
             // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
             let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));

@@ -214,7 +214,11 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     // The resource limits of the spec, and no descriptor but stdin, stdout and stderr (the
     // fourth is the one listing /proc/self/fd).
     assert_eq!(v["limits"]["NOFILE"], serde_json::json!([256, 256]), "{v}");
-    assert_eq!(v["limits"]["DATA"], serde_json::json!([1u64 << 30, 1u64 << 30]), "{v}");
+    assert_eq!(
+        v["limits"]["DATA"],
+        serde_json::json!([1u64 << 30, 1u64 << 30]),
+        "{v}"
+    );
     assert_eq!(v["limits"]["NPROC"], serde_json::json!([4096, 4096]), "{v}");
     assert_eq!(v["limits"]["CORE"], serde_json::json!([0, 0]), "{v}");
     assert_eq!(v["fds"], serde_json::json!([0, 1, 2, 3]), "{v}");

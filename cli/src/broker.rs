@@ -775,73 +775,136 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
     }
 }
 
-fn catalog_for(args: &CatalogArgs) -> Result<iteron_broker::catalog::Catalog, CliError> {
+/// The snapshot to show: a running broker's (what its sessions get, discovered when it
+/// started) when one answers on this home's operator socket and `--repo` is absent or names the
+/// repository it was started with; otherwise a discovery made now. The second value says which.
+fn catalog_view(args: &CatalogArgs) -> Result<(Value, &'static str), CliError> {
     let home = home()?;
-    Ok(iteron_broker::catalog::discover(
-        home.dir(),
-        args.repo.as_deref(),
-    ))
+    let socket = default_operator_socket(&home);
+    if let Some(v) = broker_catalog(&socket) {
+        let broker_repo = v.get("repo").and_then(Value::as_str).map(PathBuf::from);
+        let wanted = args
+            .repo
+            .as_ref()
+            .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()));
+        if wanted.is_none() || wanted == broker_repo {
+            return Ok((v, "broker"));
+        }
+    }
+    let cat = iteron_broker::catalog::discover(home.dir(), args.repo.as_deref());
+    Ok((cat.snapshot_json(), "discovery"))
 }
 
-fn rejected_text(
-    out: &mut dyn Write,
-    cat: &iteron_broker::catalog::Catalog,
-    kind: iteron_broker::catalog::RejectKind,
-) -> Result<(), CliError> {
+/// A running broker's snapshot, or `None` when no broker of this home answers in time.
+fn broker_catalog(socket: &Path) -> Option<Value> {
+    let rt = crate::rt::current_thread().ok()?;
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let mut c = Connection::connect(socket).await.ok()?;
+            c.hello("iteron-cli").await.ok()?;
+            c.request("catalog", json!({})).await.ok()
+        })
+        .await
+        .ok()
+        .flatten()
+    })
+}
+
+fn rejected_text(out: &mut dyn Write, view: &Value) -> Result<(), CliError> {
     // Path and reason are already terminal-safe; escaping them again would double escapes.
-    for r in cat.rejected_of(kind) {
-        out_line(out, &format!("rejected {}: {}", r.path, r.reason))?;
+    let empty = Vec::new();
+    for r in view
+        .get("rejected")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty)
+    {
+        let g = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+        out_line(out, &format!("rejected {}: {}", g("path"), g("reason")))?;
     }
-    if cat.rejected_more > 0 {
-        out_line(out, &format!("({} more rejected)", cat.rejected_more))?;
+    let more = view
+        .get("rejected_more")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if more > 0 {
+        out_line(out, &format!("({more} more rejected)"))?;
     }
     Ok(())
 }
 
+/// One view of the snapshot (`skills` or `agents`), with where it came from.
+fn view_of(snapshot: &Value, key: &str, source: &str) -> Value {
+    let mut view = snapshot.get(key).cloned().unwrap_or_else(|| json!({}));
+    if let Some(obj) = view.as_object_mut() {
+        obj.insert("source".into(), source.into());
+    }
+    view
+}
+
 /// `iteron skills`: exactly what discovery found, and what it refused and why.
 pub(crate) fn run_skills(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let cat = catalog_for(&args)?;
+    let (snapshot, source) = catalog_view(&args)?;
+    let view = view_of(&snapshot, "skills", source);
     match args.format {
-        Format::Json => json_out(out, &cat.skills_json()),
+        Format::Json => json_out(out, &view),
         Format::Text => {
-            for s in &cat.skills {
+            let empty = Vec::new();
+            for s in view
+                .get("skills")
+                .and_then(Value::as_array)
+                .unwrap_or(&empty)
+            {
+                let g = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("");
                 out_line(
                     out,
                     &text::single_line(&format!(
                         "{}  ({})  {}",
-                        s.name,
-                        s.tier.as_str(),
-                        s.description
+                        g("name"),
+                        g("tier"),
+                        g("description")
                     )),
                 )?;
             }
-            rejected_text(out, &cat, iteron_broker::catalog::RejectKind::Skill)
+            rejected_text(out, &view)
         }
     }
 }
 
 /// `iteron agents`: the runtime snapshot of agent definitions, with tiers and identities.
 pub(crate) fn run_agents(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let cat = catalog_for(&args)?;
+    let (snapshot, source) = catalog_view(&args)?;
+    let view = view_of(&snapshot, "agents", source);
     match args.format {
-        Format::Json => json_out(out, &cat.agents_json()),
+        Format::Json => json_out(out, &view),
         Format::Text => {
-            for a in &cat.agents {
-                let d = &a.def;
+            let empty = Vec::new();
+            for a in view
+                .get("agents")
+                .and_then(Value::as_array)
+                .unwrap_or(&empty)
+            {
+                let g = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("");
+                let tools: Vec<&str> = a
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .unwrap_or(&empty)
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let budget = |k: &str| a["budget"][k].as_u64().unwrap_or(0);
                 out_line(
                     out,
                     &text::single_line(&format!(
                         "{}  ({})  identity {}  tools {}  turns {}  wall {} s",
-                        d.name,
-                        d.tier.as_str(),
-                        d.identity.get(..16).unwrap_or_default(),
-                        d.tools.join(","),
-                        d.budget.max_turns,
-                        d.budget.max_wall_secs
+                        g("name"),
+                        g("tier"),
+                        g("identity").get(..16).unwrap_or_default(),
+                        tools.join(","),
+                        budget("max_turns"),
+                        budget("max_wall_secs")
                     )),
                 )?;
             }
-            rejected_text(out, &cat, iteron_broker::catalog::RejectKind::Agent)
+            rejected_text(out, &view)
         }
     }
 }

@@ -81,6 +81,8 @@ pub enum Kind {
     Decide,
     /// Answer one pending form (operator).
     Answer,
+    /// The skills and agent definitions the broker discovered at start (operator).
+    Catalog,
 }
 
 /// One row of the dispatch table.
@@ -240,6 +242,13 @@ pub const TABLE: &[Entry] = &[
         method: "answer",
         role: Role::Operator,
         kind: Kind::Answer,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "catalog",
+        role: Role::Operator,
+        kind: Kind::Catalog,
         class: None,
         states: OPEN,
     },
@@ -460,6 +469,8 @@ pub enum Request {
     Decide(Decide),
     /// `answer`.
     Answer(Answer),
+    /// `catalog` (operator).
+    Catalog,
 }
 
 /// Error codes on the wire (a closed set).
@@ -726,6 +737,10 @@ pub fn decode(
             Request::Decide(d)
         }
         Kind::Answer => Request::Answer(params(env.params, id, m)?),
+        Kind::Catalog => {
+            params::<NoParams>(env.params, id, m)?;
+            Request::Catalog
+        }
     };
     Ok((id, entry, req))
 }
