@@ -194,6 +194,35 @@ fn a_server_denied_by_its_confinement_is_reported_with_the_denied_operation() {
     assert!(err.contains("the server runs confined"), "{err}");
     // The configuration's text never reached the output.
     assert!(!err.contains("schema_version"), "{err}");
+    // get shows the effective confinement: the home denied, no network for a server without
+    // web_egress.
+    let out = h.run(&["mcp", "get", "nosy"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("confinement"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("network denied") && line.contains("no_new_privs"),
+        "{text}"
+    );
+    let out = h.run(&["mcp", "get", "nosy", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["confinement"]["network"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied"),
+        "{v}"
+    );
+    let home = std::fs::canonicalize(h.0.join("home")).unwrap();
+    let denied: Vec<&str> = v["confinement"]["denied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    assert!(denied.contains(&home.to_str().unwrap()), "{v}");
     // doctor names the confinement it would apply.
     let out = h.run(&["mcp", "doctor"]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -181,6 +181,25 @@ impl HookRunner {
     }
 }
 
+/// A blocking hook's reason: its last stderr lines, as many as fit in 400 bytes counted from
+/// the end (the end of what a hook says is its conclusion; a long line before it must not push
+/// it out), one line, redacted, terminal-safe.
+fn block_reason(lines: &[String]) -> String {
+    const MAX: usize = 400;
+    let mut kept: Vec<String> = Vec::new();
+    let mut size = 0;
+    for line in lines.iter().rev() {
+        let line = text::single_line_capped(line, MAX);
+        if !kept.is_empty() && size + 2 + line.len() > MAX {
+            break;
+        }
+        size += line.len() + if kept.is_empty() { 0 } else { 2 };
+        kept.push(line);
+    }
+    kept.reverse();
+    text::single_line_capped(&kept.join("; "), MAX)
+}
+
 async fn run_one(
     event: HookEvent,
     command: &str,
@@ -245,11 +264,12 @@ async fn run_one(
         Ok((Exit::Code(code), discarded)) => {
             report.discarded = discarded;
             report.outcome = if code == BLOCK_CODE && event == HookEvent::PreToolUse {
-                let reason = child.stderr_tail(8).join("; ");
+                child.stderr_drained(Duration::from_secs(1)).await;
+                let reason = block_reason(&child.stderr_tail(8));
                 Outcome::Blocked(if reason.trim().is_empty() {
                     "no reason given".to_owned()
                 } else {
-                    text::single_line_capped(&reason, 400)
+                    reason
                 })
             } else {
                 Outcome::Exited(code)

@@ -252,6 +252,8 @@ pub struct ChildProcess {
     /// Its stdout (taken by the transport).
     pub stdout: Option<tokio::process::ChildStdout>,
     stderr: Arc<Mutex<Ring>>,
+    /// Becomes true when the child's stderr reached end of file.
+    stderr_eof: watch::Receiver<bool>,
     exit: watch::Receiver<Option<Exit>>,
     /// Tells the reaper to kill what is left of the group and reap the leader.
     reap: Option<mpsc::Sender<()>>,
@@ -345,6 +347,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         .take()
         .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
     let ring = Arc::new(Mutex::new(Ring::default()));
+    let (eof_tx, stderr_eof) = watch::channel(stderr_pipe.is_none());
     if let Some(mut err) = stderr_pipe {
         let ring = ring.clone();
         tokio::spawn(async move {
@@ -361,6 +364,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
                     }
                 }
             }
+            let _ = eof_tx.send(true);
         });
     }
     let (exit_tx, exit_rx) = watch::channel(None);
@@ -402,6 +406,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         stdin,
         stdout,
         stderr: ring,
+        stderr_eof,
         exit: exit_rx,
         reap: Some(reap_tx),
         confinement,
@@ -477,6 +482,14 @@ impl ChildProcess {
     /// A receiver that changes when the child exits.
     pub fn exit_watch(&self) -> watch::Receiver<Option<Exit>> {
         self.exit.clone()
+    }
+
+    /// Wait, at most `within`, until everything the child wrote to stderr has been read (a
+    /// process that has exited can still have bytes in the pipe; one whose descendants keep
+    /// the pipe open is waited for no longer than `within`).
+    pub async fn stderr_drained(&self, within: Duration) {
+        let mut rx = self.stderr_eof.clone();
+        let _ = tokio::time::timeout(within, rx.wait_for(|done| *done)).await;
     }
 
     /// The last stderr lines, each made terminal-safe and redacted, at most `max_lines`.

@@ -142,6 +142,21 @@ fn a_flood_of_output_is_bounded() {
         reports[0].discarded,
         8 * 1024 * 1024 - MAX_HOOK_OUTPUT as u64
     );
+    // A blocking hook that floods stderr: it is drained (the hook finishes) and its reason is
+    // still one bounded line.
+    let loud = script(
+        &d,
+        "loud.sh",
+        "head -c 8388608 /dev/zero | tr '\\0' 'x' >&2\necho >&2\necho 'the real reason' >&2\nexit 2",
+    );
+    let r = runner(&d, HookEvent::PreToolUse, vec![loud]);
+    let (verdict, _) = rt().block_on(r.pre_tool_use(&event()));
+    let Verdict::Block(reason) = verdict else {
+        panic!("not blocked: {verdict:?}")
+    };
+    assert!(reason.len() <= 512, "{}", reason.len());
+    assert!(!reason.contains('\n'));
+    assert!(reason.contains("the real reason"), "{reason}");
 }
 
 #[test]
