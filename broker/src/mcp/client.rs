@@ -285,8 +285,8 @@ impl Handler for ServerRequests {
 
 /// The transport of a connected client.
 pub enum Transport {
-    /// A child process.
-    Stdio(StdioTransport),
+    /// A child process (boxed: it is much larger than the HTTP variant).
+    Stdio(Box<StdioTransport>),
     /// Streamable HTTP.
     Http(HttpTransport),
 }
@@ -539,7 +539,7 @@ impl Client {
             done: AtomicUsize::new(0),
         };
         let t = StdioTransport::start(child, handler);
-        match Client::connect(Transport::Stdio(t), opts, Some(restart)).await {
+        match Client::connect(Transport::Stdio(Box::new(t)), opts, Some(restart)).await {
             Ok(c) => Ok(c),
             Err(McpError::Transport(TransportError {
                 kind: TransportErrorKind::Closed(reason),
@@ -656,10 +656,10 @@ impl Client {
         let child = crate::spawn::spawn(restart.spec.clone())
             .await
             .map_err(McpError::Spawn)?;
-        let fresh = Arc::new(Transport::Stdio(StdioTransport::start(
+        let fresh = Arc::new(Transport::Stdio(Box::new(StdioTransport::start(
             child,
             restart.handler.clone(),
-        )));
+        ))));
         if let Ok(mut t) = self.transport.lock() {
             *t = fresh;
         }
