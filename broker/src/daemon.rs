@@ -1367,96 +1367,20 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         tool: tool.name.clone(),
         arguments: c.arguments.clone(),
     };
-    let verdict = if s.child.is_none() {
-        let (verdict, reports) = broker.hooks.pre_tool_use(&event).await;
-        broker.audit_hooks(Some(&s.id), s.peer, &reports);
-        verdict
-    } else {
-        Verdict::NoOpinion
-    };
-    if let Verdict::Block(reason) = verdict {
-        record.finish("blocked_by_hook", "refused", None);
-        return Err(Refusal::new(
-            Code::Refused,
-            &format!("blocked by an operator hook: {reason}"),
-        ));
-    }
-    record.event.decision = "awaiting_approval";
-    // A cancel, restart or stop of this server from now on also stops this call.
-    let epoch = slot.cancel_epoch();
-    let preview = approvals::preview(&c.arguments);
-    let approval = broker
-        .approvals
-        .approve_call(CallInfo {
-            session: s.id.clone(),
-            peer_uid: s.peer.uid,
-            peer_pid: s.peer.pid,
-            server: server.name.as_str().to_owned(),
-            tool: tool.name.clone(),
-            args_sha256,
-            preview: preview.0,
-            args_bytes: preview.1,
-        })
-        .await;
-    if let Err(why) = approval {
-        let (code, outcome, msg) = not_approved(why);
-        record.finish(
-            if outcome == "denied" {
-                "denied"
-            } else {
-                "refused"
-            },
-            outcome,
-            None,
-        );
-        return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
-    }
-    record.event.decision = "approved";
-    // The operator may have restarted or stopped the server while the call waited: never send
-    // it to a different (or closed) connection than the one the catalog came from.
-    if slot.generation() != generation || !slot.is_ready() {
-        record.finish("approved", "server_restarted", None);
-        return Err(Refusal::new(
-            Code::Failed,
-            "the server was restarted or stopped while the call waited for approval; nothing was sent",
-        )
-        .with_certainty("not_sent"));
-    }
-    if slot.cancel_epoch() != epoch {
-        record.finish("approved", "cancelled_by_operator", None);
-        return Err(Refusal::new(
-            Code::Cancelled,
-            "the operator cancelled calls on this server while this one waited; nothing was sent",
-        )
-        .with_certainty("not_sent"));
-    }
-    // The effect is audited before it happens: if that record cannot be written, nothing is
-    // sent.
-    if !record.dispatching() {
-        return Err(Refusal::new(
-            Code::Refused,
-            "the broker cannot write its audit log, so it performs no effects; ask the operator",
-        )
-        .with_certainty("not_sent"));
-    }
-    let mut guard = slot.begin_call(epoch);
-    let result = tokio::select! {
-        biased;
-        _ = guard.cancelled.changed() => None,
-        r = client.call_tool(&tool.name, c.arguments) => Some(r),
-    };
-    drop(guard);
+    let epoch = before_effect(
+        broker,
+        s,
+        &mut record,
+        &event,
+        &slot,
+        generation,
+        args_sha256,
+    )
+    .await?;
+    let result = under_cancel(&slot, epoch, client.call_tool(&tool.name, c.arguments)).await;
     let secrets = slot.secrets();
-    let mut failure = None;
-    let (answer, outcome) = match result {
-        None => (
-            Err(Refusal::new(
-                Code::Cancelled,
-                "the operator cancelled calls on this server; the call may or may not have been applied",
-            )
-            .with_certainty("maybe_applied")),
-            "cancelled_by_operator",
-        ),
+    let (answer, outcome, detail) = match result {
+        None => cancelled_effect(),
         Some(Ok(p)) => {
             let mut text_out = secrets.scrub(&p.text);
             let mut notes = p.notes.clone();
@@ -1469,34 +1393,12 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
             (
                 Ok(json!({"text": text_out, "is_error": p.is_error, "notes": notes})),
                 outcome,
+                None,
             )
         }
-        Some(Err(e)) => {
-            let certainty = e.certainty().as_str();
-            let msg = secrets.scrub(&describe_failure(&e, &secrets));
-            // The full (scrubbed) failure goes to the audit record for the operator.
-            failure = Some(secrets.scrub(&e.to_string()));
-            (
-                Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
-                "failed",
-            )
-        }
+        Some(Err(e)) => failed_effect(&e, &secrets),
     };
-    let detail = answer
-        .as_ref()
-        .err()
-        .and_then(|r| r.certainty)
-        .map(|c| match &failure {
-            Some(f) => format!("certainty {c}; {f}"),
-            None => format!("certainty {c}"),
-        });
-    // The outcome is recorded before the PostToolUse hooks run: an agent that goes away during
-    // a hook cannot turn an applied effect into a "cancelled" record.
-    record.finish("approved", outcome, detail);
-    if s.child.is_none() {
-        let reports = broker.hooks.post_tool_use(&event, outcome).await;
-        broker.audit_hooks(Some(&s.id), s.peer, &reports);
-    }
+    after_effect(broker, s, &mut record, &event, outcome, detail).await;
     answer
 }
 
@@ -1794,8 +1696,56 @@ async fn server_read(
         tool: method.to_owned(),
         arguments: args.as_object().cloned().unwrap_or_default(),
     };
+    let epoch = before_effect(
+        broker,
+        s,
+        &mut record,
+        &event,
+        &slot,
+        generation,
+        args_sha256,
+    )
+    .await?;
+    let effect = async {
+        match &read {
+            Read::Resource(uri) => client.read_resource(uri).await,
+            Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
+        }
+    };
+    let result = under_cancel(&slot, epoch, effect).await;
+    let secrets = slot.secrets();
+    let (answer, outcome, detail) = match result {
+        None => cancelled_effect(),
+        Some(Ok(v)) => (
+            Ok(match &read {
+                Read::Resource(_) => project_contents(&v, &secrets),
+                Read::Prompt(..) => project_prompt(&v, &secrets),
+            }),
+            "ok",
+            None,
+        ),
+        Some(Err(e)) => failed_effect(&e, &secrets),
+    };
+    after_effect(broker, s, &mut record, &event, outcome, detail).await;
+    answer
+}
+
+/// What every effect goes through between exposure and the effect itself: the `PreToolUse`
+/// hooks (not for a child), the operator's approval, the checks that the server is still the
+/// one the request was prepared for and was not cancelled meanwhile, and the `dispatching`
+/// record (if it cannot be written, nothing is sent). Returns the cancel epoch the effect runs
+/// under; on any refusal the call's record is finished and nothing was sent.
+async fn before_effect(
+    broker: &Broker,
+    s: &Session,
+    record: &mut CallRecord<'_>,
+    event: &ToolEvent,
+    slot: &Slot,
+    generation: u64,
+    args_sha256: String,
+) -> Result<u64, Refusal> {
     let verdict = if s.child.is_none() {
-        let (verdict, reports) = broker.hooks.pre_tool_use(&event).await;
+        let (verdict, reports) = broker.hooks.pre_tool_use(event).await;
         broker.audit_hooks(Some(&s.id), s.peer, &reports);
         verdict
     } else {
@@ -1809,6 +1759,7 @@ async fn server_read(
         ));
     }
     record.event.decision = "awaiting_approval";
+    // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
     let preview = approvals::preview(&event.arguments);
     let approval = broker
@@ -1817,8 +1768,8 @@ async fn server_read(
             session: s.id.clone(),
             peer_uid: s.peer.uid,
             peer_pid: s.peer.pid,
-            server: server.name.as_str().to_owned(),
-            tool: method.to_owned(),
+            server: event.server.clone(),
+            tool: event.tool.clone(),
             args_sha256,
             preview: preview.0,
             args_bytes: preview.1,
@@ -1838,11 +1789,13 @@ async fn server_read(
         return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
     }
     record.event.decision = "approved";
+    // The operator may have restarted or stopped the server while the call waited: never send
+    // it to a different (or closed) connection than the one it was prepared for.
     if slot.generation() != generation || !slot.is_ready() {
         record.finish("approved", "server_restarted", None);
         return Err(Refusal::new(
             Code::Failed,
-            "the server was restarted or stopped while the request waited for approval; nothing was sent",
+            "the server was restarted or stopped while the call waited for approval; nothing was sent",
         )
         .with_certainty("not_sent"));
     }
@@ -1850,10 +1803,11 @@ async fn server_read(
         record.finish("approved", "cancelled_by_operator", None);
         return Err(Refusal::new(
             Code::Cancelled,
-            "the operator cancelled requests to this server while this one waited; nothing was sent",
+            "the operator cancelled calls on this server while this one waited; nothing was sent",
         )
         .with_certainty("not_sent"));
     }
+    // The effect is audited before it happens.
     if !record.dispatching() {
         return Err(Refusal::new(
             Code::Refused,
@@ -1861,55 +1815,64 @@ async fn server_read(
         )
         .with_certainty("not_sent"));
     }
+    Ok(epoch)
+}
+
+/// Run `effect` as one call on `slot`: `None` if the operator cancels calls on the server (a
+/// cancel, restart or stop) before it completes.
+async fn under_cancel<T>(slot: &Slot, epoch: u64, effect: impl Future<Output = T>) -> Option<T> {
     let mut guard = slot.begin_call(epoch);
-    let effect = async {
-        match &read {
-            Read::Resource(uri) => client.read_resource(uri).await,
-            Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
-        }
-    };
-    let result = tokio::select! {
+    tokio::select! {
         biased;
         _ = guard.cancelled.changed() => None,
         r = effect => Some(r),
-    };
-    drop(guard);
-    let secrets = slot.secrets();
-    let (answer, outcome, detail) = match result {
-        None => (
-            Err(Refusal::new(
-                Code::Cancelled,
-                "the operator cancelled requests to this server; it may or may not have been applied",
-            )
-            .with_certainty("maybe_applied")),
-            "cancelled_by_operator",
-            Some("certainty maybe_applied".to_owned()),
-        ),
-        Some(Ok(v)) => (
-            Ok(match &read {
-                Read::Resource(_) => project_contents(&v, &secrets),
-                Read::Prompt(..) => project_prompt(&v, &secrets),
-            }),
-            "ok",
-            None,
-        ),
-        Some(Err(e)) => {
-            let certainty = e.certainty().as_str();
-            let msg = secrets.scrub(&describe_failure(&e, &secrets));
-            let failure = secrets.scrub(&e.to_string());
-            (
-                Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
-                "failed",
-                Some(format!("certainty {certainty}; {failure}")),
-            )
-        }
-    };
+    }
+}
+
+type EffectEnd = (Result<Value, Refusal>, &'static str, Option<String>);
+
+/// An effect the operator cancelled while it ran.
+fn cancelled_effect() -> EffectEnd {
+    (
+        Err(Refusal::new(
+            Code::Cancelled,
+            "the operator cancelled calls on this server; the call may or may not have been applied",
+        )
+        .with_certainty("maybe_applied")),
+        "cancelled_by_operator",
+        Some("certainty maybe_applied".to_owned()),
+    )
+}
+
+/// An effect that failed: the agent gets a fixed description (or the server's own error) and
+/// the certainty; the audit record also gets the full failure, scrubbed.
+fn failed_effect(e: &McpError, secrets: &KnownSecrets) -> EffectEnd {
+    let certainty = e.certainty().as_str();
+    let msg = secrets.scrub(&describe_failure(e, secrets));
+    let failure = secrets.scrub(&e.to_string());
+    (
+        Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
+        "failed",
+        Some(format!("certainty {certainty}; {failure}")),
+    )
+}
+
+/// Record an effect's outcome, then run the `PostToolUse` hooks (not for a child). The outcome
+/// is recorded first: an agent that goes away during a hook cannot turn an applied effect into
+/// a "cancelled" record.
+async fn after_effect(
+    broker: &Broker,
+    s: &Session,
+    record: &mut CallRecord<'_>,
+    event: &ToolEvent,
+    outcome: &'static str,
+    detail: Option<String>,
+) {
     record.finish("approved", outcome, detail);
     if s.child.is_none() {
-        let reports = broker.hooks.post_tool_use(&event, outcome).await;
+        let reports = broker.hooks.post_tool_use(event, outcome).await;
         broker.audit_hooks(Some(&s.id), s.peer, &reports);
     }
-    answer
 }
 
 /// `t` scrubbed and cut to what is left of `*used`'s budget of [`MAX_RESULT_TEXT`] bytes of
