@@ -1254,6 +1254,40 @@ struct CallRecord<'a> {
     done: bool,
 }
 
+impl<'a> CallRecord<'a> {
+    /// Start the record of one effect request. When the audit log cannot be written the request
+    /// is refused at once, the same way whatever it names (and that refusal is recorded if the
+    /// log takes it).
+    fn open(
+        broker: &'a Broker,
+        s: &Session,
+        kind: &'static str,
+        args_sha256: &str,
+    ) -> Result<CallRecord<'a>, Refusal> {
+        let mut record = CallRecord {
+            broker,
+            event: Event {
+                session: Some(s.id.clone()),
+                peer_uid: Some(s.peer.uid),
+                peer_pid: s.peer.pid,
+                kind,
+                args_sha256: Some(args_sha256.to_owned()),
+                ..Event::default()
+            },
+            started: Instant::now(),
+            done: false,
+        };
+        if AUDIT_FAILED.load(Ordering::SeqCst) {
+            record.finish("refused", "audit_unavailable", None);
+            return Err(Refusal::new(
+                Code::Refused,
+                "the broker cannot write its audit log, so it performs no effects; ask the operator",
+            ));
+        }
+        Ok(record)
+    }
+}
+
 impl CallRecord<'_> {
     fn finish(&mut self, decision: &'static str, outcome: &'static str, detail: Option<String>) {
         self.event.decision = decision;
@@ -1297,28 +1331,9 @@ impl Drop for CallRecord<'_> {
 async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<Value, Refusal> {
     let args_sha256 =
         audit::sha256_hex(&audit::canonical_json(&Value::Object(c.arguments.clone())));
-    let mut record = CallRecord {
-        broker,
-        event: Event {
-            session: Some(s.id.clone()),
-            peer_uid: Some(s.peer.uid),
-            peer_pid: s.peer.pid,
-            kind: "call_tool",
-            args_sha256: Some(args_sha256.clone()),
-            ..Event::default()
-        },
-        started: Instant::now(),
-        done: false,
-    };
     // First, before anything tells known tools from unknown ones: an unwritable audit log
     // refuses every call alike.
-    if AUDIT_FAILED.load(Ordering::SeqCst) {
-        record.finish("refused", "audit_unavailable", None);
-        return Err(Refusal::new(
-            Code::Refused,
-            "the broker cannot write its audit log, so it performs no effects; ask the operator",
-        ));
-    }
+    let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
     let Some(server) = s.snapshot.config.server(&c.server) else {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
@@ -1636,26 +1651,7 @@ async fn server_read(
         ),
     };
     let args_sha256 = audit::sha256_hex(&audit::canonical_json(&args));
-    let mut record = CallRecord {
-        broker,
-        event: Event {
-            session: Some(s.id.clone()),
-            peer_uid: Some(s.peer.uid),
-            peer_pid: s.peer.pid,
-            kind,
-            args_sha256: Some(args_sha256.clone()),
-            ..Event::default()
-        },
-        started: Instant::now(),
-        done: false,
-    };
-    if AUDIT_FAILED.load(Ordering::SeqCst) {
-        record.finish("refused", "audit_unavailable", None);
-        return Err(Refusal::new(
-            Code::Refused,
-            "the broker cannot write its audit log, so it performs no effects; ask the operator",
-        ));
-    }
+    let mut record = CallRecord::open(broker, s, kind, &args_sha256)?;
     let server = match reads_server(s, server_name) {
         Ok(x) => x,
         Err(r) => {
