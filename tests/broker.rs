@@ -1400,7 +1400,7 @@ fn child_turn_and_wall_clock_budgets_are_enforced() {
         .unwrap();
     for (name, budget) in [
         ("Short", "maxTurns: 2\nmaxConsecutiveToolErrors: 3"),
-        ("Brief", "maxWallSecs: 1"),
+        ("Brief", "maxWallSecs: 2"),
     ] {
         let f = agents.join(format!("{name}.md"));
         std::fs::write(
@@ -1445,10 +1445,10 @@ fn child_turn_and_wall_clock_budgets_are_enforced() {
         let e = fresh.request("call_tool", call.clone()).await.unwrap_err();
         assert!(e.to_string().starts_with("unknown_tool"), "{e}");
 
-        // One second of wall clock: within it requests are served, after it none is.
+        // Two seconds of wall clock: within them requests are served, after them none is.
         let mut c = child("Brief").await;
         c.request("list_skills", json!({})).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(2300)).await;
         for (method, params) in [
             ("list_skills", json!({})),
             ("call_tool", call.clone()),
@@ -1496,21 +1496,6 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
         .build()
         .unwrap();
     rt.block_on(async {
-        // The deadlines run while the rest is tested: a connection that says nothing, and one
-        // that starts a frame and never finishes it.
-        let t0 = Instant::now();
-        let mut silent = tokio::net::UnixStream::connect(&sock).await.unwrap();
-        let mut stalled = tokio::net::UnixStream::connect(&sock).await.unwrap();
-        stalled.write_all(&[0, 0, 0, 100, b'{']).await.unwrap();
-        let deadlines = async move {
-            let first = raw_frame(&mut silent).await;
-            let silent_after = t0.elapsed();
-            let second = raw_frame(&mut stalled).await;
-            let stalled_after = t0.elapsed();
-            (first, silent_after, second, stalled_after)
-        };
-        let deadlines = tokio::spawn(deadlines);
-
         // Client label: 64 bytes open a session, 65 are refused.
         let mut c = Connection::connect(&sock).await.unwrap();
         c.hello(&"l".repeat(MAX_CLIENT_LABEL)).await.unwrap();
@@ -1562,10 +1547,9 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
             );
         }
 
-        // Open connections: 256 are held (the two deadline connections among them), the next
-        // one gets `busy` and is closed.
+        // Open connections: 256 are held, the next one gets `busy` and is closed.
         let mut open = Vec::new();
-        for _ in 0..MAX_CONNECTIONS - 2 {
+        for _ in 0..MAX_CONNECTIONS {
             open.push(tokio::net::UnixStream::connect(&sock).await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1587,19 +1571,44 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
         assert!(answer.get("result").is_some(), "{answer}");
         drop(open);
 
-        let (first, silent_after, second, stalled_after) = deadlines.await.unwrap();
-        // The silent connection: closed at the hello deadline, with one error frame.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // Deadlines, both at once: a connection that says nothing is closed at the hello
+        // deadline; one that opened its session and then starts a frame it never finishes is
+        // closed at the frame deadline, counted from the stall. Each gets one error frame.
+        let t0 = Instant::now();
+        let mut silent = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut stalled = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let hello = json!({"id": 1, "method": "hello", "params": {"protocol": 1}}).to_string();
+        stalled
+            .write_all(&(hello.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        stalled.write_all(hello.as_bytes()).await.unwrap();
+        let opened = raw_frame(&mut stalled).await.unwrap();
+        assert!(opened.get("result").is_some(), "{opened}");
+        let t1 = Instant::now();
+        stalled.write_all(&[0, 0, 0, 100, b'{']).await.unwrap();
+        let (first, second) = tokio::join!(
+            async {
+                let f = raw_frame(&mut silent).await;
+                (f, t0.elapsed())
+            },
+            async {
+                let f = raw_frame(&mut stalled).await;
+                (f, t1.elapsed())
+            }
+        );
+        let (first, silent_after) = first;
         let first = first.unwrap();
         assert_eq!(first["error"]["code"], "protocol", "{first}");
         assert!(silent_after >= HELLO_DEADLINE, "{silent_after:?}");
         assert!(silent_after < HELLO_DEADLINE * 3, "{silent_after:?}");
+        let (second, stalled_after) = second;
         let second = second.unwrap();
         assert_eq!(second["error"]["code"], "protocol", "{second}");
-        assert!(
-            stalled_after >= FRAME_DEADLINE.min(HELLO_DEADLINE),
-            "{stalled_after:?}"
-        );
-        assert!(stalled_after < HELLO_DEADLINE * 3, "{stalled_after:?}");
+        assert!(stalled_after >= FRAME_DEADLINE, "{stalled_after:?}");
+        assert!(stalled_after < FRAME_DEADLINE * 3, "{stalled_after:?}");
     });
     let (code, _) = broker.finish();
     assert_eq!(code, Some(0));
@@ -1618,14 +1627,49 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
 fn the_broker_hardens_itself_first() {
     let area = Area::new("harden");
     area.config(json!([]));
-    let broker = area.broker(
-        &["--noninteractive"],
-        &[
-            ("HTTPS_PROXY", "http://127.0.0.1:9/proxy-canary-1a2b"),
-            ("LD_LIBRARY_PATH", "/nonexistent/ld-canary-3c4d"),
-            ("SSL_CERT_FILE", "/nonexistent/tls-canary-5e6f"),
-        ],
-    );
+    // Started loose on purpose: umask 022 and core dumps allowed (as far as the hard limit
+    // lets), so that what the broker shows is its own doing.
+    let wrapper = "umask 022; ulimit -S -c \"$(ulimit -H -c)\"; exec \"$0\" \"$@\"";
+    let loose = Command::new("/bin/sh")
+        .args([
+            "-c",
+            "umask 022; ulimit -S -c \"$(ulimit -H -c)\"; umask; ulimit -S -c",
+        ])
+        .output()
+        .unwrap();
+    let loose = text(&loose.stdout);
+    assert!(loose.starts_with("0022"), "{loose}");
+    let core_was_loose = loose.lines().nth(1).is_some_and(|c| c.trim() != "0");
+    let sock = area.agent_socket();
+    let child = Command::new("/bin/sh")
+        .args([
+            "-c",
+            wrapper,
+            iteron(),
+            "broker",
+            "serve",
+            "--noninteractive",
+            "--socket",
+        ])
+        .arg(&sock)
+        .env("ITERON_HOME", area.home())
+        .env("HTTPS_PROXY", "http://127.0.0.1:9/proxy-canary-1a2b")
+        .env("LD_LIBRARY_PATH", "/nonexistent/ld-canary-3c4d")
+        .env("SSL_CERT_FILE", "/nonexistent/tls-canary-5e6f")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let broker = Broker {
+        child,
+        socket: area.operator_socket(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let pid = broker.pid();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
@@ -1644,10 +1688,9 @@ fn the_broker_hardens_itself_first() {
         .unwrap();
     let soft_hard: Vec<&str> = core.split_whitespace().skip(4).take(2).collect();
     assert_eq!(soft_hard, ["0", "0"], "{core}");
-    // Not dumpable: /proc/<pid>/ files of a non-dumpable process belong to root.
-    use std::os::unix::fs::MetadataExt;
-    let own = std::fs::metadata(format!("/proc/{pid}/status")).unwrap();
-    assert_eq!(own.uid(), 0, "the broker is dumpable");
+    if !core_was_loose {
+        eprintln!("note: the hard core limit here is 0, so the core check is weaker");
+    }
     let (code, stderr) = broker.finish();
     assert_eq!(code, Some(0));
     let ignored = stderr

@@ -343,3 +343,52 @@ fn the_skill_index_is_bounded_at_the_limit_and_one_over() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// At most 256 agent definitions are admitted: the 257th is refused with its reason.
+#[test]
+fn the_agent_index_is_bounded_at_the_limit_and_one_over() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let max = iteron_broker::catalog::MAX_AGENTS;
+    let base = std::env::temp_dir().join(format!("iteron-catalog-agents-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let home = base.join("home");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(home.join("agents"))
+        .unwrap();
+    let add = |i: usize| {
+        let file = home.join("agents").join(format!("a{i:03}.md"));
+        std::fs::write(
+            &file,
+            format!(
+                "---\nname: a{i:03}\ndescription: Agent {i}.\ntools: [read_file]\n---\nWork.\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    for i in 0..max {
+        add(i);
+    }
+    let (v, _) = run(&home, &["agents", "--format", "json"]);
+    assert_eq!(v["agents"].as_array().unwrap().len(), max);
+    assert!(v["rejected"].as_array().unwrap().is_empty(), "{v}");
+    assert_eq!(v["omitted"], 0);
+    add(max);
+    let (v, _) = run(&home, &["agents", "--format", "json"]);
+    assert_eq!(v["agents"].as_array().unwrap().len(), max);
+    let r = rejected(&v);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(
+        r.values()
+            .all(|why| why == "the agent index is full (256 entries)"),
+        "{r:?}"
+    );
+    support::report::record(
+        "P5",
+        "tests/catalog.rs::the_agent_index_is_bounded_at_the_limit_and_one_over",
+        serde_json::json!({"max_agents": max}),
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -94,6 +94,12 @@ pub enum RejectKind {
     Other,
 }
 
+/// Most agent definitions admitted (trusted first); more are refused with a reason.
+pub const MAX_AGENTS: usize = 256;
+/// Largest snapshot handed to the operator (`catalog`), in bytes of JSON: entries past it are
+/// left out and counted, so the answer always fits in a frame.
+pub const MAX_SNAPSHOT_BYTES: usize = 768 * 1024;
+
 /// Something found and refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
@@ -382,6 +388,13 @@ impl Builder {
                 self.reject(&file, reason);
                 continue;
             }
+            if self.cat.agents.len() >= MAX_AGENTS {
+                self.reject(
+                    &file,
+                    format!("the agent index is full ({MAX_AGENTS} entries)"),
+                );
+                continue;
+            }
             self.cat.agents.push(AgentEntry { def, path: file });
         }
     }
@@ -552,50 +565,56 @@ impl Catalog {
         self.agents.iter().find(|a| a.def.name == name)
     }
 
-    /// `iteron skills --format json`.
-    pub fn skills_json(&self) -> Value {
-        json!({
-            "skills": self.skills.iter().map(|s| json!({
-                "name": s.name,
-                "tier": s.tier.as_str(),
-                "description": s.description,
-                "path": shown(&s.path),
-            })).collect::<Vec<_>>(),
-            "rejected": self.rejected_json(RejectKind::Skill),
-            "rejected_more": self.rejected_more,
-        })
-    }
-
-    /// `iteron agents --format json`.
-    pub fn agents_json(&self) -> Value {
-        json!({
-            "agents": self.agents.iter().map(|a| agent_json(&a.def, Some(&a.path))).collect::<Vec<_>>(),
-            "rejected": self.rejected_json(RejectKind::Agent),
-            "rejected_more": self.rejected_more,
-        })
-    }
-
-    /// The whole snapshot, as a running broker hands it to the operator (`catalog`): the
-    /// repository it was discovered for, and the two views.
+    /// The whole snapshot, as a running broker hands it to the operator (`catalog`) and as the
+    /// CLI renders it: the repository (shown, and the SHA-256 of its resolved path, to compare
+    /// exactly), the skills, the agents and one list of rejections with their kind. At most
+    /// [`MAX_SNAPSHOT_BYTES`] of entries: past that, rejections and then agents and skills are
+    /// left out and counted in `omitted`.
     pub fn snapshot_json(&self) -> Value {
+        use std::os::unix::ffi::OsStrExt;
+        let mut budget = MAX_SNAPSHOT_BYTES;
+        let mut omitted = 0usize;
+        let mut take = |v: Value, out: &mut Vec<Value>| {
+            let size = serde_json::to_vec(&v).map_or(usize::MAX, |b| b.len());
+            if size <= budget {
+                budget -= size;
+                out.push(v);
+            } else {
+                omitted += 1;
+            }
+        };
+        let mut skills = Vec::new();
+        for s in &self.skills {
+            take(
+                json!({"name": s.name, "tier": s.tier.as_str(), "description": s.description, "path": shown(&s.path)}),
+                &mut skills,
+            );
+        }
+        let mut agents = Vec::new();
+        for a in &self.agents {
+            take(agent_json(&a.def, Some(&a.path)), &mut agents);
+        }
+        let mut rejected = Vec::new();
+        for r in &self.rejected {
+            let kind = match r.kind {
+                RejectKind::Skill => "skill",
+                RejectKind::Agent => "agent",
+                RejectKind::Other => "other",
+            };
+            take(
+                json!({"path": r.path, "reason": r.reason, "kind": kind}),
+                &mut rejected,
+            );
+        }
         json!({
             "repo": self.repo.as_deref().map(shown),
-            "skills": self.skills_json(),
-            "agents": self.agents_json(),
+            "repo_sha256": self.repo.as_deref().map(|r| crate::audit::sha256_hex(r.as_os_str().as_bytes())),
+            "skills": skills,
+            "agents": agents,
+            "rejected": rejected,
+            "rejected_more": self.rejected_more,
+            "omitted": omitted,
         })
-    }
-
-    /// The rejections that concern `kind` (and those that concern both).
-    pub fn rejected_of(&self, kind: RejectKind) -> impl Iterator<Item = &Rejected> {
-        self.rejected
-            .iter()
-            .filter(move |r| r.kind == kind || r.kind == RejectKind::Other)
-    }
-
-    fn rejected_json(&self, kind: RejectKind) -> Vec<Value> {
-        self.rejected_of(kind)
-            .map(|r| json!({"path": r.path, "reason": r.reason}))
-            .collect()
     }
 }
 

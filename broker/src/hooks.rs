@@ -181,23 +181,32 @@ impl HookRunner {
     }
 }
 
-/// A blocking hook's reason: its last stderr lines, as many as fit in 400 bytes counted from
-/// the end (the end of what a hook says is its conclusion; a long line before it must not push
-/// it out), one line, redacted, terminal-safe.
+/// A blocking hook's reason from its last stderr lines (already single-line, terminal-safe and
+/// redacted each): as many of the last lines as fit in 400 bytes counted from the end (the end
+/// of what a hook says is its conclusion; a long line before it must not push it out). A last
+/// line longer than that is cut at a character boundary. Not escaped again: escaping twice
+/// would double every backslash.
 fn block_reason(lines: &[String]) -> String {
     const MAX: usize = 400;
-    let mut kept: Vec<String> = Vec::new();
+    let mut kept: Vec<&str> = Vec::new();
     let mut size = 0;
     for line in lines.iter().rev() {
-        let line = text::single_line_capped(line, MAX);
-        if !kept.is_empty() && size + 2 + line.len() > MAX {
+        let extra = line.len() + if kept.is_empty() { 0 } else { 2 };
+        if size + extra > MAX {
+            if kept.is_empty() {
+                let mut end = MAX;
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                kept.push(&line[..end]);
+            }
             break;
         }
-        size += line.len() + if kept.is_empty() { 0 } else { 2 };
+        size += extra;
         kept.push(line);
     }
     kept.reverse();
-    text::single_line_capped(&kept.join("; "), MAX)
+    kept.join("; ")
 }
 
 async fn run_one(

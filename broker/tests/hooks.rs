@@ -157,6 +157,22 @@ fn a_flood_of_output_is_bounded() {
     assert!(reason.len() <= 512, "{}", reason.len());
     assert!(!reason.contains('\n'));
     assert!(reason.contains("the real reason"), "{reason}");
+    // Escaped once, not once per step: a backslash and a colour sequence as a terminal-safe
+    // line shows them.
+    let marked = script(
+        &d,
+        "marked.sh",
+        "printf 'C:\\\\dir \\033[31mred\\n' >&2\nexit 2",
+    );
+    let r = runner(&d, HookEvent::PreToolUse, vec![marked]);
+    let (verdict, _) = rt().block_on(r.pre_tool_use(&event()));
+    let Verdict::Block(reason) = verdict else {
+        panic!("not blocked: {verdict:?}")
+    };
+    assert_eq!(
+        reason,
+        iteron_policy::text::single_line_capped("C:\\dir \u{1b}[31mred", 300)
+    );
 }
 
 #[test]

@@ -779,17 +779,22 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
 /// started) when one answers on this home's operator socket and `--repo` is absent or names the
 /// repository it was started with; otherwise a discovery made now. The second value says which.
 fn catalog_view(args: &CatalogArgs) -> Result<(Value, &'static str), CliError> {
+    use std::os::unix::ffi::OsStrExt;
     let home = home()?;
     let socket = default_operator_socket(&home);
     if let Some(v) = broker_catalog(&socket) {
-        let broker_repo = v.get("repo").and_then(Value::as_str).map(PathBuf::from);
-        let wanted = args
-            .repo
-            .as_ref()
-            .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()));
-        if wanted.is_none() || wanted == broker_repo {
+        let wanted = args.repo.as_ref().map(|r| {
+            let real = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+            iteron_broker::audit::sha256_hex(real.as_os_str().as_bytes())
+        });
+        let broker_repo = v.get("repo_sha256").and_then(Value::as_str);
+        if wanted.is_none() || wanted.as_deref() == broker_repo {
             return Ok((v, "broker"));
         }
+        let _ = writeln!(
+            std::io::stderr(),
+            "iteron: note: the running broker was started for another repository; this is a discovery of --repo made now"
+        );
     }
     let cat = iteron_broker::catalog::discover(home.dir(), args.repo.as_deref());
     Ok((cat.snapshot_json(), "discovery"))
@@ -828,16 +833,35 @@ fn rejected_text(out: &mut dyn Write, view: &Value) -> Result<(), CliError> {
     if more > 0 {
         out_line(out, &format!("({more} more rejected)"))?;
     }
+    let omitted = view.get("omitted").and_then(Value::as_u64).unwrap_or(0);
+    if omitted > 0 {
+        out_line(
+            out,
+            &format!("({omitted} entries over the snapshot's size bound not shown)"),
+        )?;
+    }
     Ok(())
 }
 
-/// One view of the snapshot (`skills` or `agents`), with where it came from.
+/// One view of the snapshot: its `key` entries (`skills` or `agents`), the rejections of that
+/// kind and those concerning both, the counts, and where it came from.
 fn view_of(snapshot: &Value, key: &str, source: &str) -> Value {
-    let mut view = snapshot.get(key).cloned().unwrap_or_else(|| json!({}));
-    if let Some(obj) = view.as_object_mut() {
-        obj.insert("source".into(), source.into());
-    }
-    view
+    let kind = if key == "skills" { "skill" } else { "agent" };
+    let rejected: Vec<Value> = snapshot
+        .get("rejected")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r["kind"] == kind || r["kind"] == "other")
+        .map(|r| json!({"path": r["path"], "reason": r["reason"]}))
+        .collect();
+    json!({
+        key: snapshot.get(key).cloned().unwrap_or_else(|| json!([])),
+        "rejected": rejected,
+        "rejected_more": snapshot.get("rejected_more").cloned().unwrap_or(json!(0)),
+        "omitted": snapshot.get("omitted").cloned().unwrap_or(json!(0)),
+        "source": source,
+    })
 }
 
 /// `iteron skills`: exactly what discovery found, and what it refused and why.
