@@ -864,71 +864,62 @@ fn view_of(snapshot: &Value, key: &str, source: &str) -> Value {
     })
 }
 
-/// `iteron skills`: exactly what discovery found, and what it refused and why.
-pub(crate) fn run_skills(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
+/// One view (`skills` or `agents`) of the snapshot: JSON as it is, or one text line per entry
+/// (`line`) followed by the rejections.
+fn run_view(
+    args: CatalogArgs,
+    out: &mut dyn Write,
+    key: &str,
+    line: fn(&Value) -> String,
+) -> Result<(), CliError> {
     let (snapshot, source) = catalog_view(&args)?;
-    let view = view_of(&snapshot, "skills", source);
+    let view = view_of(&snapshot, key, source);
     match args.format {
         Format::Json => json_out(out, &view),
         Format::Text => {
             let empty = Vec::new();
-            for s in view
-                .get("skills")
-                .and_then(Value::as_array)
-                .unwrap_or(&empty)
-            {
-                let g = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("");
-                out_line(
-                    out,
-                    &text::single_line(&format!(
-                        "{}  ({})  {}",
-                        g("name"),
-                        g("tier"),
-                        g("description")
-                    )),
-                )?;
+            for entry in view.get(key).and_then(Value::as_array).unwrap_or(&empty) {
+                out_line(out, &text::single_line(&line(entry)))?;
             }
             rejected_text(out, &view)
         }
     }
 }
 
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `iteron skills`: the skill index (the running broker's, or discovered now), and what was
+/// refused and why.
+pub(crate) fn run_skills(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    run_view(args, out, "skills", |s| {
+        format!(
+            "{}  ({})  {}",
+            str_of(s, "name"),
+            str_of(s, "tier"),
+            str_of(s, "description")
+        )
+    })
+}
+
 /// `iteron agents`: the runtime snapshot of agent definitions, with tiers and identities.
 pub(crate) fn run_agents(args: CatalogArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let (snapshot, source) = catalog_view(&args)?;
-    let view = view_of(&snapshot, "agents", source);
-    match args.format {
-        Format::Json => json_out(out, &view),
-        Format::Text => {
-            let empty = Vec::new();
-            for a in view
-                .get("agents")
-                .and_then(Value::as_array)
-                .unwrap_or(&empty)
-            {
-                let g = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("");
-                let tools: Vec<&str> = a
-                    .get("tools")
-                    .and_then(Value::as_array)
-                    .unwrap_or(&empty)
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect();
-                let budget = |k: &str| a["budget"][k].as_u64().unwrap_or(0);
-                out_line(
-                    out,
-                    &text::single_line(&format!(
-                        "{}  ({})  identity {}  tools {}  turns {}  wall {} s",
-                        g("name"),
-                        g("tier"),
-                        g("identity").get(..16).unwrap_or_default(),
-                        tools.join(","),
-                        budget("max_turns"),
-                        budget("max_wall_secs")
-                    )),
-                )?;
-            }
-            rejected_text(out, &view)
-        }
-    }
+    run_view(args, out, "agents", |a| {
+        let tools: Vec<&str> = a
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(|t| t.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let budget = |k: &str| a["budget"][k].as_u64().unwrap_or(0);
+        format!(
+            "{}  ({})  identity {}  tools {}  turns {}  wall {} s",
+            str_of(a, "name"),
+            str_of(a, "tier"),
+            str_of(a, "identity").get(..16).unwrap_or_default(),
+            tools.join(","),
+            budget("max_turns"),
+            budget("max_wall_secs")
+        )
+    })
 }
