@@ -36,6 +36,9 @@ mod docs;
 const SEQUENTIAL: usize = 2000;
 const AGENTS: usize = 64;
 const PER_AGENT: usize = 1000;
+/// Interleaved rounds of the one-agent paths, and calls per path per round.
+const ROUNDS: usize = 9;
+const PER_ROUND: usize = 300;
 const START: &str = "<!-- bench:broker:start -->";
 const END: &str = "<!-- bench:broker:end -->";
 
@@ -217,14 +220,17 @@ fn pong(path: &Path) {
 }
 
 /// Round trips of a frame the size of a `call_tool` request through [`pong`] in another process.
-async fn floor_round_trips(path: &Path, warm: usize, n: usize) -> Vec<Duration> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = loop {
+async fn pong_connect(path: &Path) -> tokio::net::UnixStream {
+    loop {
         match tokio::net::UnixStream::connect(path).await {
             Ok(s) => break s,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
-    };
+    }
+}
+
+async fn floor_round_trips(s: &mut tokio::net::UnixStream, n: usize) -> Vec<Duration> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = json!({"id": 7, "method": "call_tool",
         "params": {"server": "bench", "tool": "echo", "arguments": {"text": "z"}}})
     .to_string();
@@ -232,15 +238,71 @@ async fn floor_round_trips(path: &Path, warm: usize, n: usize) -> Vec<Duration> 
     frame.extend_from_slice(body.as_bytes());
     let mut back = vec![0u8; frame.len()];
     let mut lat = Vec::with_capacity(n);
-    for i in 0..warm + n {
+    for _ in 0..n {
         let t = Instant::now();
         s.write_all(&frame).await.unwrap();
         s.read_exact(&mut back).await.unwrap();
-        if i >= warm {
-            lat.push(t.elapsed());
-        }
+        lat.push(t.elapsed());
     }
     lat
+}
+
+/// Rounds of the three one-agent paths, interleaved so that each round sees the same machine
+/// state: (direct p50, brokered p50, bare round-trip p50) per round.
+async fn interleaved(
+    exe: &Path,
+    agent_socket: &Path,
+    pong: &mut tokio::net::UnixStream,
+) -> Vec<(f64, f64, f64)> {
+    let (env, _) = child_env(&[], None, |_: &str| None);
+    let client = Client::connect_stdio(
+        ChildSpec {
+            command: exe.to_string_lossy().into_owned(),
+            args: vec!["--serve".into()],
+            env,
+            confine: None,
+        },
+        Options::default(),
+    )
+    .await
+    .unwrap();
+    client.list_tools().await.unwrap();
+    let mut agent = Connection::connect(agent_socket).await.unwrap();
+    agent.hello("bench-rounds").await.unwrap();
+    let p50 = |mut v: Vec<Duration>| {
+        v.sort();
+        us(percentile(&v, 0.5))
+    };
+    let mut rounds = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut direct = Vec::with_capacity(PER_ROUND);
+        for _ in 0..PER_ROUND {
+            let t = Instant::now();
+            client.call_tool("echo", args("x")).await.unwrap();
+            direct.push(t.elapsed());
+        }
+        let mut brokered = Vec::with_capacity(PER_ROUND);
+        for _ in 0..PER_ROUND {
+            let t = Instant::now();
+            agent
+                .request(
+                    "call_tool",
+                    json!({"server": "bench", "tool": "echo", "arguments": {"text": "z"}}),
+                )
+                .await
+                .unwrap();
+            brokered.push(t.elapsed());
+        }
+        let bare = floor_round_trips(pong, PER_ROUND).await;
+        rounds.push((p50(direct), p50(brokered), p50(bare)));
+    }
+    client.close().await;
+    rounds
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn main() {
@@ -309,12 +371,12 @@ fn main() {
         .arg(&pong_path)
         .spawn()
         .unwrap();
+    let mut pong = rt.block_on(pong_connect(&pong_path));
+    rt.block_on(floor_round_trips(&mut pong, 200));
     let floor = stats(
-        rt.block_on(floor_round_trips(&pong_path, 200, SEQUENTIAL)),
+        rt.block_on(floor_round_trips(&mut pong, SEQUENTIAL)),
         Duration::from_secs(1),
     );
-    let _ = ponger.kill();
-    let _ = ponger.wait();
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let op = rt.spawn(operator(operator_socket.clone(), Arc::clone(&stop)));
@@ -336,7 +398,7 @@ fn main() {
         }
         (one, stats(all, t0.elapsed()))
     });
-    let (broker_one, broker_many, rss_sessions) = rt.block_on(async {
+    let (broker_one, broker_many, rss_sessions, rounds) = rt.block_on(async {
         // Warm-up: the first call starts the server.
         agent_calls(&agent_socket, 200).await;
         let t0 = Instant::now();
@@ -355,6 +417,7 @@ fn main() {
             all.extend(t.await.unwrap());
         }
         let many = stats(all, t0.elapsed());
+        let rounds = interleaved(&exe, &agent_socket, &mut pong).await;
         // 64 open sessions, idle.
         let mut conns = Vec::new();
         for _ in 0..AGENTS {
@@ -366,8 +429,10 @@ fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let rss = rss_kib(broker.id());
         drop(conns);
-        (one, many, rss)
+        (one, many, rss, rounds)
     });
+    let _ = ponger.kill();
+    let _ = ponger.wait();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     rt.block_on(async {
         let _ = tokio::time::timeout(Duration::from_secs(2), op).await;
@@ -394,6 +459,9 @@ fn main() {
          broker ↔ operator for the per-call approval), so on this machine the floor for what any \
          broker of this shape adds is about **{:.1} µs** (2 × the bare round trip), before any \
          checking, approval bookkeeping or audit. \
+         Interleaved, {} rounds of {} calls per path: added at p50 **{:.1} µs** (median of the \
+         rounds; range {:.1}–{:.1}), against a floor of **{:.1} µs** (2 × the bare round trip, \
+         median). \
          With 64 agents: **{:.0} calls/s** (target ≥ 20,000). \
          Broker RSS: **{:.1} MiB idle**, **{:.1} MiB with 64 open sessions** (target ≤ 10 MiB idle).",
         us(direct_one.p50),
@@ -418,6 +486,18 @@ fn main() {
         us(floor.p99),
         added,
         2.0 * us(floor.p50),
+        ROUNDS,
+        PER_ROUND,
+        median(rounds.iter().map(|(d, b, _)| b - d).collect()),
+        rounds
+            .iter()
+            .map(|(d, b, _)| b - d)
+            .fold(f64::INFINITY, f64::min),
+        rounds
+            .iter()
+            .map(|(d, b, _)| b - d)
+            .fold(f64::NEG_INFINITY, f64::max),
+        median(rounds.iter().map(|(_, _, f)| 2.0 * f).collect()),
         broker_many.per_sec,
         rss_idle as f64 / 1024.0,
         rss_sessions as f64 / 1024.0,
