@@ -183,6 +183,9 @@ struct Child {
     consecutive_errors: AtomicU64,
     /// A child's calls run one at a time, so its budget checks and counts cannot race.
     serial: tokio::sync::Mutex<()>,
+    /// Set when the wall-clock budget ran out during a call (which is then dropped): its
+    /// record says so instead of "cancelled by disconnect".
+    budget_cut: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -883,6 +886,7 @@ fn open_session(
                 turns: AtomicU64::new(0),
                 consecutive_errors: AtomicU64::new(0),
                 serial: tokio::sync::Mutex::new(()),
+                budget_cut: std::sync::atomic::AtomicBool::new(false),
             })
         }
     };
@@ -959,13 +963,20 @@ async fn dispatch(
                 // The wall-clock budget bounds the call itself, not only its start.
                 let left = Duration::from_secs(child.def.budget.max_wall_secs)
                     .saturating_sub(child.started.elapsed());
-                let r = match tokio::time::timeout(left, call_tool(broker, s, c)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Refusal::new(
-                        Code::Refused,
-                        "the child's wall-clock budget ran out during the call; it may or may not have been applied",
-                    )
-                    .with_certainty("maybe_applied")),
+                let call = call_tool(broker, s, c);
+                tokio::pin!(call);
+                let r = tokio::select! {
+                    r = &mut call => r,
+                    _ = tokio::time::sleep(left) => {
+                        // The call is dropped at the end of this block, after the flag is set:
+                        // its record says the budget cut it.
+                        child.budget_cut.store(true, Ordering::SeqCst);
+                        Err(Refusal::new(
+                            Code::Refused,
+                            "the child's wall-clock budget ran out during the call; it may or may not have been applied",
+                        )
+                        .with_certainty("maybe_applied"))
+                    }
                 };
                 let failed = match &r {
                     Ok(v) => v.get("is_error").and_then(Value::as_bool) == Some(true),
@@ -1249,6 +1260,7 @@ async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
 /// agent disconnects and the call's future is dropped mid-way.
 struct CallRecord<'a> {
     broker: &'a Broker,
+    session: &'a Session,
     event: Event,
     started: Instant,
     done: bool,
@@ -1260,12 +1272,13 @@ impl<'a> CallRecord<'a> {
     /// log takes it).
     fn open(
         broker: &'a Broker,
-        s: &Session,
+        s: &'a Session,
         kind: &'static str,
         args_sha256: &str,
     ) -> Result<CallRecord<'a>, Refusal> {
         let mut record = CallRecord {
             broker,
+            session: s,
             event: Event {
                 session: Some(s.id.clone()),
                 peer_uid: Some(s.peer.uid),
@@ -1318,7 +1331,14 @@ impl Drop for CallRecord<'_> {
             if self.event.decision.is_empty() {
                 self.event.decision = "abandoned";
             }
-            self.event.outcome = if *self.broker.shutdown.borrow() {
+            let budget_cut = self
+                .session
+                .child
+                .as_ref()
+                .is_some_and(|c| c.budget_cut.load(Ordering::SeqCst));
+            self.event.outcome = if budget_cut {
+                "cancelled_by_budget"
+            } else if *self.broker.shutdown.borrow() {
                 "cancelled_by_shutdown"
             } else {
                 "cancelled_by_disconnect"
@@ -1752,7 +1772,8 @@ async fn before_effect(
         return Err(Refusal::new(
             Code::Refused,
             &format!("blocked by an operator hook: {reason}"),
-        ));
+        )
+        .with_certainty("not_sent"));
     }
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
