@@ -2310,6 +2310,90 @@ mod tests {
         );
     }
 
+    /// Server answers shaped like `resources/read`, `prompts/get` and list entries, with
+    /// arbitrary values where the fields go and a configured secret planted in some strings.
+    fn arb_server_answer() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = prop_oneof![
+            any::<String>(),
+            any::<String>().prop_map(|s| format!("{s}canary-5e1f0a{s}")),
+            Just("user".to_owned()),
+            Just("assistant".to_owned()),
+            Just("text".to_owned()),
+            Just("resource".to_owned()),
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            text.prop_map(Value::String),
+        ];
+        let key = prop_oneof![
+            Just("uri"),
+            Just("text"),
+            Just("blob"),
+            Just("mimeType"),
+            Just("type"),
+            Just("role"),
+            Just("content"),
+            Just("resource"),
+            Just("name"),
+            Just("description"),
+            Just("contents"),
+            Just("messages"),
+        ]
+        .prop_map(str::to_owned);
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Any server answer, projected as a resource read or a prompt: never a panic, never the
+    /// configured secret, always within the answer's bound; names passed back exactly are
+    /// always usable. Counted for the security report.
+    #[test]
+    fn projections_fuzzed_record() {
+        let secrets = canary_secrets();
+        let mut runner =
+            proptest::test_runner::TestRunner::new(proptest::test_runner::Config::with_cases(512));
+        let executions = std::cell::Cell::new(0u64);
+        runner
+            .run(&arb_server_answer(), |v| {
+                executions.set(executions.get() + 1);
+                for wrapped in [
+                    v.clone(),
+                    json!({"contents": [v.clone()]}),
+                    json!({"messages": [v.clone()], "description": v.clone()}),
+                ] {
+                    for out in [
+                        project_contents(&wrapped, &secrets),
+                        project_prompt(&wrapped, &secrets),
+                    ] {
+                        let shown = out.to_string();
+                        proptest::prop_assert!(!shown.contains("canary-5e1f0a"));
+                        proptest::prop_assert!(shown.len() <= MAX_RESULT_TEXT + 64 * 1024);
+                    }
+                    for key in ["uri", "name"] {
+                        if let Some(x) = exact(&wrapped, key, valid_uri, &secrets) {
+                            proptest::prop_assert!(valid_uri(&x) && !x.contains("canary-5e1f0a"));
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        let executions = executions.get();
+        crate::test_report::record(
+            "P10",
+            "broker/src/daemon.rs::projections_fuzzed_record",
+            serde_json::json!({"executions": executions, "crashes": 0}),
+        );
+    }
+
     #[test]
     fn names_the_agent_sends_back_are_exact_or_left_out() {
         let secrets = canary_secrets();
