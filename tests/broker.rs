@@ -2279,6 +2279,64 @@ mod privilege {
         cmd.uid(NOBODY).gid(NOBODY).env_remove("ITERON_HOME")
     }
 
+    /// The operator's commands talk only to a broker of their own uid: a socket served by
+    /// another user (here uid 65534, at the path the operator names) is refused before anything
+    /// is sent, and what it would have answered is never shown.
+    #[test]
+    fn operator_commands_refuse_a_socket_served_by_another_uid() {
+        if !is_root() {
+            eprintln!("skipped: serving a socket as uid 65534 needs root (CI runs as root)");
+            return;
+        }
+        let area = Area::new("wrongpeer");
+        area.config(json!([]));
+        let dir = area.base.join("theirs");
+        std::fs::create_dir(&dir).unwrap();
+        let uid = nix::unistd::Uid::from_raw(NOBODY);
+        let gid = nix::unistd::Gid::from_raw(NOBODY);
+        nix::unistd::chown(&dir, Some(uid), Some(gid)).unwrap();
+        let sock = dir.join("operator.sock");
+        let script = "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen(8)\nprint('ready', flush=True)\nwhile True:\n    c, _ = s.accept()\n    try:\n        c.recv(65536)\n        c.sendall(b'\\x00\\x00\\x00\\x2a' + b'{\"id\":1,\"result\":{\"protocol\":1,\"x\":\"forged\"}}')\n    except OSError:\n        pass\n    c.close()\n";
+        let mut server = as_nobody(
+            Command::new("/usr/bin/python3")
+                .args(["-c", script])
+                .arg(&sock)
+                .stdout(Stdio::piped()),
+        )
+        .spawn()
+        .unwrap();
+        let mut ready = [0u8; 6];
+        server
+            .stdout
+            .take()
+            .unwrap()
+            .read_exact(&mut ready)
+            .unwrap();
+        for args in [
+            &["broker", "status"][..],
+            &["approvals", "list"],
+            &["broker", "stop", "s"],
+        ] {
+            let mut full = args.to_vec();
+            full.extend(["--operator-socket", sock.to_str().unwrap()]);
+            let out = area.run(&full);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(11), "{args:?}: {err}");
+            assert!(
+                err.contains("is served by uid 65534, not by this user"),
+                "{args:?}: {err}"
+            );
+            assert!(!text(&out.stdout).contains("forged"));
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+        support::report::record(
+            "P2",
+            "tests/broker.rs::operator_commands_refuse_a_socket_served_by_another_uid",
+            json!({}),
+        );
+    }
+
     #[test]
     fn uid_65534_is_refused_unless_allowed_and_never_reaches_the_operator_or_the_home() {
         if !is_root() {

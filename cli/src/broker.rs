@@ -124,11 +124,15 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The operator's broker runs as the operator: a socket served by anyone else is refused before
+/// anything is sent.
+async fn operator_connect(socket: &Path) -> Result<Connection, ClientError> {
+    Connection::connect_as(socket, nix::unistd::geteuid().as_raw()).await
+}
+
 fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
     crate::rt::current_thread()?.block_on(async {
-        let mut c = Connection::connect(socket)
-            .await
-            .map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
         c.request(method, params).await.map_err(CliError::Broker)
     })
@@ -412,9 +416,7 @@ fn describe_item(item: &Value) -> String {
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
-        let mut c = Connection::connect(socket)
-            .await
-            .map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
         c.hello("iteron-approvals")
             .await
             .map_err(CliError::Broker)?;
@@ -805,7 +807,7 @@ fn broker_catalog(socket: &Path) -> Option<Value> {
     let rt = crate::rt::current_thread().ok()?;
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(5), async {
-            let mut c = Connection::connect(socket).await.ok()?;
+            let mut c = operator_connect(socket).await.ok()?;
             c.hello("iteron-cli").await.ok()?;
             c.request("catalog", json!({})).await.ok()
         })

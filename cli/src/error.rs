@@ -94,6 +94,7 @@ fn broker_exit(e: &iteron_broker::ipc::client::ClientError) -> Exit {
     use iteron_broker::ipc::client::ClientError;
     match e {
         ClientError::Connect(_)
+        | ClientError::WrongPeer(_)
         | ClientError::Closed
         | ClientError::Frame(_)
         | ClientError::Malformed => Exit::Unreachable,

@@ -23,6 +23,9 @@ pub enum ClientError {
     Frame(FrameError),
     /// The broker closed the connection without answering.
     Closed,
+    /// The socket is served by another user than the one who must serve it (the operator's
+    /// commands talk only to a broker of their own uid).
+    WrongPeer(u32),
     /// The broker's answer was not a valid answer to this request.
     Malformed,
     /// The broker answered with an error.
@@ -42,6 +45,10 @@ impl fmt::Display for ClientError {
             ClientError::Connect(kind) => write!(f, "cannot reach the broker socket: {kind}"),
             ClientError::Frame(e) => write!(f, "broker connection: {e}"),
             ClientError::Closed => f.write_str("the broker closed the connection"),
+            ClientError::WrongPeer(uid) => write!(
+                f,
+                "the socket is served by uid {uid}, not by this user: it is not this operator's broker"
+            ),
             ClientError::Malformed => f.write_str("the broker sent an answer that is not valid"),
             ClientError::Refused {
                 code,
@@ -81,6 +88,17 @@ impl Connection {
             .await
             .map_err(|e| ClientError::Connect(e.kind()))?;
         Ok(Connection { stream, next: 1 })
+    }
+
+    /// Connect to a broker that must run as `uid` (the operator's own): the peer's credentials,
+    /// as the kernel reports them, are checked before anything is sent.
+    pub async fn connect_as(path: &Path, uid: u32) -> Result<Connection, ClientError> {
+        let c = Connection::connect(path).await?;
+        match c.stream.peer_cred() {
+            Ok(cred) if cred.uid() == uid => Ok(c),
+            Ok(cred) => Err(ClientError::WrongPeer(cred.uid())),
+            Err(e) => Err(ClientError::Connect(e.kind())),
+        }
     }
 
     /// Open the session (`hello`) with a client label.
