@@ -392,9 +392,12 @@ fn wait_for_pending(home: &Home) -> Result<u64, CliError> {
     let socket = home.dir().join("run").join("operator.sock");
     let rt = crate::rt::current_thread()?;
     rt.block_on(async {
-        let mut c = iteron_broker::ipc::client::Connection::connect(&socket)
-            .await
-            .map_err(CliError::Broker)?;
+        let mut c = iteron_broker::ipc::client::Connection::connect_as(
+            &socket,
+            nix::unistd::geteuid().as_raw(),
+        )
+        .await
+        .map_err(CliError::Broker)?;
         c.hello("iteron-demo").await.map_err(CliError::Broker)?;
         for _ in 0..1500 {
             let v = c
