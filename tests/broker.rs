@@ -2401,24 +2401,26 @@ mod privilege {
         )
         .unwrap();
         let op = area.operator_socket();
-        let out = as_nobody(&mut area.iteron(&[
-            "broker",
-            "status",
-            "--operator-socket",
-            op.to_str().unwrap(),
-        ]))
-        .output()
-        .unwrap();
+        // A plain client (the agent's, which connects to any broker) sent by uid 65534: the
+        // broker itself refuses it (one frame, `refused`).
+        let mut raw = Command::new(iteron());
+        raw.args(["agent", "--socket", op.to_str().unwrap(), "tools"])
+            .stdin(Stdio::null());
+        let out = as_nobody(&mut raw).output().unwrap();
         assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
-        let out = as_nobody(&mut area.iteron(&[
-            "approvals",
-            "list",
-            "--operator-socket",
-            op.to_str().unwrap(),
-        ]))
-        .output()
-        .unwrap();
-        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("this uid may not use this socket"),
+            "{}",
+            text(&out.stderr)
+        );
+        // The operator's own commands, run by uid 65534, refuse the root broker before sending
+        // anything (it is not theirs).
+        for args in [&["broker", "status"][..], &["approvals", "list"]] {
+            let mut full = args.to_vec();
+            full.extend(["--operator-socket", op.to_str().unwrap()]);
+            let out = as_nobody(&mut area.iteron(&full)).output().unwrap();
+            assert_eq!(out.status.code(), Some(11), "{}", text(&out.stderr));
+        }
         std::fs::set_permissions(area.home(), std::fs::Permissions::from_mode(0o700)).unwrap();
 
         // The home stays unreadable to the agent uid.
