@@ -2296,7 +2296,7 @@ mod privilege {
         let gid = nix::unistd::Gid::from_raw(NOBODY);
         nix::unistd::chown(&dir, Some(uid), Some(gid)).unwrap();
         let sock = dir.join("operator.sock");
-        let script = "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen(8)\nprint('ready', flush=True)\nwhile True:\n    c, _ = s.accept()\n    try:\n        c.recv(65536)\n        c.sendall(b'\\x00\\x00\\x00\\x2a' + b'{\"id\":1,\"result\":{\"protocol\":1,\"x\":\"forged\"}}')\n    except OSError:\n        pass\n    c.close()\n";
+        let script = "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen(8)\nprint('ready', flush=True)\nwhile True:\n    c, _ = s.accept()\n    try:\n        c.recv(65536)\n        body = b'{\"id\":1,\"result\":{\"protocol\":1,\"x\":\"forged\"}}'\n        c.sendall(len(body).to_bytes(4, 'big') + body)\n    except OSError:\n        pass\n    c.close()\n";
         let mut server = as_nobody(
             Command::new("/usr/bin/python3")
                 .args(["-c", script])

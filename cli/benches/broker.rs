@@ -269,6 +269,17 @@ async fn interleaved(
     client.list_tools().await.unwrap();
     let mut agent = Connection::connect(agent_socket).await.unwrap();
     agent.hello("bench-rounds").await.unwrap();
+    // Warm both up like the other phases.
+    for _ in 0..200 {
+        client.call_tool("echo", args("warm")).await.unwrap();
+        agent
+            .request(
+                "call_tool",
+                json!({"server": "bench", "tool": "echo", "arguments": {"text": "w"}}),
+            )
+            .await
+            .unwrap();
+    }
     let p50 = |mut v: Vec<Duration>| {
         v.sort();
         us(percentile(&v, 0.5))
