@@ -90,9 +90,13 @@ impl Area {
     }
 
     fn config(&self, servers: Value) {
-        let c = json!({"schema_version": 2, "mcp_servers": servers});
+        self.write_config(&json!({"schema_version": 2, "mcp_servers": servers}));
+    }
+
+    /// Write a whole configuration (0600).
+    fn write_config(&self, config: &Value) {
         let path = self.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 
@@ -996,9 +1000,7 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
         "hooks_writable": [logs.to_str().unwrap()],
         "hooks": {"PreToolUse": [logger], "PostToolUse": [logger]},
         "mcp_servers": [ev("ev", json!({})), ev("bounded", json!({"capabilities": ["read_only"]}))]});
-    let path = area.home().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    area.write_config(&config);
     let canary = "iteron-canary-reads-8d31f6";
     let broker = area.broker(&[], &[("ITERON_TEST_FORWARDED", canary)]);
     let uri = "demo://resource/static/document/architecture.md";
@@ -1222,9 +1224,7 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
                          "args": [everything_js().to_str().unwrap(), "stdio"],
                          "env": ["ITERON_TEST_FORWARDED"],
                          "sandbox": {"readable": [area.base.to_str().unwrap()]}}]});
-    let path = area.home().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    area.write_config(&config);
     let broker = area.broker(
         &[],
         &[
@@ -1959,9 +1959,7 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
                   "Stop": [logger], "PreToolUse": [blocker]},
         "mcp_servers": [{"name": "ev", "transport": "stdio", "command": node().to_str().unwrap(),
                          "args": [everything_js().to_str().unwrap(), "stdio"]}]});
-    let path = area.home().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    area.write_config(&config);
     let fixture = repo().join("fixtures/hostile-repo");
     let broker = area.broker(
         &["--noninteractive", "--repo", fixture.to_str().unwrap()],
