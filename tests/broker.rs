@@ -1916,6 +1916,94 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     );
 }
 
+/// A hostile server plants forwarded secrets — one inside another, with quotes, backslashes and
+/// non-ASCII — in every field it sends, encoded every common way and placed where the client
+/// cuts: none of them, nor any 8-byte piece of one, reaches the agent or the operator.
+#[test]
+fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
+    let area = Area::new("leaky");
+    let inner = "k7Qv2-inner-9XzL";
+    let outer = format!("o\"ut\\er/é+&? {inner}-tail-Wm5q");
+    let fixture = repo().join("fixtures/stdio/scripted_server.py");
+    area.config(json!([
+        {"name": "lk", "transport": "stdio", "command": "/usr/bin/python3",
+         "args": [fixture.to_str().unwrap(), "leaky"],
+         "env": ["ITERON_LEAK_INNER", "ITERON_LEAK_OUTER"]},
+        {"name": "die", "transport": "stdio", "command": "/usr/bin/python3",
+         "args": [fixture.to_str().unwrap(), "leaky-die"],
+         "env": ["ITERON_LEAK_OUTER"]}
+    ]));
+    let env = [
+        ("ITERON_LEAK_INNER", inner),
+        ("ITERON_LEAK_OUTER", outer.as_str()),
+    ];
+    let broker = area.broker(&[], &env);
+    let mut shown: Vec<String> = Vec::new();
+    let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["leak", "structured", "fail"], "{tools}");
+    assert_eq!(tools["unavailable"], json!(["die"]));
+    shown.push(text(&out.stdout));
+    for tool in ["leak", "structured", "fail"] {
+        let call = area
+            .agent(&["call", "lk", tool, "--format", "json"])
+            .spawn()
+            .unwrap();
+        let pending = area.run(&["approvals", "list", "--format", "json"]);
+        shown.push(text(&pending.stdout));
+        area.approve_next();
+        let out = wait_child(call);
+        shown.push(format!("{}{}", text(&out.stdout), text(&out.stderr)));
+    }
+    for args in [
+        &["broker", "status", "--format", "json"][..],
+        &["broker", "status"],
+        &["mcp", "status"],
+        &["audit", "verify", "--format", "json"],
+    ] {
+        let out = area.run(args);
+        shown.push(format!("{}{}", text(&out.stdout), text(&out.stderr)));
+    }
+    let all = shown.join("\n");
+    assert!(all.contains("[REDACTED]"), "{all}");
+    // The failed start's stderr reached the operator, scrubbed.
+    assert!(all.contains("sss"), "{all}");
+    let (_, err) = broker.finish();
+    let audit = serde_json::to_string(&area.audit_records()).unwrap();
+    for (what, haystack) in [("output", &all), ("broker stderr", &err), ("audit", &audit)] {
+        for secret in [inner, outer.as_str()] {
+            for form in iteron_broker::scrub::forms(secret) {
+                assert!(
+                    !haystack.contains(form.as_str()),
+                    "a form of a secret in the {what}"
+                );
+            }
+            let escaped = serde_json::to_string(secret).unwrap();
+            for piece in [secret.as_bytes(), escaped.as_bytes()] {
+                for w in piece.windows(8) {
+                    let w = String::from_utf8_lossy(w);
+                    assert!(
+                        !haystack.contains(w.as_ref()),
+                        "a piece of a secret in the {what}: {w:?}"
+                    );
+                }
+            }
+        }
+    }
+    support::report::record(
+        "P1",
+        "tests/broker.rs::every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field",
+        serde_json::json!({"outputs": shown.len()}),
+    );
+}
+
 fn hook_script(area: &Area, name: &str, body: &str) -> String {
     let p = area.base.join(name);
     std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();

@@ -335,13 +335,16 @@ impl Registry {
         let learned = servers::LearnedSecrets::default();
         let secrets =
             Arc::new(KnownSecrets::of(server, &|k| (self.lookup)(k)).with_learned(learned.clone()));
+        // The client scrubs every message and stderr line with the same secrets the daemon
+        // scrubs answers with, before anything reads or cuts them.
         let opts = Options {
             elicitor: self.approvals.elicitor(server.name.as_str()),
             auth_context: digest.clone(),
+            scrub: Some(Arc::clone(&secrets) as Arc<dyn crate::mcp::Scrub>),
             ..Options::default()
         };
         let lookup = Arc::clone(&self.lookup);
-        let connected = tokio::time::timeout(
+        let mut connected = tokio::time::timeout(
             CONNECT_DEADLINE,
             servers::connect_with_credentials(
                 server,
@@ -356,24 +359,28 @@ impl Registry {
         .await;
         // A stored OAuth credential's tokens are scrubbed too: what it held after connecting
         // (refresh token, client secret), and every access token handed out since, rotations
-        // and new logins included (learned by its token source).
-        let secrets = match (&connected, &server.transport) {
-            (Ok(Ok(_)), iteron_policy::config::Transport::Http(_)) => {
-                let store = crate::credentials::CredentialStore::new(&self.home);
-                let name = server.name.as_str().to_owned();
-                let loaded = tokio::task::spawn_blocking(move || store.load(&name))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .flatten();
-                match (Arc::try_unwrap(secrets), loaded) {
-                    (Ok(k), Some(cred)) => Arc::new(k.with_credential(&cred)),
-                    (Ok(k), None) => Arc::new(k),
-                    (Err(shared), _) => shared,
+        // and new logins included (learned by its token source, into the same shared set).
+        if let (Ok(Ok(_)), iteron_policy::config::Transport::Http(_)) =
+            (&connected, &server.transport)
+        {
+            let store = crate::credentials::CredentialStore::new(&self.home);
+            let name = server.name.as_str().to_owned();
+            let loaded = tokio::task::spawn_blocking(move || store.load(&name))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .flatten();
+            if let Some(cred) = loaded
+                && !learned.learn_credential(&cred)
+            {
+                // Fail closed: a server whose secrets cannot all be scrubbed is not used.
+                if let Ok(Ok(c)) =
+                    std::mem::replace(&mut connected, Ok(Err(ConnectError::ScrubberFull)))
+                {
+                    c.close().await;
                 }
             }
-            _ => secrets,
-        };
+        }
         let mut s = slot.lock();
         s.secrets = secrets;
         match connected {
@@ -390,7 +397,7 @@ impl Registry {
                 Ok((Arc::clone(&slot), client))
             }
             Ok(Err(e)) => {
-                let why = s.secrets.scrub(&describe(&e));
+                let why = describe(&s.secrets.scrub(&e.to_string()));
                 s.phase = Phase::Failed;
                 s.last_error = Some(why.clone());
                 Err(SlotError::Connect(why))
@@ -500,7 +507,8 @@ impl Registry {
     }
 }
 
-/// A connect failure as one line (secret values are scrubbed by the caller).
-fn describe(e: &ConnectError) -> String {
-    iteron_policy::text::single_line_capped(&e.to_string(), 300)
+/// A connect failure (already scrubbed: a secret cut in half would no longer be recognised)
+/// as one line.
+fn describe(scrubbed: &str) -> String {
+    iteron_policy::text::single_line_capped(scrubbed, 300)
 }

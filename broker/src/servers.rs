@@ -16,6 +16,7 @@ use iteron_policy::zone::Zone;
 
 use crate::mcp::client::{Client, McpError, Options};
 use crate::net::{Net, NetConfig, NetError, TargetHost, judge_answer, target_host};
+use crate::scrub::Patterns;
 use crate::spawn::{ChildSpec, child_env};
 
 /// Why a configured server could not be connected.
@@ -35,12 +36,19 @@ pub enum ConnectError {
     OAuth(crate::oauth::OAuthError),
     /// The credential store failed.
     Credentials(String),
+    /// The server's scrubber already knows [`MAX_LEARNED_SECRETS`] secrets; its credential
+    /// would not be scrubbed, so the server is not used.
+    ScrubberFull,
 }
 
 impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConnectError::Mcp(e) => e.fmt(f),
+            ConnectError::ScrubberFull => write!(
+                f,
+                "the server's scrubber already knows {MAX_LEARNED_SECRETS} secrets; restart the server"
+            ),
             ConnectError::Net(e) => e.fmt(f),
             ConnectError::MissingVariable(n) => {
                 write!(
@@ -77,10 +85,12 @@ fn secret_header(value: OsString, name: &str) -> Result<HeaderValue, ConnectErro
 
 /// The secret values a server's configuration names (forwarded variables, header values,
 /// bearer tokens), held only to scrub them from any text a server sends back — a server that
-/// echoes an API key in an error must not get it printed.
+/// echoes an API key in an error must not get it printed. Every form of every value is looked
+/// for at once ([`crate::scrub`]): raw, JSON-escaped, base64, percent-encoded; a value that
+/// contains another is redacted whole.
 #[derive(Default)]
 pub struct KnownSecrets {
-    fixed: Vec<zeroize::Zeroizing<String>>,
+    fixed: Patterns,
     learned: LearnedSecrets,
 }
 
@@ -94,27 +104,31 @@ pub const MAX_LEARNED_SECRETS: usize = 64;
 /// replaced — shared between the server's token source (which learns them) and its
 /// [`KnownSecrets`] (which scrubs them).
 #[derive(Clone, Default)]
-pub struct LearnedSecrets(std::sync::Arc<std::sync::Mutex<Vec<zeroize::Zeroizing<String>>>>);
+pub struct LearnedSecrets(std::sync::Arc<std::sync::Mutex<Patterns>>);
 
 impl LearnedSecrets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Patterns> {
+        match self.0.lock() {
+            Ok(k) => k,
+            Err(p) => p.into_inner(),
+        }
+    }
+
     /// Remember `value` (values shorter than 4 bytes are ignored, like configured ones).
     /// `false` when it is new and [`MAX_LEARNED_SECRETS`] are already known: the caller must
     /// not use it.
     pub fn learn(&self, value: &str) -> bool {
-        if value.len() < 4 {
+        if value.len() < crate::scrub::MIN_SECRET {
             return true;
         }
-        let mut known = match self.0.lock() {
-            Ok(k) => k,
-            Err(p) => p.into_inner(),
-        };
-        if known.iter().any(|k| k.as_str() == value) {
+        let mut known = self.lock();
+        if known.has(value) {
             return true;
         }
-        if known.len() >= MAX_LEARNED_SECRETS {
+        if known.secrets() >= MAX_LEARNED_SECRETS {
             return false;
         }
-        known.push(zeroize::Zeroizing::new(value.to_owned()));
+        known.add(value);
         true
     }
 
@@ -126,18 +140,6 @@ impl LearnedSecrets {
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
             .all(|v| self.learn(v.expose_secret()))
-    }
-
-    fn scrub(&self, out: &mut String) {
-        let known = match self.0.lock() {
-            Ok(k) => k,
-            Err(p) => p.into_inner(),
-        };
-        for secret in known.iter() {
-            if out.contains(secret.as_str()) {
-                *out = out.replace(secret.as_str(), "[REDACTED]");
-            }
-        }
     }
 }
 
@@ -166,14 +168,15 @@ impl KnownSecrets {
                 }))
                 .collect(),
         };
+        let mut fixed = Patterns::default();
+        for value in names.iter().filter_map(|n| lookup(n)) {
+            if let Ok(v) = value.into_string() {
+                let v = zeroize::Zeroizing::new(v);
+                fixed.add(&v);
+            }
+        }
         KnownSecrets {
-            fixed: names
-                .iter()
-                .filter_map(|n| lookup(n))
-                .filter_map(|v| v.into_string().ok())
-                .filter(|v| v.len() >= 4)
-                .map(zeroize::Zeroizing::new)
-                .collect(),
+            fixed,
             learned: LearnedSecrets::default(),
         }
     }
@@ -193,24 +196,40 @@ impl KnownSecrets {
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
         {
-            let v = v.expose_secret();
-            if v.len() >= 4 {
-                self.fixed.push(zeroize::Zeroizing::new(v.to_owned()));
-            }
+            self.fixed.add(v.expose_secret());
         }
         self
     }
 
-    /// `text` with every known secret value replaced by `[REDACTED]`.
-    pub fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for secret in &self.fixed {
-            if out.contains(secret.as_str()) {
-                out = out.replace(secret.as_str(), "[REDACTED]");
-            }
+    /// `text` with every known secret value, in any of its forms, replaced by `[REDACTED]`;
+    /// `None` when there is nothing to replace.
+    pub fn scrub_changed(&self, text: &str) -> Option<String> {
+        let mut ranges = Vec::new();
+        self.fixed.find(text, &mut ranges);
+        self.learned.lock().find(text, &mut ranges);
+        if ranges.is_empty() {
+            return None;
         }
-        self.learned.scrub(&mut out);
-        out
+        Some(crate::scrub::redact(text, ranges).into_owned())
+    }
+
+    /// `text` with every known secret value, in any of its forms, replaced by `[REDACTED]`.
+    pub fn scrub(&self, text: &str) -> String {
+        self.scrub_changed(text).unwrap_or_else(|| text.to_owned())
+    }
+
+    /// Scrub every string of a JSON value (object keys included).
+    pub fn scrub_json(&self, v: &mut serde_json::Value) {
+        crate::scrub::scrub_value(v, &|s| self.scrub_changed(s));
+    }
+}
+
+impl crate::mcp::Scrub for KnownSecrets {
+    fn scrub_value(&self, v: &mut serde_json::Value) {
+        self.scrub_json(v);
+    }
+    fn scrub_text(&self, t: &str) -> String {
+        self.scrub(t)
     }
 }
 

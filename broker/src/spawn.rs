@@ -440,21 +440,44 @@ pub struct StderrTail(Arc<Mutex<Ring>>);
 impl StderrTail {
     /// The last non-empty lines, terminal-safe and redacted.
     pub fn lines(&self, max_lines: usize) -> Vec<String> {
-        ring_tail(&self.0, max_lines)
+        ring_tail(&self.0, max_lines, None)
+    }
+
+    /// The same, each line scrubbed of known secret values before it is cut.
+    pub fn lines_with(
+        &self,
+        max_lines: usize,
+        scrub: Option<&dyn crate::mcp::Scrub>,
+    ) -> Vec<String> {
+        ring_tail(&self.0, max_lines, scrub)
     }
 }
 
-fn ring_tail(ring: &Mutex<Ring>, max_lines: usize) -> Vec<String> {
+fn ring_tail(
+    ring: &Mutex<Ring>,
+    max_lines: usize,
+    scrub: Option<&dyn crate::mcp::Scrub>,
+) -> Vec<String> {
     let Ok(r) = ring.lock() else {
         return Vec::new();
     };
     let bytes: Vec<u8> = r.bytes.iter().copied().collect();
     let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    // Once the ring has dropped bytes, its first line is the tail of a longer one: it is
+    // left out, so that the end of a secret cut at the ring's start is never shown.
+    let skip_first = usize::from(r.dropped > 0);
+    let lines: Vec<&str> = text
+        .lines()
+        .skip(skip_first)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
     lines
         .iter()
         .skip(lines.len().saturating_sub(max_lines))
-        .map(|l| text::single_line_capped(l, 300))
+        .map(|l| match scrub {
+            Some(s) => text::single_line_capped(&s.scrub_text(l), 300),
+            None => text::single_line_capped(l, 300),
+        })
         .collect()
 }
 
@@ -494,7 +517,7 @@ impl ChildProcess {
 
     /// The last stderr lines, each made terminal-safe and redacted, at most `max_lines`.
     pub fn stderr_tail(&self, max_lines: usize) -> Vec<String> {
-        ring_tail(&self.stderr, max_lines)
+        ring_tail(&self.stderr, max_lines, None)
     }
 
     async fn wait_for(&mut self, within: Duration) -> bool {

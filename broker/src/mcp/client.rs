@@ -33,7 +33,7 @@ use super::http::{HttpTransport, Post};
 use super::jsonrpc::{Certainty, Id, RpcError, codes};
 use super::stdio::StdioTransport;
 use super::version::{self, REFUSED, Version, VersionPolicy};
-use super::{Handler, HandlerFuture, TransportError, TransportErrorKind};
+use super::{Handler, HandlerFuture, Scrub, TransportError, TransportErrorKind};
 use crate::spawn::{ChildSpec, SpawnError};
 
 /// Deadline of an ordinary request.
@@ -211,6 +211,9 @@ pub struct Options {
     /// `401` refreshed once and the refused request sent again (a `401` is a refusal: nothing
     /// ran).
     pub token: Option<Arc<dyn TokenSource>>,
+    /// Known secret values to redact from everything the server sends (messages and stderr)
+    /// before anything reads, cuts or shows it.
+    pub scrub: Option<Arc<dyn Scrub>>,
 }
 
 impl Default for Options {
@@ -224,6 +227,7 @@ impl Default for Options {
             request_deadline: REQUEST_DEADLINE,
             tool_call_deadline: TOOL_CALL_DEADLINE,
             token: None,
+            scrub: None,
         }
     }
 }
@@ -231,6 +235,7 @@ impl Default for Options {
 /// Answers server requests: `ping`, and `elicitation/create` only through an installed elicitor.
 struct ServerRequests {
     elicitor: Option<Arc<dyn Elicitor>>,
+    scrub: Option<Arc<dyn Scrub>>,
 }
 
 async fn ask(elicitor: &Arc<dyn Elicitor>, params: &Value) -> Result<Value, (i64, String)> {
@@ -267,6 +272,12 @@ async fn ask(elicitor: &Arc<dyn Elicitor>, params: &Value) -> Result<Value, (i64
 }
 
 impl Handler for ServerRequests {
+    fn scrub(&self, message: &mut Value) {
+        if let Some(s) = &self.scrub {
+            s.scrub_value(message);
+        }
+    }
+
     fn handle(&self, method: &str, params: Value) -> HandlerFuture {
         let elicitor = self.elicitor.clone();
         let method = method.to_owned();
@@ -530,8 +541,10 @@ impl Client {
         let confined = spec.confine.is_some();
         let child = crate::spawn::spawn(spec).await.map_err(McpError::Spawn)?;
         let stderr = child.stderr_handle();
+        let opts_scrub = opts.scrub.clone();
         let handler = Arc::new(ServerRequests {
             elicitor: opts.elicitor.clone(),
+            scrub: opts.scrub.clone(),
         });
         let restart = Restart {
             spec: spec_copy,
@@ -548,7 +561,7 @@ impl Client {
                 // The server died while starting: its last words say why (a confined server
                 // that was denied a file or a socket usually names it).
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let lines = stderr.lines(3);
+                let lines = stderr.lines_with(3, opts_scrub.as_deref());
                 let mut reason = reason;
                 if !lines.is_empty() {
                     reason.push_str("; its stderr ends: ");
@@ -577,6 +590,7 @@ impl Client {
     ) -> Result<Client, McpError> {
         let handler = Arc::new(ServerRequests {
             elicitor: opts.elicitor.clone(),
+            scrub: opts.scrub.clone(),
         });
         let t = HttpTransport::new(client, url, fixed_headers, handler);
         Client::connect(Transport::Http(t), opts, None).await

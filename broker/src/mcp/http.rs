@@ -350,7 +350,7 @@ impl HttpInner {
                     Some(_) => Err(protocol("empty response body", Certainty::MaybeApplied)),
                 };
             }
-            let msg = jsonrpc::parse_incoming(&bytes)
+            let msg = jsonrpc::parse_incoming_with(&bytes, &|v| self.handler.scrub(v))
                 .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
             return match (msg, post.awaits) {
                 (Incoming::Response { id, outcome }, Some(want)) if &id == want => {
@@ -382,16 +382,18 @@ impl HttpInner {
             });
         }
         let bytes = resp.body(MAX_ERROR_BODY).await.unwrap_or_default();
-        let rpc = jsonrpc::parse_incoming(&bytes).ok().and_then(|m| match m {
-            Incoming::Response {
-                outcome: Err(mut e),
-                ..
-            } => {
-                e.http_status = Some(code);
-                Some(e)
-            }
-            _ => None,
-        });
+        let rpc = jsonrpc::parse_incoming_with(&bytes, &|v| self.handler.scrub(v))
+            .ok()
+            .and_then(|m| match m {
+                Incoming::Response {
+                    outcome: Err(mut e),
+                    ..
+                } => {
+                    e.http_status = Some(code);
+                    Some(e)
+                }
+                _ => None,
+            });
         let text_body = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
         let session_gone = sent_session
             && (code == 404
@@ -531,7 +533,7 @@ impl HttpInner {
         data: &str,
         awaits: Option<&Id>,
     ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
-        let msg = jsonrpc::parse_incoming(data.as_bytes())
+        let msg = jsonrpc::parse_incoming_with(data.as_bytes(), &|v| self.handler.scrub(v))
             .map_err(|e| protocol(e.to_string(), Certainty::MaybeApplied))?;
         match msg {
             Incoming::Response { id, outcome } => {

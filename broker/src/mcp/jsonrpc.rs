@@ -191,7 +191,17 @@ impl std::error::Error for MessageError {}
 
 /// Parse one message. Batches are refused: the client never sends one, so no answer may be one.
 pub fn parse_incoming(bytes: &[u8]) -> Result<Incoming, MessageError> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|_| MessageError::NotJson)?;
+    parse_incoming_with(bytes, &|_| {})
+}
+
+/// Parse one message and pass the parsed value through `scrub` before it is classified (so
+/// that nothing — an error message cut to its bound included — sees it unscrubbed).
+pub fn parse_incoming_with(
+    bytes: &[u8],
+    scrub: &dyn Fn(&mut Value),
+) -> Result<Incoming, MessageError> {
+    let mut v: Value = serde_json::from_slice(bytes).map_err(|_| MessageError::NotJson)?;
+    scrub(&mut v);
     classify(v)
 }
 

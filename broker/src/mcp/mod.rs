@@ -33,6 +33,18 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, (i64, String)
 pub trait Handler: Send + Sync {
     /// Answer one server request.
     fn handle(&self, method: &str, params: Value) -> HandlerFuture;
+    /// Clean one message the server sent, right after it is parsed and before anything reads,
+    /// cuts or shows any part of it (known secret values are redacted). Nothing by default.
+    fn scrub(&self, _message: &mut Value) {}
+}
+
+/// Removes known secret values from what a server sends: every string of every message
+/// (before it is classified, cut or projected) and every stderr line (before it is cut).
+pub trait Scrub: Send + Sync {
+    /// Scrub every string of a parsed message, object keys included.
+    fn scrub_value(&self, v: &mut Value);
+    /// Scrub one line of text.
+    fn scrub_text(&self, t: &str) -> String;
 }
 
 /// Why a transport could not deliver a request or its answer.

@@ -144,7 +144,7 @@ impl StdioTransport {
                         if buf.iter().all(u8::is_ascii_whitespace) {
                             continue;
                         }
-                        match jsonrpc::parse_incoming(&buf) {
+                        match jsonrpc::parse_incoming_with(&buf, &|v| handler.scrub(v)) {
                             Err(e) => break e.to_string(),
                             Ok(Incoming::Response { id, outcome }) => {
                                 let waiter = pending.lock().ok().and_then(|mut p| p.remove(&id));
