@@ -2004,6 +2004,100 @@ fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
     );
 }
 
+fn vm_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// 64 agents each send a call whose arguments are the costliest a frame can carry (hundreds of
+/// thousands of empty objects): calls in flight keep bytes, not trees, and their weight is
+/// bounded per uid, so the broker's memory stays small and the calls beyond the bound are
+/// refused `busy` with nothing sent.
+#[test]
+fn calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid() {
+    let area = Area::new("memory");
+    area.everything();
+    let broker = area.broker(&[], &[]);
+    let before = vm_rss_kib(broker.pid());
+    let pad = vec![json!({}); 300_000];
+    let args = json!({"message": "m", "pad": pad});
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // One after the other (a debug build decodes such a frame slowly, and the frames of the
+    // others must not miss their deadline meanwhile); every call stays open until the end.
+    let (busy, answered) = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut busy = 0usize;
+        let mut answered = 0usize;
+        let mut keep = Vec::new();
+        for i in 0..64 {
+            let sock = area.agent_socket();
+            let args = args.clone();
+            tasks.spawn(async move {
+                let mut c = Connection::connect(&sock).await.unwrap();
+                c.hello(&format!("heavy-{i}")).await.unwrap();
+                let r = c
+                    .request(
+                        "call_tool",
+                        json!({"server": "ev", "tool": "echo", "arguments": args}),
+                    )
+                    .await;
+                (r, c)
+            });
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while answered + area.pending().len() < i + 1 {
+                assert!(Instant::now() < deadline, "call {i} did not settle");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                while let Some(done) = tasks.try_join_next() {
+                    let (r, c) = done.unwrap();
+                    answered += 1;
+                    match r {
+                        Err(iteron_broker::ipc::client::ClientError::Refused {
+                            code,
+                            certainty,
+                            ..
+                        }) if code == "busy" => {
+                            assert_eq!(certainty.as_deref(), Some("not_sent"));
+                            busy += 1;
+                        }
+                        other => panic!("unexpected answer: {other:?}"),
+                    }
+                    keep.push(c);
+                }
+            }
+        }
+        (busy, answered)
+    });
+    let after = vm_rss_kib(broker.pid());
+    let waiting = area.pending().len();
+    assert!(waiting >= 1, "no call is waiting");
+    assert!(busy >= 32, "{busy} refused of 64");
+    assert_eq!(busy, answered);
+    // Before calls kept bytes, 64 such calls took the broker past 3 GB.
+    assert!(
+        after < before + 256 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    let records = area.audit_records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r["outcome"] == "arguments_budget_full")
+    );
+    drop(broker);
+    support::report::record(
+        "P5",
+        "tests/broker.rs::calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid",
+        serde_json::json!({"rss_before_kib": before, "rss_after_kib": after, "waiting": waiting, "refused_busy": busy}),
+    );
+}
+
 fn hook_script(area: &Area, name: &str, body: &str) -> String {
     let p = area.base.join(name);
     std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();

@@ -338,8 +338,12 @@ impl Elicitor for OperatorForms {
 /// The operator's preview of arguments: compact JSON, terminal-safe but not redacted (what is
 /// approved must be visible), capped at [`MAX_PREVIEW`]; and the full size.
 pub fn preview(arguments: &Map<String, Value>) -> (String, usize) {
-    let raw = serde_json::to_string(arguments).unwrap_or_default();
-    (text::escape_capped(&raw, MAX_PREVIEW), raw.len())
+    preview_json(&serde_json::to_string(arguments).unwrap_or_default())
+}
+
+/// The same, from the arguments' JSON text.
+pub fn preview_json(raw: &str) -> (String, usize) {
+    (text::escape_capped(raw, MAX_PREVIEW), raw.len())
 }
 
 #[cfg(test)]

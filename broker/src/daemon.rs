@@ -69,8 +69,115 @@ pub struct ToolEvent {
     pub server: String,
     /// Tool.
     pub tool: String,
-    /// The arguments (hooks run with operator authority).
-    pub arguments: Map<String, Value>,
+    /// The arguments, as the canonical JSON of an object (the bytes the operator approves and
+    /// the server is sent; hooks run with operator authority and see them).
+    pub arguments: Arc<str>,
+}
+
+impl ToolEvent {
+    /// The arguments as a JSON object (built only when needed: a waiting call keeps bytes).
+    pub fn arguments_map(&self) -> Map<String, Value> {
+        match serde_json::from_str(&self.arguments) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
+}
+
+/// Weight charged for each JSON node of a call's arguments while the call is in flight (about
+/// what one parsed node costs), on top of the bytes of their canonical JSON.
+pub const ARGUMENT_NODE_WEIGHT: usize = 64;
+/// Most argument weight one agent uid may have in calls in flight (waiting for a server, for
+/// approval, or running).
+pub const MAX_ARGUMENT_WEIGHT_PER_UID: usize = 32 * 1024 * 1024;
+/// Most argument weight in flight across the broker.
+pub const MAX_ARGUMENT_WEIGHT: usize = 96 * 1024 * 1024;
+
+/// The number of JSON nodes of a value (every value, container or scalar, counts one).
+pub fn json_nodes(v: &Value) -> usize {
+    let mut n = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        n += 1;
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(m) => stack.extend(m.values()),
+            _ => {}
+        }
+    }
+    n
+}
+
+/// The argument weight of calls in flight, per agent uid and in total.
+#[derive(Default)]
+struct ArgumentBudget(Mutex<(HashMap<u32, usize>, usize)>);
+
+/// One call's share of the [`ArgumentBudget`], given back when the call ends however it ends.
+struct ArgumentCharge<'a> {
+    budget: &'a ArgumentBudget,
+    uid: u32,
+    weight: usize,
+}
+
+impl ArgumentBudget {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<u32, usize>, usize)> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Charge `weight` to `uid`, unless that would pass the uid's or the broker's bound.
+    fn charge(&self, uid: u32, weight: usize) -> Option<ArgumentCharge<'_>> {
+        let charged = charge_step(
+            &mut self.lock(),
+            uid,
+            weight,
+            MAX_ARGUMENT_WEIGHT_PER_UID,
+            MAX_ARGUMENT_WEIGHT,
+        );
+        // The charge is built only once it was made (and the lock is released): dropping one
+        // gives its weight back.
+        if charged {
+            Some(ArgumentCharge {
+                budget: self,
+                uid,
+                weight,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// Add `weight` for `uid` if both bounds hold afterwards.
+fn charge_step(
+    w: &mut (HashMap<u32, usize>, usize),
+    uid: u32,
+    weight: usize,
+    per_uid: usize,
+    total: usize,
+) -> bool {
+    let mine = w.0.get(&uid).copied().unwrap_or(0);
+    if mine.saturating_add(weight) > per_uid || w.1.saturating_add(weight) > total {
+        return false;
+    }
+    w.0.insert(uid, mine + weight);
+    w.1 += weight;
+    true
+}
+
+impl Drop for ArgumentCharge<'_> {
+    fn drop(&mut self) {
+        let mut w = self.budget.lock();
+        if let Some(mine) = w.0.get_mut(&self.uid) {
+            *mine = mine.saturating_sub(self.weight);
+            if *mine == 0 {
+                w.0.remove(&self.uid);
+            }
+        }
+        w.1 = w.1.saturating_sub(self.weight);
+    }
 }
 
 /// What a `PreToolUse` hook decided.
@@ -214,6 +321,8 @@ struct Broker {
     agent_work: Arc<Semaphore>,
     /// Requests in flight across the operator socket's connections.
     operator_work: Arc<Semaphore>,
+    /// The arguments of calls in flight.
+    arguments: ArgumentBudget,
 }
 
 /// One refused peer at second `now`: whether it gets its own record, and how many refusals
@@ -404,6 +513,7 @@ pub async fn serve(
         refused_window: Mutex::new((0, 0, 0)),
         agent_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
         operator_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
+        arguments: ArgumentBudget::default(),
     });
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
@@ -1354,9 +1464,51 @@ impl Drop for CallRecord<'_> {
     }
 }
 
+/// The canonical bytes of a request's arguments, its digest, and its share of the argument
+/// budget. The parsed tree is dropped here: from now on the call keeps only bytes (a waiting
+/// call costs its bytes, not a tree many times their size).
+fn take_arguments<'a>(
+    broker: &'a Broker,
+    s: &Session,
+    arguments: Value,
+) -> Result<(Arc<str>, String, ArgumentCharge<'a>), Refusal> {
+    let nodes = json_nodes(&arguments);
+    let canonical = audit::canonical_json(&arguments);
+    drop(arguments);
+    let args_sha256 = audit::sha256_hex(&canonical);
+    let weight = canonical
+        .len()
+        .saturating_add(nodes.saturating_mul(ARGUMENT_NODE_WEIGHT));
+    let Some(charge) = broker.arguments.charge(s.peer.uid, weight) else {
+        broker.audit(Event {
+            session: Some(s.id.clone()),
+            peer_uid: Some(s.peer.uid),
+            peer_pid: s.peer.pid,
+            kind: "call_tool",
+            args_sha256: Some(args_sha256),
+            decision: "refused",
+            outcome: "arguments_budget_full",
+            ..Event::default()
+        });
+        return Err(Refusal::new(
+            Code::Busy,
+            &format!(
+                "too many argument bytes are in calls in flight (at most {} MiB per agent uid, {} MiB in all); nothing was sent",
+                MAX_ARGUMENT_WEIGHT_PER_UID >> 20,
+                MAX_ARGUMENT_WEIGHT >> 20
+            ),
+        )
+        .with_certainty("not_sent"));
+    };
+    // canonical_json writes serde_json's output, which is UTF-8.
+    let text: Arc<str> = String::from_utf8(canonical)
+        .map_err(|_| Refusal::new(Code::Protocol, "the arguments are not UTF-8"))?
+        .into();
+    Ok((text, args_sha256, charge))
+}
+
 async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<Value, Refusal> {
-    let args_sha256 =
-        audit::sha256_hex(&audit::canonical_json(&Value::Object(c.arguments.clone())));
+    let (arguments, args_sha256, _charge) = take_arguments(broker, s, Value::Object(c.arguments))?;
     // First, before anything tells known tools from unknown ones: an unwritable audit log
     // refuses every call alike.
     let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
@@ -1406,7 +1558,7 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         session: s.id.clone(),
         server: server.name.as_str().to_owned(),
         tool: tool.name.clone(),
-        arguments: c.arguments.clone(),
+        arguments,
     };
     let epoch = before_effect(
         broker,
@@ -1418,7 +1570,13 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
         args_sha256,
     )
     .await?;
-    let result = under_cancel(&slot, epoch, client.call_tool(&tool.name, c.arguments)).await;
+    // Exactly the bytes the operator approved are sent; the tree lives only for the call.
+    let result = under_cancel(
+        &slot,
+        epoch,
+        client.call_tool(&tool.name, event.arguments_map()),
+    )
+    .await;
     let secrets = slot.secrets();
     let (answer, outcome, detail) = match result {
         None => cancelled_effect(),
@@ -1676,7 +1834,7 @@ async fn server_read(
             json!({"name": name, "arguments": arguments}),
         ),
     };
-    let args_sha256 = audit::sha256_hex(&audit::canonical_json(&args));
+    let (arguments, args_sha256, _charge) = take_arguments(broker, s, args)?;
     let mut record = CallRecord::open(broker, s, kind, &args_sha256)?;
     let server = match reads_server(s, server_name) {
         Ok(x) => x,
@@ -1716,7 +1874,7 @@ async fn server_read(
         session: s.id.clone(),
         server: server.name.as_str().to_owned(),
         tool: method.to_owned(),
-        arguments: args.as_object().cloned().unwrap_or_default(),
+        arguments,
     };
     let epoch = before_effect(
         broker,
@@ -1784,7 +1942,7 @@ async fn before_effect(
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
-    let preview = approvals::preview(&event.arguments);
+    let preview = approvals::preview_json(&event.arguments);
     let approval = broker
         .approvals
         .approve_call(CallInfo {
@@ -2460,6 +2618,32 @@ mod tests {
             "P5",
             "broker/src/daemon.rs::a_peer_that_stops_reading_is_given_up_after_the_write_deadline",
             serde_json::json!({"write_deadline_s": WRITE_DEADLINE.as_secs()}),
+        );
+    }
+
+    #[test]
+    fn argument_weight_is_bounded_per_uid_and_in_all_at_the_limit_and_one_over() {
+        let mut w = (HashMap::new(), 0usize);
+        assert!(charge_step(&mut w, 1, 10, 10, 15));
+        // One over the uid's bound.
+        assert!(!charge_step(&mut w, 1, 1, 10, 15));
+        // Another uid, up to the total bound and one over.
+        assert!(charge_step(&mut w, 2, 5, 10, 15));
+        assert!(!charge_step(&mut w, 3, 1, 10, 15));
+        let budget = ArgumentBudget::default();
+        let a = budget.charge(7, MAX_ARGUMENT_WEIGHT_PER_UID).unwrap();
+        assert!(budget.charge(7, 1).is_none());
+        // A refused charge gives nothing back.
+        assert_eq!(budget.lock().1, MAX_ARGUMENT_WEIGHT_PER_UID);
+        drop(a);
+        // Given back when the call ends.
+        assert!(budget.charge(7, 1).is_some());
+        assert!(budget.lock().0.is_empty());
+        assert_eq!(json_nodes(&json!({"a": [{}, 1, "x"], "b": null})), 6);
+        crate::test_report::record(
+            "P5",
+            "broker/src/daemon.rs::argument_weight_is_bounded_per_uid_and_in_all_at_the_limit_and_one_over",
+            serde_json::json!({"per_uid": MAX_ARGUMENT_WEIGHT_PER_UID, "total": MAX_ARGUMENT_WEIGHT}),
         );
     }
 

@@ -304,7 +304,7 @@ pub fn tool_payload(event: HookEvent, ev: &ToolEvent, outcome: Option<&str>) -> 
         "session": ev.session,
         "server": ev.server,
         "tool": ev.tool,
-        "arguments": Value::Object(ev.arguments.clone()),
+        "arguments": Value::Object(ev.arguments_map()),
     });
     if let (Some(o), Some(obj)) = (outcome, v.as_object_mut()) {
         obj.insert("outcome".into(), o.into());

@@ -52,7 +52,7 @@ fn event() -> ToolEvent {
         session: "s1-test".into(),
         server: "files".into(),
         tool: "write_file".into(),
-        arguments,
+        arguments: Value::Object(arguments).to_string().into(),
     }
 }
 
