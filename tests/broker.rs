@@ -2701,3 +2701,390 @@ plain.kill(); broker.terminate(); broker.wait()
         );
     }
 }
+
+/// The audit log under attack: laundering, removal, flooding and a full disk.
+mod audit_log {
+    use super::*;
+    use iteron_broker::audit::MAX_AGENT_RECORDS_PER_SEC;
+
+    /// Start a broker from `cmd` (any wrapper around `iteron broker serve`) and wait for both
+    /// sockets.
+    fn start(area: &Area, mut cmd: Command) -> Broker {
+        cmd.env("ITERON_HOME", area.home())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let b = Broker {
+            child: cmd.spawn().unwrap(),
+            socket: area.operator_socket(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(area.agent_socket()).is_ok()
+                && std::os::unix::net::UnixStream::connect(area.operator_socket()).is_ok()
+            {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the broker did not start: {}", b.finish().1);
+    }
+
+    /// A broker start that must be refused: its stderr.
+    fn refused_start(area: &Area) -> String {
+        let sock = area.agent_socket();
+        let mut child = area
+            .iteron(&[
+                "broker",
+                "serve",
+                "--noninteractive",
+                "--socket",
+                sock.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the broker started on a log it should have refused");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        text(&out.stderr)
+    }
+
+    fn day_file(area: &Area) -> PathBuf {
+        std::fs::read_dir(area.home().join("audit"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .unwrap()
+    }
+
+    fn sha256(s: &str) -> String {
+        iteron_broker::audit::sha256_hex(s.as_bytes())
+    }
+
+    /// The leading count of an `audit_suppressed` record.
+    fn suppressed(records: &[Value]) -> u64 {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "audit_suppressed")
+            .map(|r| {
+                let d = r["detail"].as_str().unwrap();
+                d.split(' ').next().unwrap().parse::<u64>().unwrap()
+            })
+            .sum()
+    }
+
+    /// Issues 18.2 and 18.3: the broker never launders an edited tail (edit the newest record,
+    /// chain one more to it) and never starts a new chain where a log was removed; `audit
+    /// verify` names both, and the newest record printed at stop pins the log from outside.
+    #[test]
+    fn a_laundered_or_removed_log_stops_the_broker_and_verify_names_it() {
+        let area = Area::new("launder");
+        area.config(json!([]));
+        let (code, err) = area.broker(&["--noninteractive"], &[]).finish();
+        assert_eq!(code, Some(0), "{err}");
+        let pin = err
+            .lines()
+            .find_map(|l| l.strip_prefix("iteron broker: stopped; newest audit record "))
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or_else(|| panic!("no stop line: {err}"))
+            .to_owned();
+        assert!(
+            err.contains(&format!("iteron audit verify --expect {pin}")),
+            "{err}"
+        );
+        let out = area.run(&["audit", "verify", "--format", "json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (&v["pin"], &v["anchor"], &v["head_seq"]),
+            (&json!(pin), &json!(pin), &json!(1))
+        );
+        let out = area.run(&["audit", "verify", "--expect", &pin]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("expected: 1 records match"));
+
+        // Edit the newest record and chain one more to the edit: refused, and still evident.
+        let day = day_file(&area);
+        let original = std::fs::read_to_string(&day).unwrap();
+        let mut lines: Vec<String> = original.lines().map(str::to_owned).collect();
+        lines[1] = lines[1].replace("\"outcome\":\"ok\"", "\"outcome\":\"failed\"");
+        let mut next: Value = serde_json::from_str(&lines[1]).unwrap();
+        next["seq"] = json!(2);
+        next["prev"] = json!(sha256(&lines[1]));
+        lines.push(next.to_string());
+        std::fs::write(&day, lines.join("\n") + "\n").unwrap();
+        let err = refused_start(&area);
+        assert!(err.contains("audit log is inconsistent"), "{err}");
+        let out = area.run(&["audit", "verify"]);
+        assert_eq!(out.status.code(), Some(10), "{}", text(&out.stdout));
+
+        // Remove every day file and the head: the anchor outside audit/ names what is missing.
+        std::fs::write(&day, &original).unwrap();
+        assert!(area.run(&["audit", "verify"]).status.success());
+        std::fs::remove_file(&day).unwrap();
+        std::fs::remove_file(area.home().join("audit/head")).unwrap();
+        let err = refused_start(&area);
+        assert!(
+            err.contains("audit-anchor names record 1: it was removed"),
+            "{err}"
+        );
+        assert!(
+            !area.home().join("audit/head").exists(),
+            "a new chain was started"
+        );
+        let out = area.run(&["audit", "verify"]);
+        assert_eq!(out.status.code(), Some(10));
+        assert!(
+            text(&out.stderr).contains("audit-anchor names"),
+            "{}",
+            text(&out.stderr)
+        );
+        // Removed with its anchor, the log is gone as far as the home can tell; the pin is not.
+        std::fs::remove_file(area.home().join("audit-anchor")).unwrap();
+        assert!(area.run(&["audit", "verify"]).status.success());
+        let out = area.run(&["audit", "verify", "--expect", &pin]);
+        assert_eq!(out.status.code(), Some(10));
+        assert!(
+            text(&out.stderr).contains("ends before record 1"),
+            "{}",
+            text(&out.stderr)
+        );
+        support::report::record(
+            "P11",
+            "tests/broker.rs::a_laundered_or_removed_log_stops_the_broker_and_verify_names_it",
+            json!({"pin": pin}),
+        );
+    }
+
+    /// Issue 17.2: an agent pipelining cheap requests (resolve_agent, refused calls, list_tools)
+    /// gets at most MAX_AGENT_RECORDS_PER_SEC records a second; the rest are counted in
+    /// `audit_suppressed` records, so the count stays exact.
+    #[test]
+    fn pipelined_cheap_requests_cannot_flood_the_audit_log() {
+        const N: u64 = 1500;
+        let area = Area::new("flood");
+        area.config(json!([]));
+        let broker = area.broker(&["--noninteractive"], &[]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+            c.hello("flood").await.unwrap();
+            for i in 0..N {
+                let (method, params) = match i % 3 {
+                    0 => ("resolve_agent", json!({"agent_type": "Nope"})),
+                    1 => (
+                        "call_tool",
+                        json!({"server": "none", "tool": "x", "arguments": {}}),
+                    ),
+                    _ => ("list_tools", json!({})),
+                };
+                let _ = c.request(method, params).await;
+            }
+        });
+        let status = area.status();
+        assert_eq!(status["audit"]["state"], "ok", "{status}");
+        assert!(status["audit"]["suppressed_records"].as_u64().unwrap() > 0);
+        let (code, _) = broker.finish();
+        assert_eq!(code, Some(0));
+        let records = area.audit_records();
+        let own = nix::unistd::geteuid().as_raw();
+        let agent: Vec<&Value> = records
+            .iter()
+            .filter(|r| {
+                r["peer_uid"] == own
+                    && ["hello", "resolve_agent", "call_tool", "list_tools"]
+                        .contains(&r["kind"].as_str().unwrap())
+            })
+            .collect();
+        let counted = suppressed(&records);
+        assert!(counted > 0);
+        assert_eq!(
+            agent.len() as u64 + counted,
+            N + 1,
+            "a request went unaccounted"
+        );
+        let mut per_second: std::collections::HashMap<&str, u32> = Default::default();
+        for r in &agent {
+            *per_second
+                .entry(&r["time"].as_str().unwrap()[..19])
+                .or_default() += 1;
+        }
+        assert!(
+            per_second.values().all(|n| *n <= MAX_AGENT_RECORDS_PER_SEC),
+            "{per_second:?}"
+        );
+        assert!(area.run(&["audit", "verify"]).status.success());
+        support::report::record(
+            "P11",
+            "tests/broker.rs::pipelined_cheap_requests_cannot_flood_the_audit_log",
+            json!({"requests": N + 1, "written": agent.len(), "counted": counted}),
+        );
+    }
+
+    /// Issues 18.11 and 17.2: a write that fails mid-record (the broker's file-size limit,
+    /// with SIGXFSZ ignored, behaves like a full disk) leaves whole records only; the failure
+    /// is on the broker's stderr, in `status` and in `mcp doctor`, and every effect is refused.
+    #[test]
+    fn an_audit_failure_is_loud_refuses_every_effect_and_leaves_whole_records() {
+        let area = Area::new("auditfail");
+        area.config(json!([{"name": "srv", "transport": "stdio", "command": "/bin/true"}]));
+        let sock = area.agent_socket();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args([
+            "-c",
+            "ulimit -f 64 && trap '' XFSZ && exec \"$0\" \"$@\"",
+            iteron(),
+        ])
+        .args([
+            "broker",
+            "serve",
+            "--noninteractive",
+            "--socket",
+            sock.to_str().unwrap(),
+        ]);
+        let broker = start(&area, cmd);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cancels = rt.block_on(async {
+            let mut c = Connection::connect(&area.operator_socket()).await.unwrap();
+            c.hello("filler").await.unwrap();
+            for i in 1..=5000u32 {
+                c.request("cancel", json!({"server": "srv"})).await.unwrap();
+                if i % 20 == 0 {
+                    let s = c.request("status", json!({})).await.unwrap();
+                    if s["audit"]["state"] == "failed" {
+                        return i;
+                    }
+                }
+            }
+            panic!("the audit log never hit the file-size limit");
+        });
+        // Every effect is refused, with the reason.
+        let out = area
+            .agent(&["call", "srv", "x", "--json", "{}"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("cannot write its audit log"));
+        let status = area.status();
+        assert_eq!(status["audit"]["state"], "failed");
+        let detail = status["audit"]["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("the file still ends in a whole record"),
+            "{detail}"
+        );
+        let shown = text(&area.run(&["broker", "status"]).stdout);
+        assert!(
+            shown.contains("audit: FAILED (audit log: cannot append"),
+            "{shown}"
+        );
+        let doctor = area.run(&["mcp", "doctor", "--format", "json"]);
+        assert!(!doctor.status.success());
+        let d: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+        assert_eq!(
+            (&d["audit"]["state"], &d["ok"]),
+            (&json!("failed"), &json!(false))
+        );
+        let (code, err) = broker.finish();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(
+            err.contains("iteron broker: AUDIT LOG FAILED: audit log: cannot append to "),
+            "{err}"
+        );
+        assert!(err.contains("stopped; newest audit record "), "{err}");
+        // Whole records only, consistent with the head: it verifies, and a broker continues it.
+        let raw = std::fs::read(day_file(&area)).unwrap();
+        assert_eq!(raw.last(), Some(&b'\n'));
+        let out = area.run(&["audit", "verify"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let (code, err) = area.broker(&["--noninteractive"], &[]).finish();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(area.run(&["audit", "verify"]).status.success());
+        support::report::record(
+            "P11",
+            "tests/broker.rs::an_audit_failure_is_loud_refuses_every_effect_and_leaves_whole_records",
+            json!({"operator_actions_before_failure": cancels, "log_bytes": raw.len()}),
+        );
+    }
+
+    /// Unmounts at drop.
+    struct Mounted(PathBuf);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    /// Issue 17.2: under the space reserve effects are refused with their reason, and the
+    /// state is in `status`, `mcp doctor` and on the broker's stderr.
+    #[test]
+    fn under_the_space_reserve_effects_are_refused_and_the_operator_is_told() {
+        if !is_root() {
+            eprintln!("skipped: not root, cannot mount a tmpfs");
+            return;
+        }
+        let area = Area::new("lowspace");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
+            .arg(area.home())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            eprintln!(
+                "skipped: mount -t tmpfs failed: {}",
+                text(&out.stderr).trim()
+            );
+            return;
+        }
+        let _mounted = Mounted(area.home());
+        area.config(json!([{"name": "srv", "transport": "stdio", "command": "/bin/true"}]));
+        let broker = area.broker(&["--noninteractive"], &[]);
+        let out = area
+            .agent(&["call", "srv", "x", "--json", "{}"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("nearly full"),
+            "{}",
+            text(&out.stderr)
+        );
+        let status = area.status();
+        assert_eq!(status["audit"]["state"], "low_space", "{status}");
+        let shown = text(&area.run(&["broker", "status"]).stdout);
+        assert!(shown.contains("audit: LOW_SPACE ("), "{shown}");
+        let doctor = area.run(&["mcp", "doctor", "--format", "json"]);
+        let d: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+        assert_eq!(d["audit"]["state"], "low_space");
+        assert!(!doctor.status.success());
+        let (code, err) = broker.finish();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(err.contains("under the reserve of 16777216"), "{err}");
+        assert!(area.run(&["audit", "verify"]).status.success());
+        // Without a broker, doctor measures it itself.
+        let d: Value =
+            serde_json::from_slice(&area.run(&["mcp", "doctor", "--format", "json"]).stdout)
+                .unwrap();
+        assert_eq!(d["audit"]["state"], "low_space");
+        support::report::record(
+            "P11",
+            "tests/broker.rs::under_the_space_reserve_effects_are_refused_and_the_operator_is_told",
+            json!({"tmpfs": "2m"}),
+        );
+    }
+}

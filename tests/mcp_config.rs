@@ -534,6 +534,34 @@ fn an_open_config_is_refused_not_repaired() {
     sb.ok(&["mcp", "list"]);
 }
 
+/// A second name for config.json (a hard link, which survives the atomic rename and may sit
+/// where others can reach it) is refused like a symlink, exit 5, and nothing is written.
+#[test]
+fn a_hard_linked_config_is_refused_like_a_symlink() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "a", "--stdio", "/bin/true"]);
+    let before = fs::read(sb.config()).unwrap();
+    let other = sb.home().join("second-name");
+    fs::hard_link(sb.config(), &other).unwrap();
+    let err = sb.fails(&["mcp", "list"], 5);
+    assert!(err.contains("has 2 hard links"), "{err}");
+    sb.fails(&["mcp", "add", "b", "--stdio", "/bin/true"], 5);
+    assert_eq!(fs::read(sb.config()).unwrap(), before);
+    assert_eq!(
+        fs::metadata(sb.config()).unwrap().nlink(),
+        2,
+        "left as found"
+    );
+    fs::remove_file(&other).unwrap();
+    sb.ok(&["mcp", "list"]);
+    support::report::record(
+        "P11",
+        "tests/mcp_config.rs::a_hard_linked_config_is_refused_like_a_symlink",
+        serde_json::json!({"exit": 5}),
+    );
+}
+
 #[test]
 fn conflicts_and_bad_values_have_their_exit_codes() {
     let sb = Sandbox::new();

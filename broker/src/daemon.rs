@@ -393,15 +393,11 @@ impl Broker {
     }
 
     fn audit(&self, event: Event) {
-        // A record that cannot be written must not pass silently: the broker refuses new
-        // effects until the operator looks (see `effects_blocked`).
-        if self.audit.append(&event).is_err() {
-            AUDIT_FAILED.store(true, Ordering::SeqCst);
-        }
+        // A record that cannot be written does not pass silently: the log prints it, marks
+        // itself failed, and every effect is refused from then on (see `CallRecord::open`).
+        let _ = self.audit.append(&event);
     }
 }
-
-static AUDIT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Prepare a socket path: a private parent directory (created with `dir_mode` if missing; an
 /// existing one must be ours and not writable by others), and no live socket at the path.
@@ -562,7 +558,7 @@ pub async fn serve(
         outcome: "ok",
         ..Event::default()
     });
-    broker.audit.sync();
+    broker.audit.close();
     let _ = std::fs::remove_file(&opts.agent_socket);
     let _ = std::fs::remove_file(&opts.operator_socket);
     Ok(())
@@ -1403,12 +1399,9 @@ impl<'a> CallRecord<'a> {
             started: Instant::now(),
             done: false,
         };
-        if AUDIT_FAILED.load(Ordering::SeqCst) {
-            record.finish("refused", "audit_unavailable", None);
-            return Err(Refusal::new(
-                Code::Refused,
-                "the broker cannot write its audit log, so it performs no effects; ask the operator",
-            ));
+        if let Err(gate) = broker.audit.effect_gate() {
+            record.finish("refused", gate.outcome(), None);
+            return Err(Refusal::new(Code::Refused, gate.refusal()));
         }
         Ok(record)
     }
@@ -1426,14 +1419,14 @@ impl CallRecord<'_> {
 }
 
 impl CallRecord<'_> {
-    /// Write the "dispatching" record of an approved call; `false` if the log refused it (the
-    /// final record is then written by `finish` or the drop guard as usual).
-    fn dispatching(&mut self) -> bool {
+    /// Write the "dispatching" record of an approved call, or say why the effect may not start
+    /// (the log failed, or its disk is under the reserve).
+    fn dispatching(&mut self) -> Result<(), audit::Gate> {
         let mut e = self.event.clone();
         e.decision = "approved";
         e.outcome = "dispatching";
         e.duration_ms = elapsed_ms(self.started);
-        self.broker.audit.append(&e).is_ok()
+        self.broker.audit.append_effect(&e)
     }
 }
 
@@ -1989,12 +1982,9 @@ async fn before_effect(
         .with_certainty("not_sent"));
     }
     // The effect is audited before it happens.
-    if !record.dispatching() {
-        return Err(Refusal::new(
-            Code::Refused,
-            "the broker cannot write its audit log, so it performs no effects; ask the operator",
-        )
-        .with_certainty("not_sent"));
+    if let Err(gate) = record.dispatching() {
+        record.finish("approved", gate.outcome(), None);
+        return Err(Refusal::new(Code::Refused, gate.refusal()).with_certainty("not_sent"));
     }
     Ok(epoch)
 }
@@ -2291,7 +2281,11 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
                 .registry
                 .status(a.server.as_deref())
                 .ok_or_else(not_found)?;
-            Ok(json!({"servers": servers, "interactive": broker.approvals.interactive()}))
+            Ok(json!({
+                "servers": servers,
+                "interactive": broker.approvals.interactive(),
+                "audit": broker.audit.state_json(),
+            }))
         }
         Request::Cancel(a) => {
             let n = broker.registry.cancel(&a.server).ok_or_else(not_found)?;

@@ -4,7 +4,8 @@
 //! Every file is written whole to a fresh temporary file (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600),
 //! fsynced, renamed over the target and the directory fsynced; writers serialise on an `flock`
 //! with a bounded wait. Anything that is not a plain file or directory owned by the effective
-//! uid with no group/other bits is refused, never repaired.
+//! uid with no group/other bits is refused, never repaired; so is a file with more than one
+//! hard link (another name for it may sit where others can reach it, or outlive a rename).
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -53,6 +54,13 @@ pub enum FsError {
         /// The mode it must have.
         want: u32,
     },
+    /// A file with more than one hard link.
+    HardLinked {
+        /// The path.
+        path: PathBuf,
+        /// Its link count.
+        links: u64,
+    },
     /// Another writer held the lock for longer than [`LOCK_TIMEOUT`].
     LockTimeout(PathBuf),
 }
@@ -79,6 +87,11 @@ impl fmt::Display for FsError {
                 path.display(),
                 path.display()
             ),
+            FsError::HardLinked { path, links } => write!(
+                f,
+                "refusing {}: it has {links} hard links; a private file must have only one (inspect the other names, then copy it to a fresh file)",
+                path.display()
+            ),
             FsError::LockTimeout(p) => write!(
                 f,
                 "another iteron process has held {} for over {} s; nothing was written",
@@ -103,7 +116,8 @@ pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) ->
     move |source| FsError::Io { op, path, source }
 }
 
-/// Refuse anything that is not a plain directory/file owned by us with no group/other bits.
+/// Refuse anything that is not a plain directory/file owned by us with no group/other bits, and
+/// a file with more than one hard link.
 pub(crate) fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), FsError> {
     let plain = if dir {
         meta.file_type().is_dir()
@@ -130,6 +144,13 @@ pub(crate) fn check_private(path: &Path, meta: &fs::Metadata, dir: bool) -> Resu
             path: path.to_path_buf(),
             mode,
             want: if dir { 0o700 } else { 0o600 },
+        });
+    }
+    // 0 is a file replaced (renamed over) after it was opened: what was opened is whole.
+    if !dir && meta.nlink() > 1 {
+        return Err(FsError::HardLinked {
+            path: path.to_path_buf(),
+            links: meta.nlink(),
         });
     }
     Ok(())
@@ -246,5 +267,53 @@ pub(crate) fn acquire_lock(path: &Path) -> Result<Lock, FsError> {
             }
             Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn area(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("iteron-private-fs-{name}-{}", temp_name("t")));
+        fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_hard_linked_private_file_is_refused_like_a_symlink() {
+        let dir = area("links");
+        let file = dir.join("config.json");
+        write_new_file(&file, b"{}").unwrap();
+        let meta = fs::symlink_metadata(&file).unwrap();
+        check_private(&file, &meta, false).unwrap();
+        // A second name for the same inode: refused, whichever name is used.
+        let other = dir.join("elsewhere");
+        fs::hard_link(&file, &other).unwrap();
+        for path in [&file, &other] {
+            let meta = fs::symlink_metadata(path).unwrap();
+            let e = check_private(path, &meta, false).unwrap_err();
+            assert!(matches!(e, FsError::HardLinked { links: 2, .. }), "{e:?}");
+            let line = e.to_string();
+            assert!(
+                line.contains("2 hard links") && !line.contains('\n'),
+                "{line}"
+            );
+        }
+        // Removing the other name makes it private again; directories are not affected.
+        fs::remove_file(&other).unwrap();
+        check_private(&file, &fs::symlink_metadata(&file).unwrap(), false).unwrap();
+        check_private(&dir, &fs::symlink_metadata(&dir).unwrap(), true).unwrap();
+        // The lock files go through the same check.
+        let lock = dir.join(".lock");
+        drop(try_lock(&lock).unwrap().unwrap());
+        fs::hard_link(&lock, dir.join("lock2")).unwrap();
+        assert!(matches!(try_lock(&lock), Err(FsError::HardLinked { .. })));
+        fs::remove_dir_all(&dir).unwrap();
+        crate::test_report::record(
+            "P11",
+            "broker/src/private_fs.rs::a_hard_linked_private_file_is_refused_like_a_symlink",
+            serde_json::json!({"links": 2}),
+        );
     }
 }

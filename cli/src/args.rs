@@ -266,7 +266,17 @@ pub(crate) struct CallArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Audit {
     /// Check the whole hash chain: any edit, reordering or removal fails.
-    Verify(FormatArg),
+    Verify(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct VerifyArgs {
+    /// A record the log must hold, as the broker prints it at stop (SEQ:SHA256); repeatable.
+    #[arg(long, value_name = "SEQ:SHA256")]
+    pub(crate) expect: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Subcommand)]

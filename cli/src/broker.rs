@@ -98,6 +98,26 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
         "noninteractive"
     };
     out_line(out, &format!("broker: {mode}"))?;
+    if let Some(a) = v.get("audit") {
+        let state = a.get("state").and_then(Value::as_str).unwrap_or("unknown");
+        let mut line = format!(
+            "audit: {}",
+            if state == "ok" {
+                "ok".to_owned()
+            } else {
+                state.to_ascii_uppercase()
+            }
+        );
+        if let Some(d) = a.get("detail").and_then(Value::as_str) {
+            line.push_str(&format!(" ({})", text::single_line_capped(d, 300)));
+        }
+        if let Some(n) = a.get("suppressed_records").and_then(Value::as_u64)
+            && n > 0
+        {
+            line.push_str(&format!("; {n} agent records counted, not written"));
+        }
+        out_line(out, &line)?;
+    }
     let empty = Vec::new();
     let servers = v.get("servers").and_then(Value::as_array).unwrap_or(&empty);
     for s in servers {
@@ -744,37 +764,109 @@ fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `iteron audit verify`
+/// `iteron audit verify [--expect SEQ:SHA256]...`
 pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError> {
+    use iteron_broker::audit::{MAX_PINS, Pin};
     let Audit::Verify(f) = cmd;
-    let home = home()?;
-    match iteron_broker::audit::verify(home.dir()) {
-        Ok(v) => match f.format {
-            Format::Json => json_out(
-                out,
-                &json!({"ok": true, "records": v.records, "files": v.files, "head": v.head, "head_lagging": v.head_lagging}),
-            ),
-            Format::Text => {
-                out_line(
-                    out,
-                    &format!(
-                        "audit log verified: {} records in {} files; head {}… (the full value: --format json)",
-                        v.records,
-                        v.files,
-                        v.head.get(..12).unwrap_or_default()
-                    ),
-                )?;
-                if v.head_lagging {
-                    out_line(
-                        out,
-                        "note: the head was one record behind (the broker stopped between writing a record and its head)",
-                    )?;
-                }
-                Ok(())
-            }
-        },
-        Err(t) => Err(CliError::Audit(t.to_string())),
+    if f.expect.len() > MAX_PINS {
+        return Err(CliError::Usage(format!(
+            "--expect is given at most {MAX_PINS} times"
+        )));
     }
+    let pins = f
+        .expect
+        .iter()
+        .map(|p| Pin::parse(p).map_err(|why| CliError::Usage(format!("--expect: {why}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let home = home()?;
+    let v = iteron_broker::audit::verify(home.dir(), &pins)
+        .map_err(|t| CliError::Audit(t.to_string()))?;
+    let pin = |p: &Option<Pin>| p.as_ref().map(Pin::to_string);
+    if f.format == Format::Json {
+        return json_out(
+            out,
+            &json!({
+                "ok": true,
+                "records": v.records,
+                "files": v.files,
+                "head": v.newest.as_ref().map_or(iteron_broker::audit::GENESIS, |p| p.sha256.as_str()),
+                "head_seq": v.newest.as_ref().map(|p| p.seq),
+                "pin": pin(&v.newest),
+                "being_written": v.being_written,
+                "adopted": v.adopted,
+                "anchor": pin(&v.anchor),
+                "expected": v.expected,
+            }),
+        );
+    }
+    out_line(
+        out,
+        &format!(
+            "audit log verified: {} records in {} files; newest record {}",
+            v.records,
+            v.files,
+            pin(&v.newest).unwrap_or_else(|| "none".into())
+        ),
+    )?;
+    match &v.anchor {
+        Some(a) => out_line(
+            out,
+            &format!("anchor: record {} matches audit-anchor", a.seq),
+        )?,
+        None => out_line(
+            out,
+            "note: there is no audit-anchor (a log removed together with it would not be noticed; pin the newest record with --expect)",
+        )?,
+    }
+    if v.expected > 0 {
+        out_line(out, &format!("expected: {} records match", v.expected))?;
+    }
+    for seq in &v.adopted {
+        out_line(
+            out,
+            &format!(
+                "note: record {seq} was adopted at a broker start without its head: a broker killed between writing it and its head, or a record someone else appended (see record {})",
+                seq + 1
+            ),
+        )?;
+    }
+    if v.being_written > 0 {
+        out_line(
+            out,
+            &format!(
+                "note: {} records after the head were still being written by the running broker",
+                v.being_written
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// The audit log's state for `iteron mcp doctor`: a running broker's own answer (`ok`, `failed`
+/// or `low_space`), else what a broker starting now would find on disk.
+pub(crate) fn audit_state(home: &Home) -> Value {
+    let socket = default_operator_socket(home);
+    let running = crate::rt::current_thread().ok().and_then(|rt| {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                let mut c = operator_connect(&socket).await.ok()?;
+                c.hello("iteron-cli").await.ok()?;
+                c.request("status", json!({})).await.ok()
+            })
+            .await
+            .ok()
+            .flatten()
+        })
+    });
+    if let Some(a) = running.as_ref().and_then(|v| v.get("audit")) {
+        return json!({
+            "state": a.get("state").cloned().unwrap_or(Value::Null),
+            "detail": a.get("detail").cloned().unwrap_or(Value::Null),
+            "source": "running broker",
+        });
+    }
+    let i = iteron_broker::audit::inspect(home.dir());
+    json!({"state": i.state, "detail": i.detail, "source": "files (no broker answered)"})
 }
 
 /// The snapshot to show: a running broker's (what its sessions get, discovered when it

@@ -124,7 +124,8 @@ impl CliError {
                 StoreError::Fs(
                     FsError::NotPlain { .. }
                     | FsError::WrongOwner { .. }
-                    | FsError::OpenMode { .. },
+                    | FsError::OpenMode { .. }
+                    | FsError::HardLinked { .. },
                 ) => Exit::UnsafePermissions,
                 StoreError::WouldExceed => Exit::Conflict,
                 StoreError::Fs(FsError::LockTimeout(_)) => Exit::Busy,

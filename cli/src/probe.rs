@@ -436,11 +436,14 @@ pub(crate) fn doctor(
         "proxy_environment": "ignored",
         "tls_environment": "ignored",
     });
+    let audit = crate::broker::audit_state(home);
+    all_ok &= audit["state"] == "ok";
     let report = json!({
         "home": home.dir().display().to_string(),
         "config": "valid",
         "permissions": "private (0700 directory, 0600 file)",
         "network": network,
+        "audit": audit,
         "servers": servers,
         "ok": all_ok,
     });
@@ -461,6 +464,17 @@ pub(crate) fn doctor(
             text::single_line(report["network"]["ca_bundle"].as_str().unwrap_or(""))
         ));
         buf.push_str("proxy/TLS environment variables: ignored\n");
+        buf.push_str(&format!(
+            "audit log   {} {}: {} ({})\n",
+            if report["audit"]["state"] == "ok" {
+                "ok  "
+            } else {
+                "FAIL"
+            },
+            report["audit"]["state"].as_str().unwrap_or(""),
+            text::single_line_capped(report["audit"]["detail"].as_str().unwrap_or("-"), 400),
+            report["audit"]["source"].as_str().unwrap_or("")
+        ));
         for s in &servers {
             buf.push_str(&format!(
                 "{} ({})\n",
