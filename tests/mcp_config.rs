@@ -818,3 +818,65 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         serde_json::json!({}),
     );
 }
+
+#[test]
+fn add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "keep", "--stdio", "/bin/true"]);
+    let before = fs::read(sb.config()).unwrap();
+    let bad = [
+        ("https://224.0.0.1/mcp", "224.0.0.1 is a multicast address"),
+        ("https://[ff02::1]/mcp", "[ff02::1] is a multicast address"),
+        (
+            "https://198.51.100.4/mcp",
+            "198.51.100.4 is a documentation-only address",
+        ),
+        (
+            "https://[2001:db8::7]/mcp",
+            "[2001:db8::7] is a documentation-only address",
+        ),
+        ("https://0.0.0.0/mcp", "unspecified address"),
+        ("https://[::]:8443/mcp", "unspecified address"),
+        ("https://mcp.example:0/mcp", "port is 0"),
+        ("http://127.0.0.1:0/mcp", "port is 0"),
+    ];
+    let mut refused = 0;
+    for (u, rule) in bad {
+        // The server URL, and each OAuth URL given on the command line.
+        for flags in [
+            vec!["--url", u],
+            vec!["--url", "https://mcp.example/mcp", "--oauth-issuer", u],
+            vec!["--url", "https://mcp.example/mcp", "--oauth-resource", u],
+            vec!["--url", "https://mcp.example/mcp", "--oauth-client-id", u],
+        ] {
+            let mut args = vec!["mcp", "add", "srv"];
+            args.extend(flags.iter().copied());
+            let err = sb.fails(&args, 2);
+            assert!(err.contains(rule), "{args:?}: {err}");
+            assert!(
+                err.contains(flags[flags.len() - 2]),
+                "names the flag: {err}"
+            );
+            assert_eq!(fs::read(sb.config()).unwrap(), before, "{args:?}");
+            refused += 1;
+        }
+    }
+    // The loader refuses them too: a file edited by hand exits 3 and stays as it is.
+    for (u, rule) in bad {
+        let doc = format!(
+            r#"{{"schema_version": 2, "mcp_servers": [{{"name": "srv", "transport": "http", "url": "{u}"}}]}}"#
+        );
+        fs::write(sb.config(), &doc).unwrap();
+        let err = sb.fails(&["mcp", "list"], 3);
+        assert!(
+            err.contains("$.mcp_servers[0].url") && err.contains(rule),
+            "{err}"
+        );
+        assert_eq!(fs::read_to_string(sb.config()).unwrap(), doc);
+    }
+    support::report::record(
+        "P12",
+        "tests/mcp_config.rs::add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader",
+        serde_json::json!({"refused_adds": refused, "refused_files": bad.len()}),
+    );
+}

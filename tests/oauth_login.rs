@@ -6,6 +6,9 @@
 //! the grant at the AS and deletes the file. No token ever appears in any output.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/report.rs"]
+mod report;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -681,5 +684,65 @@ fn tokens_that_cannot_be_stored_are_revoked_not_left_live() {
     assert!(
         err.contains("the new tokens were revoked at the authorization server"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed() {
+    let dir = fixture();
+    let pair = start_pair(&dir, "2");
+    let home = Home::new_tagged("refused");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&home, &dir, &pair, &[], &[]);
+    let cred = home.credential().unwrap();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client_id = cred["binding"]["client_id"].as_str().unwrap().to_owned();
+    // The grant is revoked behind Iteron's back (as an administrator or the user would).
+    let revoked = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys,urllib.parse,urllib.request\n\
+             r=urllib.request.Request(sys.argv[1]+'/token/revocation',data=urllib.parse.urlencode({'token':sys.argv[2],'client_id':sys.argv[3]}).encode())\n\
+             print(urllib.request.urlopen(r).status)",
+        )
+        .args([&pair.issuer, &refresh, &client_id])
+        .output()
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    assert!(!active(&pair.issuer, &refresh));
+    // The access token lives 2 s: the next use refreshes, and the AS answers invalid_grant.
+    std::thread::sleep(Duration::from_millis(2500));
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert_eq!(test.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&test.stderr);
+    assert!(
+        err.contains("the authorization server refused the refresh token (invalid_grant)"),
+        "{err}"
+    );
+    let status = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "refresh_failed", "{v}");
+    assert_eq!(v["refreshable"], false, "{v}");
+    assert_no_token(&[&test, &status], &[&refresh]);
+    // A new login clears it.
+    login_via_cli(&home, &dir, &pair, &[], &[]);
+    let status = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "logged_in", "{v}");
+    report::record(
+        "P12",
+        "tests/oauth_login.rs::a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed",
+        serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }

@@ -108,6 +108,11 @@ pub struct Secrets {
     pub client_secret: Option<SecretString>,
     /// When the access token expires, in unix seconds.
     pub expires_at: Option<u64>,
+    /// The authorization server refused the refresh token (`invalid_grant`, or a rotation
+    /// whose tokens could not be kept and were revoked): only a new login helps, and `auth
+    /// status` says `refresh_failed`. Written as `"refresh_failed": true` only when set; a
+    /// file without the key reads as `false`.
+    pub refresh_failed: bool,
 }
 
 /// A stored credential: its binding and its secrets.
@@ -140,6 +145,7 @@ impl fmt::Debug for Secrets {
                 &self.client_secret.as_ref().map(|_| NotShown),
             )
             .field("expires_at", &self.expires_at)
+            .field("refresh_failed", &self.refresh_failed)
             .finish()
     }
 }
@@ -394,6 +400,8 @@ struct SecretsOut<'a> {
     refresh_token: Option<&'a str>,
     client_secret: Option<&'a str>,
     expires_at: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    refresh_failed: bool,
 }
 
 /// A field that must be present: missing → `None` (the file is incomplete); present → the
@@ -521,6 +529,9 @@ struct SecretsIn {
     client_secret: Option<Option<SecretIn>>,
     #[serde(default, deserialize_with = "present")]
     expires_at: Option<Option<u64>>,
+    /// Optional: absent means `false`.
+    #[serde(default)]
+    refresh_failed: bool,
 }
 
 /// Why bytes are not a credential, before the path is known.
@@ -569,6 +580,7 @@ fn secrets_in(s: SecretsIn) -> Result<Secrets, Decode> {
         refresh_token: need(s.refresh_token)?.map(|t| t.0),
         client_secret: need(s.client_secret)?.map(|t| t.0),
         expires_at: need(s.expires_at)?,
+        refresh_failed: s.refresh_failed,
     })
 }
 
@@ -578,6 +590,7 @@ fn secrets_out(s: &Secrets) -> SecretsOut<'_> {
         refresh_token: s.refresh_token.as_ref().map(|t| t.expose_secret()),
         client_secret: s.client_secret.as_ref().map(|t| t.expose_secret()),
         expires_at: s.expires_at,
+        refresh_failed: s.refresh_failed,
     }
 }
 
@@ -733,6 +746,7 @@ fn same(a: &Credential, b: &Credential) -> bool {
             b.secrets.client_secret.as_ref(),
         )
         && a.secrets.expires_at == b.secrets.expires_at
+        && a.secrets.refresh_failed == b.secrets.refresh_failed
 }
 
 /// The bytes of a credential: the file, and for a keyring-backed credential the keyring entry.
@@ -1268,6 +1282,7 @@ mod tests {
                 refresh_token: Some(SecretString::from(format!("rt-{token}"))),
                 client_secret: Some(SecretString::from(format!("cs-{token}"))),
                 expires_at: Some(1_900_000_000),
+                refresh_failed: false,
             },
         }
     }

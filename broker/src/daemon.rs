@@ -1926,11 +1926,11 @@ async fn before_effect(
     };
     if let Verdict::Block(reason) = verdict {
         record.finish("blocked_by_hook", "refused", None);
-        return Err(Refusal::new(
-            Code::Refused,
-            &format!("blocked by an operator hook: {reason}"),
-        )
-        .with_certainty("not_sent"));
+        // Escaped once (by the hook runner), and capped so the certainty always fits.
+        return Err(
+            Refusal::rendered(Code::Refused, &crate::hooks::block_message(&reason))
+                .with_certainty("not_sent"),
+        );
     }
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.

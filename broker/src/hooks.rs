@@ -181,6 +181,23 @@ impl HookRunner {
     }
 }
 
+/// What a blocked call's refusal says before the hook's reason.
+pub const BLOCK_PREFIX: &str = "blocked by an operator hook: ";
+
+/// The longest refusal message for a blocked call: the prefix and a reason of at most 400
+/// bytes fit, and a 512-byte terminal line keeps 72 bytes for the operator CLI's framing
+/// (`iteron: error: broker: refused: `) and the certainty suffix (` (effect: not_sent)`).
+pub const MAX_BLOCK_MESSAGE: usize = 440;
+
+/// The refusal message for a call a `PreToolUse` hook blocked: [`BLOCK_PREFIX`] and the reason
+/// exactly as the runner rendered it (escaped once, see [`block_reason`]), capped to
+/// [`MAX_BLOCK_MESSAGE`] without escaping it again. Send it with
+/// [`crate::ipc::proto::Refusal::rendered`]: [`crate::ipc::proto::Refusal::new`] escapes its
+/// message, which would double every backslash of the reason.
+pub fn block_message(reason: &str) -> String {
+    text::cap_rendered(&format!("{BLOCK_PREFIX}{reason}"), MAX_BLOCK_MESSAGE)
+}
+
 /// A blocking hook's reason from its last stderr lines (already single-line, terminal-safe and
 /// redacted each): as many of the last lines as fit in 400 bytes counted from the end (the end
 /// of what a hook says is its conclusion; a long line before it must not push it out). A last
@@ -348,5 +365,55 @@ impl ToolHooks for HookRunner {
 
     fn lifecycle<'a>(&'a self, event: HookEvent, payload: Value) -> HookFuture<'a, Vec<Report>> {
         Box::pin(async move { self.run(event, &payload).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipc::proto::{Code, Refusal};
+
+    #[test]
+    fn a_block_reason_is_escaped_once_and_leaves_room_for_the_certainty() {
+        // What the spawner's ring gives: each line rendered once, a colour sequence and
+        // Windows paths among them, up to 300 bytes each.
+        let raw = [
+            "C:\\dir\\sub \u{1b}[31mred\u{1b}[0m".to_owned(),
+            "\u{202e}reversed\r and \\n literally".to_owned(),
+            "x\\".repeat(50),
+            "the real reason".to_owned(),
+        ];
+        let lines: Vec<String> = raw
+            .iter()
+            .map(|l| text::single_line_capped(l, 300))
+            .collect();
+        let reason = block_reason(&lines);
+        assert!(
+            reason.len() <= 400 && reason.ends_with("the real reason"),
+            "{reason}"
+        );
+        let message = block_message(&reason);
+        assert_eq!(
+            message,
+            format!("{BLOCK_PREFIX}{reason}"),
+            "nothing is escaped again"
+        );
+        let refusal = Refusal::rendered(Code::Refused, &message);
+        assert_eq!(refusal.message(), message, "the wire keeps it as rendered");
+        // The control: the escaping constructor doubles every backslash of the reason.
+        let doubled = Refusal::new(Code::Refused, &message);
+        assert_ne!(doubled.message(), message);
+        assert!(doubled.message().contains("\\\\u{1b}"));
+        // The operator's line, framing and certainty included, stays within 512 bytes.
+        let line = format!("iteron: error: broker: refused: {message} (effect: not_sent)");
+        assert!(line.len() <= text::MAX_LINE_BYTES, "{}", line.len());
+        // Whatever reaches it, the message is bounded and raw text is still escaped.
+        let wild = block_message(&format!("{}\u{1b}[2J", "\\".repeat(600)));
+        assert!(wild.len() <= MAX_BLOCK_MESSAGE && !wild.contains('\u{1b}'));
+        crate::test_report::record(
+            "P12",
+            "broker/src/hooks.rs::a_block_reason_is_escaped_once_and_leaves_room_for_the_certainty",
+            serde_json::json!({"reason_bytes": reason.len(), "line_bytes": line.len()}),
+        );
     }
 }

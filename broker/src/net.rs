@@ -833,15 +833,22 @@ mod tests {
     enum Want {
         /// Refused by the endpoint rules (no connection is ever attempted).
         BadUrl,
-        /// A literal host of this zone (or rejected range).
+        /// A literal host of this zone.
         Literal(Result<Zone, Rejected>),
+        /// A literal host in a range that is never a destination: the endpoint rules refuse it
+        /// with the zone table's verdict, before any connection could be attempted.
+        Never(Rejected),
         /// A name, left to the pinned resolver.
         Name(&'static str),
     }
 
     fn outcome(input: &str) -> Want {
-        let Ok(url) = EndpointUrl::parse(input) else {
-            return Want::BadUrl;
+        let url = match EndpointUrl::parse(input) {
+            Ok(url) => url,
+            Err(iteron_policy::url::UrlError::NotADestination { rejected, .. }) => {
+                return Want::Never(rejected);
+            }
+            Err(_) => return Want::BadUrl,
         };
         match target_host(&url) {
             TargetHost::Literal(ip) => Want::Literal(zone::classify(ip)),
@@ -905,8 +912,8 @@ mod tests {
             ),
             ("https://[fd00:ec2::254]/", Literal(Ok(Private))),
             ("https://[fe80::1]/", Literal(Ok(LinkLocal))),
-            ("https://[ff02::1]/", Literal(Err(Multicast))),
-            ("https://[2001:db8::1]/", Literal(Err(Documentation))),
+            ("https://[ff02::1]/", Never(Multicast)),
+            ("https://[2001:db8::1]/", Never(Documentation)),
             ("https://[2606:4700:4700::1111]/", Literal(Ok(Public))),
             // IPv6 zone ids are parse errors.
             ("http://[fe80::1%25eth0]/", BadUrl),
@@ -926,11 +933,11 @@ mod tests {
             ("https://example.com\\@127.0.0.1/", BadUrl),
             // Other ranges and ordinary names.
             ("https://100.64.0.1/", Literal(Ok(Private))),
-            ("https://192.0.2.1/", Literal(Err(Documentation))),
-            ("https://198.18.0.1/", Literal(Err(Benchmarking))),
-            ("https://224.0.0.1/", Literal(Err(Multicast))),
-            ("https://255.255.255.255/", Literal(Err(Broadcast))),
-            ("https://240.0.0.1/", Literal(Err(Reserved))),
+            ("https://192.0.2.1/", Never(Documentation)),
+            ("https://198.18.0.1/", Never(Benchmarking)),
+            ("https://224.0.0.1/", Never(Multicast)),
+            ("https://255.255.255.255/", Never(Broadcast)),
+            ("https://240.0.0.1/", Never(Reserved)),
             ("https://93.184.216.34/", Literal(Ok(Public))),
             ("https://MCP.Example.COM/mcp", Name("mcp.example.com")),
             ("http://mcp.example.com/", BadUrl),

@@ -388,15 +388,25 @@ async fn load_stored(
 /// Refresh a stored credential: under the zone recorded at login, with the same `resource`,
 /// and the rotated refresh token persisted (atomically, under the store's lock) before the new
 /// access token is used.
+///
+/// When the authorization server refuses the refresh token (`invalid_grant`), or rotates it
+/// into tokens Iteron cannot use (they are revoked by [`crate::oauth::flow`]), the dead refresh
+/// token is dropped and the credential marked `refresh_failed`: `auth status` says so and only
+/// a new login helps. When the rotated tokens cannot be stored (over the credential bound, a
+/// full disk, a busy lock), they are revoked at the authorization server, never just dropped.
 async fn refresh_stored(
     store: &crate::credentials::CredentialStore,
     cred: &crate::credentials::Credential,
     network: &NetworkConfig,
 ) -> Result<crate::oauth::SecretString, ConnectError> {
-    use crate::oauth::{flow, metadata};
+    use crate::oauth::{OAuthError, flow, metadata};
     let Some(refresh_token) = &cred.secrets.refresh_token else {
         return Err(ConnectError::ReauthRequired(
-            "the access token expired and there is no refresh token",
+            if cred.secrets.refresh_failed {
+                "the authorization server refused the refresh token"
+            } else {
+                "the access token expired and there is no refresh token"
+            },
         ));
     };
     let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
@@ -412,25 +422,73 @@ async fn refresh_stored(
         kind: cred.binding.client_kind,
         issuer: cred.binding.issuer.clone(),
     };
-    let tokens = flow::refresh(&http, &meta, &client, refresh_token, &cred.binding.resource)
-        .await
-        .map_err(ConnectError::OAuth)?;
-    let access = tokens.access.clone();
     let (store, server) = (store.clone(), cred.binding.server.clone());
+    let tokens =
+        match flow::refresh(&http, &meta, &client, refresh_token, &cred.binding.resource).await {
+            Ok(t) => t,
+            Err(e) => {
+                let refused = match &e {
+                    OAuthError::Server { error, .. } if error == "invalid_grant" => {
+                        Some("the authorization server refused the refresh token (invalid_grant)")
+                    }
+                    OAuthError::UnusableTokens { .. } => Some(
+                        "the authorization server rotated the refresh token into tokens that \
+                         could not be kept",
+                    ),
+                    _ => None,
+                };
+                let Some(why) = refused else {
+                    return Err(ConnectError::OAuth(e));
+                };
+                let (store, server) = (store.clone(), server.clone());
+                // Best effort: the refusal is reported whether or not the mark is written.
+                let _ = tokio::task::spawn_blocking(move || {
+                    store.update_secrets(&server, |s| {
+                        s.refresh_token = None;
+                        s.refresh_failed = true;
+                    })
+                })
+                .await;
+                if let OAuthError::UnusableTokens { .. } = e {
+                    return Err(ConnectError::OAuth(e));
+                }
+                return Err(ConnectError::ReauthRequired(why));
+            }
+        };
+    let access = tokens.access.clone();
+    let rotated = tokens.refresh.clone();
+    let expires_at = tokens.expires_at(unix_now());
     // Off the runtime, like `load_stored`; the rotated refresh token is persisted before the
     // new access token is handed out.
-    tokio::task::spawn_blocking(move || {
+    let stored = tokio::task::spawn_blocking(move || {
         store.update_secrets(&server, |s| {
             s.access_token = tokens.access;
             if let Some(r) = tokens.refresh {
                 s.refresh_token = Some(r);
             }
-            s.expires_at = tokens.expires_in.map(|e| unix_now() + e);
+            s.expires_at = expires_at;
+            s.refresh_failed = false;
         })
     })
     .await
-    .map_err(|_| ConnectError::Credentials("the credential store task failed".into()))?
-    .map_err(|e| ConnectError::Credentials(e.to_string()))?;
+    .map_err(|_| "the credential store task failed".to_owned())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .and_then(|existed| {
+        if existed {
+            Ok(())
+        } else {
+            Err("the credential was removed while it was being refreshed".to_owned())
+        }
+    });
+    if let Err(why) = stored {
+        // The authorization server has rotated the grant into tokens nobody holds now:
+        // revoke them rather than leave them live.
+        let revoked = flow::revoke_all(&http, &meta, &client, &access, rotated.as_ref()).await;
+        return Err(ConnectError::Credentials(format!(
+            "{why}; {}",
+            revoked.as_str()
+        )));
+    }
     Ok(access)
 }
 
@@ -617,6 +675,7 @@ mod tests {
         assert_eq!(z("http://127.0.0.1:8080/mcp"), Zone::Loopback);
         assert_eq!(z("https://10.0.0.5/mcp"), Zone::Private);
         assert_eq!(z("https://169.254.169.254/"), Zone::LinkLocal);
-        assert!(endpoint_zone(&EndpointUrl::parse("https://224.0.0.1/").unwrap()).is_err());
+        // A literal that is never a destination does not even make an endpoint URL.
+        assert!(EndpointUrl::parse("https://224.0.0.1/").is_err());
     }
 }

@@ -44,6 +44,7 @@ fn credential(server: &str, access: &str) -> Credential {
             refresh_token: Some(SecretString::from(format!("{access}-refresh"))),
             client_secret: None,
             expires_at: Some(1),
+            refresh_failed: false,
         },
     }
 }

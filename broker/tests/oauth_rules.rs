@@ -13,6 +13,9 @@
 #[path = "support/mod.rs"]
 mod support;
 
+#[path = "../../tests/support/report.rs"]
+mod report;
+
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -516,7 +519,7 @@ impl Browser {
     /// For logins that must stop before anything is shown. Should it be shown a URL anyway, it
     /// answers with an error so that the login ends at once (and the test fails on `shown`).
     fn never() -> Browser {
-        Browser::new(|_, s| vec![s.get("error=access_denied&state=unexpected")])
+        Browser::new(|_, s| vec![s.get(&format!("error=access_denied&state={}", s.state()))])
     }
 
     fn present(&self) -> impl Fn(&str, bool) + '_ {
@@ -1105,28 +1108,63 @@ async fn a_missing_iss_is_never_redeemed_when_the_server_promised_it() {
 }
 
 #[tokio::test]
-async fn a_callback_with_another_state_is_never_redeemed() {
+async fn a_callback_with_another_state_is_answered_ignored_and_never_redeemed() {
     let cases: [(&str, FromBase); 6] = [
-        ("another state", |_| "code=c0de&state=forged".into()),
-        ("no state", |_| "code=c0de".into()),
-        ("an empty state", |_| "code=c0de&state=".into()),
+        ("another state", |_| "code=forged&state=forged".into()),
+        ("no state", |_| "code=forged".into()),
+        ("an empty state", |_| "code=forged&state=".into()),
         ("a truncated state", |s| {
-            format!("code=c0de&state={}", &s[1..])
+            format!("code=forged&state={}", &s[1..])
         }),
         ("the state twice", |s| {
-            format!("code=c0de&state={s}&state={s}")
+            format!("code=forged&state={s}&state={s}")
         }),
-        ("a code twice", |s| {
-            format!("code=c0de&code=other&state={s}")
+        ("the state but neither code nor error", |s| {
+            format!("state={s}&other=forged")
         }),
     ];
     for (what, query) in cases {
-        let (got, srv, browser) = login_answering(false, move |state, _| query(state)).await;
-        let e = refused(got);
-        assert!(is_callback_refusal(&e), "{what}: {e:?}");
-        assert_eq!(browser.shown().len(), 1, "{what}");
-        assert!(srv.to("/token").is_empty(), "{what}: the code was redeemed");
+        let srv = provider_with(|_, _| {}).await;
+        // The stray request first, then the real answer: the stray is answered with an error
+        // page and changes nothing; the login goes on and redeems only the real code.
+        let browser = Browser::new(move |_, s| {
+            vec![
+                s.get(&query(&s.state())),
+                s.get(&format!("code=good&state={}", s.state())),
+            ]
+        });
+        run_login(&request(&srv), None, &browser)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let responses = browser.responses();
+        assert_eq!(responses.len(), 2, "{what}");
+        assert!(
+            responses[0].starts_with("HTTP/1.1 400"),
+            "{what}: {}",
+            responses[0]
+        );
+        assert!(responses[1].starts_with("HTTP/1.1 200"), "{what}");
+        let tokens = srv.to("/token");
+        assert_eq!(tokens.len(), 1, "{what}: exactly one exchange");
+        assert_eq!(tokens[0].form()["code"], "good", "{what}");
     }
+    report::record(
+        "P12",
+        "broker/tests/oauth_rules.rs::a_callback_with_another_state_is_answered_ignored_and_never_redeemed",
+        json!({"cases": cases.len()}),
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_code_with_the_right_state_is_never_redeemed() {
+    // It carries this login's state, so it ends the login — but no code is redeemed.
+    let (got, srv, browser) = login_answering(false, |state, _| {
+        format!("code=c0de&code=other&state={state}")
+    })
+    .await;
+    assert!(is_callback_refusal(&refused(got)));
+    assert_eq!(browser.shown().len(), 1);
+    assert!(srv.to("/token").is_empty(), "the code was redeemed");
 }
 
 #[tokio::test]
@@ -1166,14 +1204,25 @@ async fn only_a_get_of_exactly_the_callback_path_is_taken_as_the_authorization_r
 async fn an_oversized_callback_request_is_never_redeemed() {
     let srv = provider_with(|_, _| {}).await;
     let browser = Browser::new(|_, s| {
-        vec![s.code(&format!(
-            "&pad={}",
-            "a".repeat(login::MAX_CALLBACK_HEAD + 1)
-        ))]
+        vec![
+            s.code(&format!(
+                "&pad={}",
+                "a".repeat(login::MAX_CALLBACK_HEAD + 1)
+            )),
+            s.get(&format!("code=good&state={}", s.state())),
+        ]
     });
-    let e = refused(run_login(&request(&srv), None, &browser).await);
-    assert!(is_callback_refusal(&e), "{e:?}");
-    assert!(srv.to("/token").is_empty(), "the code was redeemed");
+    run_login(&request(&srv), None, &browser)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(browser.responses()[0].starts_with("HTTP/1.1 431"));
+    let tokens = srv.to("/token");
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(
+        tokens[0].form()["code"],
+        "good",
+        "the oversized one was redeemed"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1317,6 +1366,137 @@ async fn a_login_with_a_pre_registered_secret_never_sends_it_off_the_pinned_issu
     let tokens = srv.to("/token");
     assert_eq!(tokens.len(), 1);
     assert!(tokens[0].carries(SECRET));
+}
+
+/// A confidential login against a provider whose metadata puts the token endpoint at
+/// `token`, stopped before the browser (see [`Browser::never`]).
+async fn confidential_login_stops_before_the_browser(srv: &Server, req: &LoginRequest, what: &str) {
+    let browser = Browser::never();
+    let got = refused(run_login(req, None, &browser).await);
+    assert!(
+        matches!(
+            got,
+            OAuthError::BadEndpoint {
+                which: "token_endpoint",
+                ..
+            }
+        ),
+        "{what}: {got:?}"
+    );
+    let line = iteron_policy::text::single_line(&got.to_string());
+    assert!(
+        line.contains("refused token_endpoint (host ") && line.contains("issuer's own origin"),
+        "{what}: the reason is named: {line}"
+    );
+    assert!(!line.contains("[REDACTED]"), "{what}: {line}");
+    assert!(
+        browser.shown().is_empty(),
+        "{what}: the operator was sent to authorize"
+    );
+    assert!(srv.to("/token").is_empty(), "{what}");
+    assert!(srv.seen().iter().all(|s| !s.carries(SECRET)), "{what}");
+}
+
+#[tokio::test]
+async fn a_confidential_client_whose_token_endpoint_is_on_another_origin_stops_before_the_browser()
+{
+    let elsewhere = Server::start(|_| provider(None, None)).await;
+    let e = elsewhere.base();
+    // Other origins of the issuer http://127.0.0.1:<p>: another port, another host spelling
+    // (a name against the address it resolves to), another scheme.
+    type TokenAt = Box<dyn Fn(u16) -> String>;
+    let foreign: [(&str, TokenAt); 3] = [
+        ("another port", Box::new(move |_| format!("{e}/token"))),
+        (
+            "localhost for 127.0.0.1",
+            Box::new(|p| format!("http://localhost:{p}/token")),
+        ),
+        (
+            "https for http",
+            Box::new(|p| format!("https://127.0.0.1:{p}/token")),
+        ),
+    ];
+    for (what, token) in &foreign {
+        // A pre-registered secret, with the issuer pinned.
+        let srv = Server::start(|base| {
+            let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+            let mut meta = as_doc(base);
+            meta["token_endpoint"] = json!(token(port));
+            provider(Some(prm_doc(&mcp_url(base), base)), Some(meta))
+        })
+        .await;
+        let mut req = request(&srv);
+        req.issuer = Some(srv.base());
+        req.client.client_secret = Some(secret(SECRET));
+        confidential_login_stops_before_the_browser(&srv, &req, &format!("pre-registered, {what}"))
+            .await;
+        assert!(srv.to("/register").is_empty(), "{what}: registered anyway");
+
+        // A dynamically registered client that the server made confidential.
+        let srv = Server::start(|base| {
+            let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+            let mut meta = as_doc(base);
+            meta["token_endpoint"] = json!(token(port));
+            meta["token_endpoint_auth_methods_supported"] = json!(["client_secret_basic"]);
+            let inner = provider(Some(prm_doc(&mcp_url(base), base)), Some(meta));
+            Arc::new(move |req: &Seen| {
+                if req.method == "POST" && req.path() == "/register" {
+                    return Reply::status(
+                        201,
+                        json!({
+                            "client_id": "dyn-confidential",
+                            "client_secret": SECRET,
+                            "token_endpoint_auth_method": "client_secret_basic",
+                        }),
+                    );
+                }
+                inner(req)
+            })
+        })
+        .await;
+        let mut req = request(&srv);
+        req.client = ClientSettings::default();
+        confidential_login_stops_before_the_browser(&srv, &req, &format!("dynamic, {what}")).await;
+    }
+    assert!(
+        elsewhere.to("/token").is_empty(),
+        "the foreign token endpoint was used"
+    );
+
+    // The control: the same origin with another path, and another spelling of the same IPv4
+    // address (the URL parser makes it canonical), are the issuer's own origin.
+    for spelled in [
+        |p: u16| format!("http://127.0.0.1:{p}/oauth2/token"),
+        |p: u16| format!("http://0x7f.0.0.1:{p}/token"),
+    ] {
+        let srv = Server::start(move |base| {
+            let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+            let mut meta = as_doc(base);
+            meta["token_endpoint"] = json!(spelled(port));
+            let inner = provider(Some(prm_doc(&mcp_url(base), base)), Some(meta));
+            Arc::new(move |req: &Seen| {
+                if req.method == "POST" && req.path() == "/oauth2/token" {
+                    return Reply::json(token_doc());
+                }
+                inner(req)
+            })
+        })
+        .await;
+        let mut req = request(&srv);
+        req.issuer = Some(srv.base());
+        req.client.client_secret = Some(secret(SECRET));
+        let browser = Browser::new(|_, s| vec![s.code("")]);
+        run_login(&req, None, &browser)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(browser.shown().len(), 1);
+        assert!(srv.seen().iter().any(|s| s.carries(SECRET)));
+    }
+    report::record(
+        "P12",
+        "broker/tests/oauth_rules.rs::a_confidential_client_whose_token_endpoint_is_on_another_origin_stops_before_the_browser",
+        json!({"foreign_origins": foreign.len(), "registrations": ["pre_registered", "dynamic"]}),
+    );
 }
 
 #[tokio::test]
@@ -1920,13 +2100,15 @@ async fn an_invalid_scope_error_failing_the_state_or_iss_check_is_not_acted_on()
         })
         .await;
         let issuer = srv.base();
-        // Should a retry happen anyway, answer it correctly so the login ends at once.
+        // The forged answer, then the real one for the same attempt. Should a retry happen
+        // anyway, answer it correctly so the login ends at once.
         let browser = Browser::new(move |n, s| {
-            vec![if n == 0 {
-                forged(s)
+            let real = s.code(&format!("&iss={}", enc(&issuer)));
+            if n == 0 {
+                vec![forged(s), real]
             } else {
-                s.code(&format!("&iss={}", enc(&issuer)))
-            }]
+                vec![real]
+            }
         });
         let got = run_login(&request(&srv), None, &browser).await;
         assert_eq!(
@@ -1934,7 +2116,19 @@ async fn an_invalid_scope_error_failing_the_state_or_iss_check_is_not_acted_on()
             1,
             "{what}: a forged response made the login drop its scopes and ask again"
         );
-        assert!(is_callback_refusal(&refused(got)), "{what}");
-        assert!(srv.to("/token").is_empty(), "{what}");
+        if promise {
+            // It carries the state: it ends the login, unredeemed.
+            assert!(is_callback_refusal(&refused(got)), "{what}");
+            assert!(srv.to("/token").is_empty(), "{what}");
+            continue;
+        }
+        // It does not: it is ignored, and the real answer is redeemed with the scopes asked.
+        let out = got.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            out.requested.as_deref(),
+            Some("mcp:read mcp:write"),
+            "{what}"
+        );
+        assert_eq!(srv.to("/token").len(), 1, "{what}");
     }
 }

@@ -2,7 +2,15 @@
 //!
 //! Tokens go from the token endpoint into the 0600 credential file and nowhere else: no output,
 //! no error text, no JSON ever contains one. `status` shows the binding (issuer, resource, zone,
-//! scopes, expiry) and one of `logged_in | logged_out | expired | reauth_required | external`.
+//! scopes, expiry) and one of `logged_in | logged_out | expired | refresh_failed |
+//! reauth_required | keyring_unavailable | external`.
+//!
+//! Everything printed that a server or an authorization server chose (the authorization URL,
+//! issuer, scopes, client id, resource, error text) goes through [`iteron_policy::text`]: text
+//! lines are escaped ([`text::escape_capped`], [`text::single_line_capped`]), JSON output has
+//! every unsafe character written as a `\u` escape ([`text::json_terminal_safe`]). The
+//! authorization URL reaches the desktop's opener only inside a private page file
+//! ([`login::OpenerPage`]), never as an argument another user could read.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -48,6 +56,14 @@ fn http_server<'a>(
 
 fn fail(e: impl std::fmt::Display) -> CliError {
     CliError::Server(text::single_line_capped(&e.to_string(), 400))
+}
+
+/// Longest authorization URL shown (escaped); built from validated parts, it is far shorter.
+const MAX_SHOWN_URL: usize = 32 * 1024;
+
+/// A remote value on a text line: escaped, redacted, bounded.
+fn shown(s: &str, max: usize) -> String {
+    text::single_line_capped(s, max)
 }
 
 /// `iteron mcp auth login <name>`.
@@ -99,6 +115,12 @@ pub(crate) fn login(
         .clone()
         .or_else(|| oauth.client_id.as_ref().map(|c| c.as_str().to_owned()));
     let cimd_url = client_id.clone().filter(|c| c.contains("://"));
+    if let Some(scopes) = &a.scopes {
+        for t in scopes.split([',', ' ']).filter(|t| !t.is_empty()) {
+            iteron_policy::config::Scope::parse(t)
+                .map_err(|e| CliError::Usage(format!("--scopes entry {e}")))?;
+        }
+    }
     let zone = endpoint_zone(&h.url).map_err(fail)?;
     let store = CredentialStore::new(home);
     let backend = oauth.credential_store.unwrap_or(CredentialBackend::File);
@@ -156,6 +178,8 @@ pub(crate) fn login(
         }
     }
     let no_browser = a.no_browser;
+    // Pages handed to the opener live until the login ends (then they are removed).
+    let pages: std::sync::Mutex<Vec<login::OpenerPage>> = std::sync::Mutex::new(Vec::new());
     let rt = crate::rt::multi_thread()?;
     let outcome = rt.block_on(async {
         let net = Net::new(NetConfig::from_operator(&config.network).map_err(fail)?).map_err(fail)?;
@@ -164,10 +188,12 @@ pub(crate) fn login(
         let challenge = probe_challenge(&http, &h.url).await;
         let result = login::login(&http, zone, &req, challenge.as_ref(), |url, may_open| {
             let mut stdout = std::io::stdout();
+            // Not redacted (the operator needs all of it), but escaped.
             let _ = writeln!(
                 stdout,
-                "Open this URL to authorize iteron for {}:\n{url}",
-                server.name
+                "Open this URL to authorize iteron for {}:\n{}",
+                server.name,
+                text::escape_capped(url, MAX_SHOWN_URL)
             );
             if !may_open {
                 let _ = writeln!(
@@ -175,14 +201,29 @@ pub(crate) fn login(
                     "(not opened automatically: it leads to a more privileged network zone than the server)"
                 );
             } else if !no_browser {
-                open_browser(url);
+                match login::OpenerPage::write(home.dir(), url) {
+                    Ok(page) => {
+                        open_browser(page.path());
+                        if let Ok(mut p) = pages.lock() {
+                            p.push(page);
+                        }
+                    }
+                    Err(_) => {
+                        let _ = writeln!(
+                            stdout,
+                            "(not opened automatically: the page for the browser could not be written)"
+                        );
+                    }
+                }
             }
             let _ = stdout.flush();
         })
         .await
         .map_err(fail)?;
         Ok::<_, CliError>(result)
-    })?;
+    });
+    drop(pages);
+    let outcome = outcome?;
     let granted: Vec<String> = outcome
         .tokens
         .scope
@@ -213,11 +254,13 @@ pub(crate) fn login(
         config_digest: config_digest(server),
         secret_store: backend,
     };
+    let expires_at = outcome.tokens.expires_at(now());
     let secrets = Secrets {
         access_token: outcome.tokens.access,
         refresh_token: outcome.tokens.refresh,
         client_secret: outcome.client.secret.clone(),
-        expires_at: outcome.tokens.expires_in.map(|s| now() + s),
+        expires_at,
+        refresh_failed: false,
     };
     let cred = Credential { binding, secrets };
     let saved = store.save(&cred);
@@ -252,11 +295,11 @@ pub(crate) fn login(
         out,
         "logged in to {}: issuer {}, scopes {}",
         server.name,
-        text::single_line_capped(&outcome.server.issuer, 200),
+        shown(&outcome.server.issuer, 200),
         if granted.is_empty() {
             "(none)".to_owned()
         } else {
-            granted.join(" ")
+            shown(&granted.join(" "), 400)
         }
     )
     .map_err(CliError::Output)
@@ -290,14 +333,12 @@ async fn probe_challenge(
         .and_then(iteron_broker::oauth::parse_challenge)
 }
 
-/// Hand an already validated https (or loopback http) URL to the desktop's opener, with a
-/// scrubbed environment and no shell. Failure is fine: the URL was printed.
-fn open_browser(url: &str) {
-    if iteron_policy::url::EndpointUrl::parse(url).is_err() {
-        return;
-    }
+/// Hand the private page that leads to the authorization URL to the desktop's opener, with a
+/// scrubbed environment and no shell. Only the page's path is an argument: the URL (with its
+/// `state` and PKCE challenge) stays in the 0600 file. Failure is fine: the URL was printed.
+fn open_browser(page: &std::path::Path) {
     let mut cmd = std::process::Command::new("xdg-open");
-    cmd.arg(url)
+    cmd.arg(page)
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -332,6 +373,7 @@ pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'st
     match cred {
         None => "logged_out",
         Some(c) if check_binding(&c.binding, server).is_err() => "reauth_required",
+        Some(c) if c.secrets.refresh_failed => "refresh_failed",
         Some(c) => match c.secrets.expires_at {
             Some(t) if t <= now() && c.secrets.refresh_token.is_none() => "expired",
             _ => "logged_in",
@@ -371,6 +413,18 @@ pub(crate) fn status(
     };
     let state = state_of(server, cred.as_ref());
     let mut v = json!({"name": server.name.as_str(), "state": state});
+    if state == "refresh_failed"
+        && let Some(obj) = v.as_object_mut()
+    {
+        obj.insert(
+            "reason".into(),
+            format!(
+                "the authorization server refused the refresh token; log in again: iteron mcp auth login {}",
+                server.name
+            )
+            .into(),
+        );
+    }
     if let (Some(c), Some(obj)) = (&cred, v.as_object_mut()) {
         obj.insert("issuer".into(), c.binding.issuer.clone().into());
         obj.insert("resource".into(), c.binding.resource.clone().into());
@@ -393,7 +447,7 @@ pub(crate) fn status(
 fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(), CliError> {
     if format == Format::Json {
         let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
-        return writeln!(out, "{s}").map_err(CliError::Output);
+        return writeln!(out, "{}", text::json_terminal_safe(&s)).map_err(CliError::Output);
     }
     let mut line = format!(
         "{}: {}",
@@ -415,6 +469,9 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
                 s.join(" ")
             }
         ));
+    }
+    if let Some(r) = v["reason"].as_str() {
+        line.push_str(&format!("; {r}"));
     }
     writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)
 }

@@ -138,8 +138,26 @@ impl CliError {
     }
 
     /// The one line shown on stderr: prefixed, redacted, terminal-safe, at most 512 bytes.
+    /// Parts that were rendered already (a server's error, the broker's reason) are not
+    /// escaped again ([`text::cap_rendered`]: only what is still unsafe is). A broker refusal's
+    /// certainty suffix (`(effect: not_sent)`) is kept whole: the reason before it is what is
+    /// cut when the line is too long.
     pub(crate) fn line(&self) -> String {
-        text::single_line(&format!("iteron: error: {self}"))
+        if let CliError::Broker(iteron_broker::ipc::client::ClientError::Refused {
+            code,
+            message,
+            certainty: Some(c),
+        }) = self
+        {
+            let suffix = text::single_line_capped(&format!(" (effect: {c})"), 64);
+            let mut line = text::cap_rendered(
+                &format!("iteron: error: broker: {code}: {message}"),
+                text::MAX_LINE_BYTES - suffix.len(),
+            );
+            line.push_str(&suffix);
+            return line;
+        }
+        text::cap_rendered(&format!("iteron: error: {self}"), text::MAX_LINE_BYTES)
     }
 }
 
@@ -197,6 +215,50 @@ mod tests {
             .collect();
         let coded: Vec<u8> = all_exits().into_iter().map(|e| e as u8).collect();
         assert_eq!(documented, coded);
+    }
+
+    #[test]
+    fn a_long_broker_reason_keeps_its_certainty_and_is_not_escaped_again() {
+        use iteron_broker::ipc::client::ClientError;
+        // A hook reason as the broker sends it: rendered once (a backslash and an ESC), at the
+        // full reason bound.
+        let once = text::single_line_capped("C:\\dir \u{1b}[31mred ", 300);
+        let mut message = format!("blocked by an operator hook: {once}");
+        while message.len() < 512 - 4 {
+            message.push_str("\\x");
+        }
+        let e = CliError::Broker(ClientError::Refused {
+            code: "refused".into(),
+            message: message.clone(),
+            certainty: Some("not_sent".into()),
+        });
+        let line = e.line();
+        assert!(line.len() <= 512, "{}", line.len());
+        assert!(line.ends_with("\u{2026} (effect: not_sent)"), "{line}");
+        assert!(
+            line.contains("C:\\\\dir \\u{1b}[31mred"),
+            "escaped once: {line}"
+        );
+        assert!(
+            !line.contains("\\\\\\\\") && !line.contains("\\\\u{1b}"),
+            "escaped twice: {line}"
+        );
+        assert!(!line.contains('\u{1b}') && !line.contains('\n'));
+        // A short one is whole, suffix included.
+        let short = CliError::Broker(ClientError::Refused {
+            code: "refused".into(),
+            message: format!("blocked by an operator hook: {once}"),
+            certainty: Some("not_sent".into()),
+        });
+        assert_eq!(
+            short.line(),
+            format!(
+                "iteron: error: broker: refused: blocked by an operator hook: {once} (effect: not_sent)"
+            )
+        );
+        // Raw text that was never rendered is still escaped.
+        let raw = CliError::Usage("bad \u{1b}[2J\u{202e} value".into());
+        assert_eq!(raw.line(), "iteron: error: bad \\u{1b}[2J\\u{202e} value");
     }
 
     #[test]

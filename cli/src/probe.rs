@@ -123,21 +123,37 @@ fn explain(e: &McpError, home: &Home, server: &ServerConfig) -> String {
             .flatten()
             .map(|cred| cred.binding.granted_scopes)
             .unwrap_or_default();
-        for s in c
+        let asked: Vec<&str> = c
             .scope
             .as_deref()
             .unwrap_or("")
             .split(' ')
             .filter(|s| !s.is_empty())
-        {
+            .collect();
+        for s in &asked {
             if !scopes.iter().any(|x| x == s) {
-                scopes.push(s.to_owned());
+                scopes.push((*s).to_owned());
             }
+        }
+        // The scope names come from the server: a command is suggested only when every one is
+        // a plain word that pastes into a shell as itself (no quoting, no `,` splitting).
+        let plain = |s: &str| {
+            iteron_policy::config::Scope::parse(s).is_ok()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b":._/-+=@%~".contains(&b))
+        };
+        if asked.is_empty() || !scopes.iter().all(|s| plain(s)) {
+            return format!(
+                "the server requires more scope ({}); to grant it, log in again explicitly with \
+                 iteron mcp auth login {} --scopes and the scopes you choose to grant",
+                text::single_line_capped(c.scope.as_deref().unwrap_or("unspecified"), 200),
+                server.name
+            );
         }
         return format!(
             "the server requires more scope ({}); to grant it, log in again explicitly: \
              iteron mcp auth login {} --scopes {}",
-            c.scope.as_deref().unwrap_or("unspecified"),
+            asked.join(" "),
             server.name,
             scopes.join(",")
         );
@@ -153,7 +169,7 @@ fn find<'a>(config: &'a Config, raw: &str) -> Result<&'a ServerConfig, CliError>
 
 fn print(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
     let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
-    writeln!(out, "{s}").map_err(CliError::Output)
+    writeln!(out, "{}", text::json_terminal_safe(&s)).map_err(CliError::Output)
 }
 
 /// `iteron mcp test <name>`.
@@ -376,7 +392,7 @@ fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
                     Ok(c) => {
                         let state = crate::auth::state_of(s, c.as_ref());
                         (
-                            state != "reauth_required" && state != "expired",
+                            !matches!(state, "reauth_required" | "expired" | "refresh_failed"),
                             state.to_owned(),
                         )
                     }

@@ -271,6 +271,94 @@ pub fn escape_capped(s: &str, max: usize) -> String {
     out
 }
 
+/// Cap a line that is already rendered — the output of [`single_line_capped`] or
+/// [`escape_capped`], or fixed text joined with such output — without escaping it a second
+/// time: what is already terminal-safe (including `\` and the escapes it starts) is kept as
+/// it is, so a reason passed from layer to layer is escaped exactly once. Anything that is not
+/// safe is still escaped (raw text can never slip through), and the line is redacted again
+/// (redaction is idempotent). When it exceeds `max` bytes (raised to 16) it is cut between two
+/// escape units — never inside `\u{…}` or between the two characters of `\\` — and ends with
+/// `…`, the total staying within `max`.
+pub fn cap_rendered(s: &str, max: usize) -> String {
+    let max = max.max(MIN_LINE_BYTES);
+    let budget = max - ELLIPSIS.len();
+    let redacted = redact(s);
+    let mut out = String::with_capacity(redacted.len().min(max));
+    let mut fits = 0;
+    let mut rest = redacted.as_ref();
+    while let Some(c) = rest.chars().next() {
+        // One unit: an escape this module writes, or one character (escaped if unsafe).
+        let unit_len = if c == '\\' {
+            rendered_escape_len(rest).unwrap_or(1)
+        } else {
+            c.len_utf8()
+        };
+        let (unit, tail) = rest.split_at(unit_len);
+        if unit == "\\" {
+            out.push('\\');
+        } else if unit.len() > 1 && unit.starts_with('\\') {
+            out.push_str(unit);
+        } else {
+            push_escaped_rendered(&mut out, c);
+        }
+        rest = tail;
+        if out.len() > max {
+            out.truncate(fits);
+            out.push_str(ELLIPSIS);
+            return out;
+        }
+        if out.len() <= budget {
+            fits = out.len();
+        }
+    }
+    out
+}
+
+/// The length of the escape at the start of `s` (which starts with `\`): `\\`, `\n`, `\r`,
+/// `\t` or `\u{` + 1 to 6 hex digits + `}`; `None` when it is not one.
+fn rendered_escape_len(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    match b.get(1)? {
+        b'\\' | b'n' | b'r' | b't' => Some(2),
+        b'u' if b.get(2) == Some(&b'{') => {
+            let digits = b[3..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
+            ((1..=6).contains(&digits) && b.get(3 + digits) == Some(&b'}')).then_some(4 + digits)
+        }
+        _ => None,
+    }
+}
+
+/// Like [`push_escaped`], except that a lone `\` (one that starts no escape) is kept: in a
+/// rendered line it stands for itself.
+fn push_escaped_rendered(out: &mut String, c: char) {
+    if c == '\\' {
+        out.push('\\');
+    } else {
+        push_escaped(out, c);
+    }
+}
+
+/// Make serialized JSON safe to print on a terminal without changing its value: every
+/// character [`check_untrusted`] rejects that serde_json writes raw (C1 controls such as
+/// U+009B CSI and U+0085 NEL, bidi controls, invisible, format and private-use characters,
+/// separators) becomes a JSON `\uXXXX` escape (a surrogate pair above U+FFFF). C0 controls
+/// inside strings are already escaped by the serializer; line feeds, carriage returns and tabs
+/// outside strings (pretty printing) are kept. Parsing the result gives the same value.
+pub fn json_terminal_safe(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if matches!(c, '\n' | '\r' | '\t') || classify(c, false).is_none() {
+            out.push(c);
+            continue;
+        }
+        let mut units = [0u16; 2];
+        for u in c.encode_utf16(&mut units) {
+            out.push_str(&format!("\\u{u:04x}"));
+        }
+    }
+    out
+}
+
 /// `single_line_capped(s, MAX_LINE_BYTES)`.
 pub fn single_line(s: &str) -> String {
     single_line_capped(s, MAX_LINE_BYTES)
@@ -1501,6 +1589,70 @@ mod tests {
         }
         let out = single_line_capped(&"\\".repeat(40), 16);
         assert_eq!(out, format!("{}{ELLIPSIS}", "\\\\".repeat(6)));
+    }
+
+    #[test]
+    fn a_rendered_line_is_capped_without_being_escaped_again() {
+        let raw = "C:\\dir \u{1b}[31mred\r\u{202e}x \\n";
+        let once = single_line_capped(raw, 200);
+        assert_eq!(once, "C:\\\\dir \\u{1b}[31mred\\r\\u{202e}x \\\\n");
+        // Passed on, it stays as it is; the escaping path would double it.
+        assert_eq!(cap_rendered(&once, 200), once);
+        assert_eq!(
+            cap_rendered(&format!("prefix: {once}"), 512),
+            format!("prefix: {once}")
+        );
+        assert_ne!(single_line_capped(&once, 200), once);
+        // Raw text never slips through.
+        assert_eq!(
+            cap_rendered(raw, 200),
+            "C:\\dir \\u{1b}[31mred\\r\\u{202e}x \\n"
+        );
+        assert_eq!(cap_rendered("a\nb\u{85}", 64), "a\\nb\\u{85}");
+        // It is cut between units: never inside \u{..} or a \\ pair.
+        let units = "\\u{202e}".repeat(40);
+        for max in 16..120 {
+            let out = cap_rendered(&units, max);
+            assert!(out.len() <= max, "{max}");
+            let body = out.strip_suffix(ELLIPSIS).expect("cut");
+            assert_eq!(body, "\\u{202e}".repeat(body.len() / 8), "{max}: {out}");
+        }
+        let pairs = "\\\\".repeat(40);
+        for max in 16..60 {
+            let body = cap_rendered(&pairs, max);
+            let body = body.strip_suffix(ELLIPSIS).expect("cut");
+            assert_eq!(body.len() % 2, 0, "{max}: a pair was split: {body}");
+        }
+        // Still redacted.
+        assert_eq!(cap_rendered("token=abc123", 64), "token=[REDACTED]");
+        // Not an escape: a lone backslash stays itself.
+        assert_eq!(cap_rendered("\\u{zz} \\q", 64), "\\u{zz} \\q");
+    }
+
+    #[test]
+    fn json_is_made_terminal_safe_without_changing_its_value() {
+        let hostile = "\u{1b}[2J\r\u{9b}31m\u{85}\u{202e}\u{2066}\u{200b}\u{e000}\u{e0041}é日本";
+        let v = serde_json::json!({"k": hostile, "list": [hostile]});
+        let pretty = serde_json::to_string_pretty(&v).unwrap();
+        assert!(
+            pretty.contains('\u{9b}') && pretty.contains('\u{202e}'),
+            "serde writes these raw"
+        );
+        let safe = json_terminal_safe(&pretty);
+        for c in safe.chars() {
+            assert!(
+                c == '\n' || classify(c, false).is_none(),
+                "U+{:04X} left raw",
+                u32::from(c)
+            );
+        }
+        assert!(
+            safe.contains("\\u009b") && safe.contains("\\udb40\\udc41"),
+            "{safe}"
+        );
+        assert!(safe.contains("é日本"), "ordinary text is kept: {safe}");
+        let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back, v);
     }
 
     #[test]

@@ -26,7 +26,12 @@
 //!   structure (`https:///host`, `http:host`, backslashes used as slashes) is refused rather
 //!   than silently repaired.
 //! * **Non-endpoints**: `https://0.0.0.0/` or `https://[::]/` name "any address", never a real
-//!   endpoint.
+//!   endpoint; an IP literal that [`crate::zone::classify`] rejects (multicast, broadcast,
+//!   documentation, benchmarking, reserved and the rest of `0.0.0.0/8`, also when embedded in
+//!   an IPv4-mapped, NAT64, 6to4 or Teredo form) is never a destination either, and neither is
+//!   port 0. The broker would refuse to connect to any of them; refusing them here means an
+//!   operator learns it when adding the server (or loading the configuration), with the rule
+//!   named, instead of at the first request.
 //!
 //! What it does *not* do: it performs no DNS resolution and no I/O, and it does not forbid
 //! private or link-local addresses over `https` (the operator configured them deliberately).
@@ -40,6 +45,8 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use ::url::{Host, SyntaxViolation, Url};
+
+use crate::zone::{self, Rejected};
 use icu_properties::props::{DefaultIgnorableCodePoint, GeneralCategory};
 use icu_properties::{CodePointMapData, CodePointSetData};
 
@@ -52,7 +59,8 @@ pub const MAX_URL_BYTES: usize = 2048;
 /// A URL that passed the endpoint rules. Holds the parsed [`::url::Url`].
 ///
 /// By construction: the scheme is `https`, or `http` with a loopback host (see [`judge_host`]);
-/// there is a host and it is not an unspecified address; there is no userinfo and no fragment.
+/// there is a host, and an IP-literal host is one [`crate::zone::classify`] accepts; the port
+/// is not 0; there is no userinfo and no fragment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointUrl(::url::Url);
 
@@ -61,7 +69,8 @@ impl EndpointUrl {
     ///
     /// Checks run in this order, and the first failure is returned: length, characters,
     /// `url` crate parse, scheme, userinfo, fragment, structure (slashes), host presence,
-    /// plain-http-only-to-loopback, unspecified address, normalized length.
+    /// plain-http-only-to-loopback, unspecified address, never-a-destination address, port 0,
+    /// normalized length.
     pub fn parse(input: &str) -> Result<Self, UrlError> {
         if input.len() > MAX_URL_BYTES {
             return Err(UrlError::TooLong { len: input.len() });
@@ -96,6 +105,15 @@ impl EndpointUrl {
         }
         if is_unspecified(&host) {
             return Err(UrlError::UnspecifiedHost);
+        }
+        if let Some(rejected) = never_a_destination(&host) {
+            return Err(UrlError::NotADestination {
+                address: host.to_string(),
+                rejected,
+            });
+        }
+        if url.port() == Some(0) {
+            return Err(UrlError::PortZero);
         }
         let normalized_len = url.as_str().len();
         if normalized_len > MAX_URL_BYTES {
@@ -208,6 +226,17 @@ fn is_unspecified(host: &Host<&str>) -> bool {
     }
 }
 
+/// Why an IP-literal host can never be a destination: the verdict of
+/// [`crate::zone::classify`] on the parsed address (names are judged when they resolve).
+fn never_a_destination(host: &Host<&str>) -> Option<Rejected> {
+    let ip = match host {
+        Host::Ipv4(a) => std::net::IpAddr::V4(*a),
+        Host::Ipv6(a) => std::net::IpAddr::V6(*a),
+        Host::Domain(_) => return None,
+    };
+    zone::classify(ip).err()
+}
+
 /// Why an endpoint URL was refused. The `Display` text is one line, starts lowercase, and never
 /// contains the input URL (which may hold a password).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,6 +271,17 @@ pub enum UrlError {
     PlainHttpNotLoopback,
     /// The host is an unspecified ("any") address: `0.0.0.0`, `::` or `::ffff:0.0.0.0`.
     UnspecifiedHost,
+    /// The host is an IP literal that is never a destination (multicast, broadcast,
+    /// documentation, benchmarking, reserved, the rest of `0.0.0.0/8`), directly or embedded.
+    NotADestination {
+        /// The parsed address as the URL writes it (`224.0.0.1`, `[ff02::1]`): an IP literal,
+        /// never a secret.
+        address: String,
+        /// Which range it is in.
+        rejected: Rejected,
+    },
+    /// The port is 0, which no server listens on.
+    PortZero,
 }
 
 impl fmt::Display for UrlError {
@@ -279,11 +319,33 @@ impl fmt::Display for UrlError {
                 "endpoint URL host is an unspecified address (0.0.0.0 or ::), which is never a \
                  real endpoint; use the server's actual address",
             ),
+            Self::NotADestination { address, rejected } => write!(
+                f,
+                "endpoint URL host {address} is a {} address, which is never a destination; \
+                 use the server's actual address",
+                rejected_text(*rejected)
+            ),
+            Self::PortZero => f.write_str(
+                "endpoint URL port is 0, which no server listens on; give the server's actual \
+                 port or none",
+            ),
         }
     }
 }
 
 impl std::error::Error for UrlError {}
+
+/// How a rejected range is named in an error.
+fn rejected_text(r: Rejected) -> &'static str {
+    match r {
+        Rejected::Unspecified => "this-network (0.0.0.0/8)",
+        Rejected::Multicast => "multicast",
+        Rejected::Broadcast => "broadcast",
+        Rejected::Reserved => "reserved",
+        Rejected::Documentation => "documentation-only",
+        Rejected::Benchmarking => "benchmarking-only",
+    }
+}
 
 /// Syntax violations reported by the `url` crate that make us refuse the input.
 #[derive(Default)]
@@ -345,11 +407,19 @@ mod tests {
 
     use HostKind::{Domain, LocalhostName, LoopbackIp, OtherIp};
     use UrlError::{
-        Fragment, Malformed, NoHost, PlainHttpNotLoopback, Scheme, UnspecifiedHost, Userinfo,
+        Fragment, Malformed, NoHost, PlainHttpNotLoopback, PortZero, Scheme, UnspecifiedHost,
+        Userinfo,
     };
 
     fn invalid(offset: usize, character: char) -> UrlError {
         UrlError::InvalidCharacter { offset, character }
+    }
+
+    fn never(address: &str, rejected: Rejected) -> UrlError {
+        UrlError::NotADestination {
+            address: address.to_owned(),
+            rejected,
+        }
     }
 
     /// Each input with its expected outcome: the host judgment when accepted, or the exact error.
@@ -360,7 +430,7 @@ mod tests {
             ("HTTPS://MCP.Example.COM/mcp", Ok(Domain)),
             ("https://mcp.example.com:8443/mcp", Ok(Domain)),
             ("https://bücher.example/mcp", Ok(Domain)),
-            ("https://[2001:db8::1]/", Ok(OtherIp)),
+            ("https://[2606:4700:4700::1111]/", Ok(OtherIp)),
             ("https://[::1]/", Ok(LoopbackIp)),
             // https to a private or link-local address is the operator's call.
             ("https://169.254.169.254/", Ok(OtherIp)),
@@ -396,6 +466,71 @@ mod tests {
             ("https://0.0.0.0:443/", Err(UnspecifiedHost)),
             ("https://[::]/", Err(UnspecifiedHost)),
             ("https://[::ffff:0.0.0.0]/", Err(UnspecifiedHost)),
+            // IP literals that are never a destination, directly or embedded, and port 0.
+            (
+                "https://224.0.0.1/",
+                Err(never("224.0.0.1", Rejected::Multicast)),
+            ),
+            (
+                "https://239.255.255.250:1900/",
+                Err(never("239.255.255.250", Rejected::Multicast)),
+            ),
+            (
+                "https://[ff02::1]/",
+                Err(never("[ff02::1]", Rejected::Multicast)),
+            ),
+            (
+                "https://[::ffff:224.0.0.251]/",
+                Err(never("[::ffff:e000:fb]", Rejected::Multicast)),
+            ),
+            (
+                "https://192.0.2.10/mcp",
+                Err(never("192.0.2.10", Rejected::Documentation)),
+            ),
+            (
+                "https://198.51.100.7/",
+                Err(never("198.51.100.7", Rejected::Documentation)),
+            ),
+            (
+                "https://203.0.113.1/",
+                Err(never("203.0.113.1", Rejected::Documentation)),
+            ),
+            (
+                "https://[2001:db8::1]/",
+                Err(never("[2001:db8::1]", Rejected::Documentation)),
+            ),
+            (
+                "https://[64:ff9b::c000:201]/",
+                Err(never("[64:ff9b::c000:201]", Rejected::Documentation)),
+            ),
+            (
+                "https://[2002:cb00:7101::1]/",
+                Err(never("[2002:cb00:7101::1]", Rejected::Documentation)),
+            ),
+            (
+                "https://255.255.255.255/",
+                Err(never("255.255.255.255", Rejected::Broadcast)),
+            ),
+            (
+                "https://240.0.0.1/",
+                Err(never("240.0.0.1", Rejected::Reserved)),
+            ),
+            (
+                "https://198.18.0.1/",
+                Err(never("198.18.0.1", Rejected::Benchmarking)),
+            ),
+            (
+                "https://0.1.2.3/",
+                Err(never("0.1.2.3", Rejected::Unspecified)),
+            ),
+            ("http://[::ffff:224.0.0.1]/", Err(PlainHttpNotLoopback)),
+            ("https://a.example:0/", Err(PortZero)),
+            ("https://a.example:00/mcp", Err(PortZero)),
+            ("http://127.0.0.1:0/", Err(PortZero)),
+            ("http://localhost:0/mcp", Err(PortZero)),
+            ("https://[::1]:0/", Err(PortZero)),
+            ("https://10.0.0.1:0/", Err(PortZero)),
+            ("https://a.example:1/", Ok(Domain)),
             // IPv6 forms.
             ("http://[::1]/", Ok(LoopbackIp)),
             ("http://[::1]:3000/mcp", Ok(LoopbackIp)),
@@ -523,6 +658,8 @@ mod tests {
             Fragment,
             PlainHttpNotLoopback,
             UnspecifiedHost,
+            never("224.0.0.1", Rejected::Multicast),
+            PortZero,
         ];
         let mut seen = std::collections::HashSet::new();
         for err in all {
@@ -537,6 +674,38 @@ mod tests {
         }
         assert!(UrlError::TooLong { len: 4096 }.to_string().contains("4096"));
         assert!(invalid(3, '\t').to_string().contains("U+0009"));
+    }
+
+    #[test]
+    fn never_a_destination_errors_name_the_rule_and_the_address() {
+        for (input, rule) in [
+            ("https://224.0.0.1/mcp", "224.0.0.1 is a multicast address"),
+            ("https://[ff02::fb]/", "[ff02::fb] is a multicast address"),
+            (
+                "https://192.0.2.1/?token=abc",
+                "192.0.2.1 is a documentation-only address",
+            ),
+            (
+                "https://[2001:db8::5]:8443/",
+                "[2001:db8::5] is a documentation-only address",
+            ),
+            (
+                "https://0.0.0.7/",
+                "0.0.0.7 is a this-network (0.0.0.0/8) address",
+            ),
+            ("https://mcp.example:0/mcp", "port is 0"),
+        ] {
+            let e = EndpointUrl::parse(input).unwrap_err().to_string();
+            assert!(e.contains(rule), "{input}: {e}");
+            assert!(!e.contains("token=abc") && !e.contains('\n'), "{e}");
+            // Redaction keeps it whole: nothing here looks like a credential.
+            assert_eq!(crate::text::single_line(&e), e);
+        }
+        crate::test_report::record(
+            "P12",
+            "policy/src/url.rs::never_a_destination_errors_name_the_rule_and_the_address",
+            serde_json::json!({}),
+        );
     }
 
     #[test]
@@ -708,6 +877,8 @@ mod tests {
         assert_eq!(u.fragment(), None);
         let host = u.host().expect("accepted URLs have a host");
         assert!(!is_unspecified(&host));
+        assert_eq!(never_a_destination(&host), None);
+        assert_ne!(u.port(), Some(0));
         let kind = judge_host(&host);
         match u.scheme() {
             "https" => assert!(!url.is_loopback_http()),
@@ -792,12 +963,58 @@ mod tests {
         }
 
         #[test]
+        fn an_ip_literal_is_accepted_exactly_when_the_zone_table_accepts_it(
+            a in any::<Ipv4Addr>(),
+            b in any::<Ipv6Addr>(),
+        ) {
+            let v4 = EndpointUrl::parse(&format!("https://{a}/"));
+            let zone_ok = zone::classify_v4(a).is_ok();
+            prop_assert_eq!(v4.is_ok(), zone_ok, "{} {:?}", a, v4);
+            if !zone_ok {
+                prop_assert!(
+                    matches!(v4, Err(UnspecifiedHost | UrlError::NotADestination { .. })),
+                    "{} {:?}", a, v4
+                );
+            }
+            let v6 = EndpointUrl::parse(&format!("https://[{b}]/"));
+            prop_assert_eq!(v6.is_ok(), zone::classify_v6(b).is_ok(), "{} {:?}", b, v6);
+        }
+
+        #[test]
+        fn only_port_0_is_refused(port in 0u32..=65535, host in prop_oneof![
+            Just("a.example"), Just("127.0.0.1"), Just("[::1]"), Just("10.1.2.3")
+        ]) {
+            let got = EndpointUrl::parse(&format!("https://{host}:{port}/mcp"));
+            prop_assert_eq!(got.is_ok(), port != 0, "{} {:?}", port, got);
+            if port == 0 {
+                prop_assert_eq!(got.err(), Some(PortZero));
+            }
+            // Plain http: only loopback, and then the same port rule.
+            let got = EndpointUrl::parse(&format!("http://{host}:{port}/mcp"));
+            let loopback = matches!(host, "127.0.0.1" | "[::1]");
+            let want = match (loopback, port) {
+                (false, _) => Some(PlainHttpNotLoopback),
+                (true, 0) => Some(PortZero),
+                (true, _) => None,
+            };
+            prop_assert_eq!(got.err(), want);
+        }
+
+        #[test]
         fn an_ipv4_mapped_host_is_judged_like_its_ipv4_address(a in any::<Ipv4Addr>()) {
             for scheme in ["http", "https"] {
                 let plain = EndpointUrl::parse(&format!("{scheme}://{a}/"));
                 let mapped = EndpointUrl::parse(&format!("{scheme}://[::ffff:{a}]/"));
                 prop_assert_eq!(plain.is_ok(), mapped.is_ok(), "{} {}", scheme, a);
-                prop_assert_eq!(plain.err(), mapped.err(), "{} {}", scheme, a);
+                // The same verdict; a never-a-destination error names each as written.
+                let verdict = |e: Option<UrlError>| e.map(|e| match e {
+                    UrlError::NotADestination { rejected, .. } => UrlError::NotADestination {
+                        address: String::new(),
+                        rejected,
+                    },
+                    other => other,
+                });
+                prop_assert_eq!(verdict(plain.err()), verdict(mapped.err()), "{} {}", scheme, a);
             }
             let expected = if a.is_loopback() { LoopbackIp } else { OtherIp };
             let mapped: Ipv6Addr = a.to_ipv6_mapped();

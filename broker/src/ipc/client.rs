@@ -156,7 +156,9 @@ impl Connection {
             let text = |k: &str| err.get(k).and_then(Value::as_str).map(str::to_owned);
             return Err(ClientError::Refused {
                 code: plain_word(&text("code").unwrap_or_default()),
-                message: iteron_policy::text::single_line_capped(
+                // The broker's reasons are already rendered: capped and checked again, never
+                // escaped a second time (unsafe characters still are).
+                message: iteron_policy::text::cap_rendered(
                     &text("message").unwrap_or_default(),
                     proto::MAX_REASON,
                 ),

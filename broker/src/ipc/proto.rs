@@ -544,7 +544,7 @@ impl fmt::Display for Code {
 pub const MAX_REASON: usize = text::MAX_LINE_BYTES;
 
 /// An error answer: code plus a one-line, redacted, terminal-safe reason of at most
-/// [`MAX_REASON`] bytes. The only constructor applies those rules.
+/// [`MAX_REASON`] bytes. Both constructors apply those rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The code.
@@ -560,6 +560,18 @@ impl Refusal {
         Refusal {
             code,
             message: text::single_line_capped(message, MAX_REASON),
+            certainty: None,
+        }
+    }
+
+    /// Build one from a message that is already rendered (escaped once by
+    /// [`text::single_line_capped`], like a hook's block reason, joined with fixed text): it is
+    /// capped and redacted but not escaped again, so its backslashes are not doubled; anything
+    /// unsafe in it is still escaped ([`text::cap_rendered`]).
+    pub fn rendered(code: Code, message: &str) -> Refusal {
+        Refusal {
+            code,
+            message: text::cap_rendered(message, MAX_REASON),
             certainty: None,
         }
     }

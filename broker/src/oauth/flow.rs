@@ -6,7 +6,12 @@
 //! - registration order: pre-registered → client ID metadata document → dynamic registration;
 //!   a forced `cimd` or `dcr` never falls back to the other;
 //! - a client secret goes only to a token endpoint on the same origin as the issuer it was
-//!   registered with (`same_origin_secret`);
+//!   registered with (`same_origin_secret`), and a login whose confidential client would have
+//!   to send it elsewhere stops before the browser is involved (`check_secret_destination`);
+//! - a token response is used only when it is whole and sane (`parse_tokens`): a non-empty
+//!   visible-ASCII `access_token` of at most [`MAX_TOKEN_BYTES`], `token_type` Bearer, an
+//!   `expires_in` between 1 s and [`MAX_EXPIRES_IN_SECS`], a `scope` of RFC 6749 scope tokens;
+//!   a successful response that breaks a rule has its tokens revoked, never silently dropped;
 //! - `iss`: if the server advertises it, it must be present and equal; if present anyway, equal;
 //!   comparison is exact (no normalisation); on a mismatch the code is never redeemed;
 //! - scope choice: operator's, else the challenge's, else the resource's `scopes_supported`,
@@ -24,7 +29,7 @@ use sha2::{Digest, Sha256};
 use iteron_policy::url::EndpointUrl;
 
 use super::metadata::ServerMetadata;
-use super::{MAX_OAUTH_BODY, OAuthError};
+use super::{MAX_OAUTH_BODY, OAuthError, Revoked, host_of};
 use crate::net::{Request, ZoneClient};
 
 /// How the client authenticates at the token endpoint.
@@ -211,12 +216,26 @@ pub async fn register(
         .and_then(Value::as_str)
         .ok_or(OAuthError::Malformed(
             "registration response (no client_id)",
-        ))?
+        ))?;
+    // The client id is stored, sent and shown: printable ASCII (or a URL passing the endpoint
+    // rules), bounded, like one the operator configures.
+    let id = iteron_policy::config::ClientId::parse(id)
+        .map_err(|_| {
+            OAuthError::Malformed(
+                "registration response (the client_id is not printable ASCII of at most 256 bytes)",
+            )
+        })?
+        .as_str()
         .to_owned();
-    let secret = doc
-        .get("client_secret")
-        .and_then(Value::as_str)
-        .map(|s| SecretString::from(s.to_owned()));
+    let secret = match doc.get("client_secret") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if is_token_text(s) => Some(SecretString::from(s.to_owned())),
+        Some(_) => {
+            return Err(OAuthError::Malformed(
+                "registration response (the client_secret is not visible ASCII of at most 16 KiB)",
+            ));
+        }
+    };
     let auth = doc
         .get("token_endpoint_auth_method")
         .and_then(Value::as_str)
@@ -365,6 +384,29 @@ pub fn start(
     })
 }
 
+/// Whether a request that reached the loopback callback is the answer to the attempt whose
+/// `state` is given: exactly one `state` parameter, equal to it, and a `code` or an `error`.
+/// Anything else (another, a repeated or no state; neither code nor error) did not come from
+/// the authorization server for this login and is ignored — it can neither redeem a code nor
+/// end the login. A response that passes is then checked whole by [`finish`].
+pub fn answers_state(state: &str, callback: &str) -> bool {
+    let Ok(url) = url::Url::parse(callback) else {
+        return false;
+    };
+    let (mut states, mut matching, mut answer) = (0usize, false, false);
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "state" => {
+                states += 1;
+                matching = v == state;
+            }
+            "code" | "error" => answer = true,
+            _ => {}
+        }
+    }
+    states == 1 && matching && answer
+}
+
 /// The `error` of an authorization response — only when the response passed the `state` and
 /// `iss` checks (an error in a response that fails them is never acted on).
 pub fn response_error(attempt: &Attempt, callback: &str) -> Option<String> {
@@ -440,16 +482,113 @@ pub fn finish(attempt: &Attempt, callback: &str) -> Result<SecretString, OAuthEr
         .ok_or(OAuthError::Callback("no code"))
 }
 
-/// Tokens from the token endpoint. Never shown.
+/// Longest access token, refresh token or client secret accepted, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Longest access-token lifetime accepted (`expires_in`): one year. Longer is absurd for a
+/// bearer token and is refused, as is a negative, zero or non-integer value.
+pub const MAX_EXPIRES_IN_SECS: u64 = 366 * 24 * 60 * 60;
+/// Longest `scope` accepted in a token response, in bytes.
+pub const MAX_SCOPE_BYTES: usize = 4 * 1024;
+
+/// Whether `s` can be a token: non-empty visible ASCII (`!` to `~`: no space, no control, no
+/// non-ASCII) of at most [`MAX_TOKEN_BYTES`]. It goes into an `Authorization` header and a
+/// credential file, and nothing else fits either safely.
+fn is_token_text(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_TOKEN_BYTES && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Tokens from the token endpoint, validated ([`parse_tokens`]). Never shown.
 pub struct Tokens {
-    /// The access token.
+    /// The access token (visible ASCII, at most [`MAX_TOKEN_BYTES`]).
     pub access: SecretString,
-    /// The refresh token, if one was issued.
+    /// The refresh token, if one was issued (the same rules).
     pub refresh: Option<SecretString>,
-    /// Lifetime in seconds, if given.
+    /// Lifetime in seconds, if given: 1 to [`MAX_EXPIRES_IN_SECS`].
     pub expires_in: Option<u64>,
-    /// The granted scope, if given.
+    /// The granted scope, if given: RFC 6749 scope tokens joined by one space.
     pub scope: Option<String>,
+}
+
+impl Tokens {
+    /// When the access token expires, in unix seconds, counted from `now` (no overflow: the
+    /// lifetime is bounded and the sum saturates).
+    pub fn expires_at(&self, now: u64) -> Option<u64> {
+        self.expires_in.map(|e| now.saturating_add(e))
+    }
+}
+
+/// Validate a successful token response (RFC 6749 §5.1). `Err` names the rule it broke.
+pub fn parse_tokens(doc: &Value) -> Result<Tokens, &'static str> {
+    let access = match doc.get("access_token") {
+        Some(Value::String(s)) if is_token_text(s) => SecretString::from(s.to_owned()),
+        Some(Value::String(s)) if s.len() > MAX_TOKEN_BYTES => {
+            return Err("its access_token is longer than 16 KiB");
+        }
+        Some(Value::String(_)) => {
+            return Err("its access_token is empty or not visible ASCII");
+        }
+        _ => return Err("it has no access_token string"),
+    };
+    match doc.get("token_type").and_then(Value::as_str) {
+        Some(t) if t.eq_ignore_ascii_case("bearer") => {}
+        // Sender-constrained tokens are never asked for, so never accepted.
+        Some(t) if t.eq_ignore_ascii_case("dpop") => {
+            return Err("its token_type is DPoP, which was not asked for");
+        }
+        Some(_) => return Err("its token_type is not Bearer"),
+        None => return Err("it has no token_type"),
+    }
+    let refresh = match doc.get("refresh_token") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if is_token_text(s) => Some(SecretString::from(s.to_owned())),
+        Some(Value::String(s)) if s.len() > MAX_TOKEN_BYTES => {
+            return Err("its refresh_token is longer than 16 KiB");
+        }
+        Some(_) => return Err("its refresh_token is empty or not visible ASCII"),
+    };
+    let expires_in = match doc.get("expires_in") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            // An integer, or (as some servers send it) a string of at most 10 digits.
+            let n = match v {
+                Value::Number(n) => n.as_u64(),
+                Value::String(s) if !s.is_empty() && s.len() <= 10 => s
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| s.parse().ok())
+                    .flatten(),
+                _ => None,
+            };
+            match n {
+                Some(n) if (1..=MAX_EXPIRES_IN_SECS).contains(&n) => Some(n),
+                _ => {
+                    return Err(
+                        "its expires_in is not a whole number of seconds from 1 to one year",
+                    );
+                }
+            }
+        }
+    };
+    let scope = match doc.get("scope") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= MAX_SCOPE_BYTES => {
+            let tokens: Vec<&str> = s.split(' ').filter(|t| !t.is_empty()).collect();
+            if tokens
+                .iter()
+                .any(|t| iteron_policy::config::Scope::parse(t).is_err())
+            {
+                return Err("its scope is not a list of RFC 6749 scope tokens");
+            }
+            Some(tokens.join(" "))
+        }
+        Some(_) => return Err("its scope is not a string of at most 4 KiB"),
+    };
+    Ok(Tokens {
+        access,
+        refresh,
+        expires_in,
+        scope,
+    })
 }
 
 impl fmt::Debug for Tokens {
@@ -461,9 +600,41 @@ impl fmt::Debug for Tokens {
     }
 }
 
-/// Whether a secret may go to `token_endpoint`: only on the issuer's own origin.
-pub fn same_origin_secret(issuer: &str, token_endpoint: &EndpointUrl) -> bool {
-    url::Url::parse(issuer).is_ok_and(|i| i.origin() == token_endpoint.as_url().origin())
+/// Whether a secret may go to `endpoint`: only on the issuer's own origin.
+///
+/// "Origin" is RFC 6454's: the scheme, host and port of both URLs as the WHATWG URL parser
+/// reads them (scheme and host lowercased, international names IDNA-encoded, every spelling of
+/// an IPv4 address made canonical, the default port implied), compared exactly. Another scheme
+/// (`http` against `https`), another port, a subdomain or parent domain, a trailing-dot
+/// spelling of a name, or a name against an IP address (even one it resolves to) are all
+/// other origins; the path and query never matter. The issuer
+/// is the one the operator pinned (`--oauth-issuer`, `oauth.issuer`) — a pre-registered
+/// secret is refused without one — or, for a dynamically registered confidential client,
+/// the issuer whose metadata was fetched and checked for it.
+pub fn same_origin_secret(issuer: &str, endpoint: &EndpointUrl) -> bool {
+    url::Url::parse(issuer).is_ok_and(|i| i.origin() == endpoint.as_url().origin())
+}
+
+/// A client that holds a secret must be able to use it where it is going: its token endpoint
+/// must be on the issuer's own origin ([`same_origin_secret`]). Checked before the operator is
+/// sent to authorize, so a login that could only fail (or leak the secret) stops first.
+pub fn check_secret_destination(
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+) -> Result<(), OAuthError> {
+    if client.secret.is_some()
+        && client.auth != TokenAuth::None
+        && !same_origin_secret(&meta.issuer, &meta.token_endpoint)
+    {
+        return Err(OAuthError::BadEndpoint {
+            which: "token_endpoint",
+            host: host_of(meta.token_endpoint.as_str()),
+            why: "it is on another origin than the issuer, and a client secret is only ever sent \
+                  to the issuer's own origin (scheme, host and port)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// What to do when a confidential client has no stored secret.
@@ -510,6 +681,7 @@ fn client_post(
             if !same_origin_secret(&meta.issuer, endpoint) {
                 return Err(OAuthError::BadEndpoint {
                     which,
+                    host: host_of(endpoint.as_str()),
                     why: "a client secret is only sent to the issuer's own origin".into(),
                 });
             }
@@ -571,19 +743,80 @@ async fn token_request(
     if !(200..300).contains(&status) {
         return Err(server_error(&doc, status));
     }
-    let access = doc
-        .get("access_token")
-        .and_then(Value::as_str)
-        .ok_or(OAuthError::Malformed("token response (no access_token)"))?;
-    Ok(Tokens {
-        access: SecretString::from(access.to_owned()),
-        refresh: doc
-            .get("refresh_token")
+    match parse_tokens(&doc) {
+        Ok(tokens) => Ok(tokens),
+        Err(why) => {
+            // The server granted something Iteron will not hold: revoke what it sent rather
+            // than leave a live grant behind.
+            let revoked = revoke_unusable(http, meta, client, &doc).await;
+            Err(OAuthError::UnusableTokens { why, revoked })
+        }
+    }
+}
+
+/// Revoke every token string a refused token response carried (refresh token first: at most
+/// servers that ends the whole grant), whatever its shape.
+async fn revoke_unusable(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    doc: &Value,
+) -> Revoked {
+    let mut found = false;
+    let mut all = true;
+    for (key, hint) in [
+        ("refresh_token", "refresh_token"),
+        ("access_token", "access_token"),
+    ] {
+        let Some(t) = doc
+            .get(key)
             .and_then(Value::as_str)
-            .map(|s| SecretString::from(s.to_owned())),
-        expires_in: doc.get("expires_in").and_then(Value::as_u64),
-        scope: doc.get("scope").and_then(Value::as_str).map(str::to_owned),
-    })
+            .filter(|t| !t.is_empty())
+        else {
+            continue;
+        };
+        found = true;
+        let token = SecretString::from(t.to_owned());
+        match revoke(http, meta, client, &token, hint).await {
+            Ok(true) => {}
+            Ok(false) if meta.revocation_endpoint.is_none() => return Revoked::NotOffered,
+            _ => all = false,
+        }
+    }
+    match (found, all) {
+        (false, _) => Revoked::NothingToRevoke,
+        (true, true) => Revoked::Revoked,
+        (true, false) => Revoked::Failed,
+    }
+}
+
+/// Revoke tokens Iteron obtained but could not keep (refresh token first), best effort.
+pub async fn revoke_all(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    access: &SecretString,
+    refresh: Option<&SecretString>,
+) -> Revoked {
+    if meta.revocation_endpoint.is_none() {
+        return Revoked::NotOffered;
+    }
+    let mut all = true;
+    if let Some(r) = refresh {
+        all &= matches!(
+            revoke(http, meta, client, r, "refresh_token").await,
+            Ok(true)
+        );
+    }
+    all &= matches!(
+        revoke(http, meta, client, access, "access_token").await,
+        Ok(true)
+    );
+    if all {
+        Revoked::Revoked
+    } else {
+        Revoked::Failed
+    }
 }
 
 /// Redeem a code (once).
@@ -808,12 +1041,197 @@ mod tests {
         assert_eq!(choose_scope(None, None, None, &[], &[]), None);
     }
 
+    fn doc(patch: Value) -> Value {
+        let mut v = json!({"access_token": "at", "token_type": "Bearer"});
+        if let (Value::Object(p), Some(o)) = (patch, v.as_object_mut()) {
+            for (k, x) in p {
+                o.insert(k, x);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn token_responses_are_validated_at_every_bound_and_one_over() {
+        // access_token and refresh_token: visible ASCII, 1 to MAX_TOKEN_BYTES.
+        for key in ["access_token", "refresh_token"] {
+            let exact = "a".repeat(MAX_TOKEN_BYTES);
+            assert!(
+                parse_tokens(&doc(json!({key: exact}))).is_ok(),
+                "{key} at the limit"
+            );
+            let over = "a".repeat(MAX_TOKEN_BYTES + 1);
+            assert_eq!(
+                parse_tokens(&doc(json!({key: over}))).err(),
+                Some(if key == "access_token" {
+                    "its access_token is longer than 16 KiB"
+                } else {
+                    "its refresh_token is longer than 16 KiB"
+                })
+            );
+            for bad in ["", "a b", "a\u{1b}[2J", "caf\u{e9}", "a\tb", "\u{202e}x"] {
+                assert!(
+                    parse_tokens(&doc(json!({key: bad}))).is_err(),
+                    "{key} {bad:?}"
+                );
+            }
+            assert!(
+                parse_tokens(&doc(json!({key: 42}))).is_err(),
+                "{key} as a number"
+            );
+        }
+        assert!(parse_tokens(&json!({"token_type": "Bearer"})).is_err());
+        assert!(
+            parse_tokens(&doc(json!({"refresh_token": null})))
+                .unwrap()
+                .refresh
+                .is_none()
+        );
+        // token_type: Bearer in any case; DPoP was never asked for; anything else or none is
+        // refused.
+        for ok in ["Bearer", "bearer", "BEARER"] {
+            assert!(
+                parse_tokens(&doc(json!({"token_type": ok}))).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in [
+            json!("DPoP"),
+            json!("dpop"),
+            json!("mac"),
+            json!(""),
+            json!(1),
+        ] {
+            assert!(
+                parse_tokens(&doc(json!({"token_type": bad}))).is_err(),
+                "{bad}"
+            );
+        }
+        let mut none = doc(json!({}));
+        none.as_object_mut().unwrap().remove("token_type");
+        assert_eq!(parse_tokens(&none).err(), Some("it has no token_type"));
+        // expires_in: 1 to MAX_EXPIRES_IN_SECS, an integer or a string of digits.
+        let lifetime =
+            |v: Value| parse_tokens(&doc(json!({"expires_in": v}))).map(|t| t.expires_in);
+        assert_eq!(lifetime(json!(1)), Ok(Some(1)));
+        assert_eq!(
+            lifetime(json!(MAX_EXPIRES_IN_SECS)),
+            Ok(Some(MAX_EXPIRES_IN_SECS))
+        );
+        assert_eq!(lifetime(json!("3600")), Ok(Some(3600)));
+        assert_eq!(lifetime(Value::Null), Ok(None));
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(MAX_EXPIRES_IN_SECS + 1),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(3600.5),
+            json!(1e300),
+            json!("-5"),
+            json!("36O0"),
+            json!("99999999999"),
+            json!(""),
+            json!(true),
+        ] {
+            assert!(lifetime(bad.clone()).is_err(), "{bad}");
+        }
+        // Added to a clock near the end of time, nothing wraps.
+        let t = parse_tokens(&doc(json!({"expires_in": MAX_EXPIRES_IN_SECS}))).unwrap();
+        assert_eq!(t.expires_at(u64::MAX - 5), Some(u64::MAX));
+        assert_eq!(t.expires_at(1000), Some(1000 + MAX_EXPIRES_IN_SECS));
+        // scope: scope tokens only, at most MAX_SCOPE_BYTES.
+        let scope = |v: Value| parse_tokens(&doc(json!({"scope": v}))).map(|t| t.scope);
+        assert_eq!(scope(json!("a  b:c")), Ok(Some("a b:c".to_owned())));
+        let many = vec!["abcdefg"; MAX_SCOPE_BYTES / 8].join(" ");
+        let exact = format!("{many} ");
+        assert_eq!(exact.len(), MAX_SCOPE_BYTES);
+        assert_eq!(scope(json!(exact)), Ok(Some(many.clone())));
+        let over = format!("{many} x");
+        assert_eq!(over.len(), MAX_SCOPE_BYTES + 1);
+        assert!(scope(json!(over)).is_err());
+        assert!(
+            scope(json!("a".repeat(257))).is_err(),
+            "one token is at most 256 bytes"
+        );
+        for bad in [
+            "a\u{1b}[2J",
+            "a\rb",
+            "a\"b",
+            "a\\b",
+            "\u{202e}a",
+            "a\u{9b}b",
+            "caf\u{e9}",
+        ] {
+            assert!(scope(json!(bad)).is_err(), "{bad:?}");
+        }
+        crate::test_report::record(
+            "P5",
+            "broker/src/oauth/flow.rs::token_responses_are_validated_at_every_bound_and_one_over",
+            json!({"max_token_bytes": MAX_TOKEN_BYTES, "max_expires_in": MAX_EXPIRES_IN_SECS,
+                   "max_scope_bytes": MAX_SCOPE_BYTES}),
+        );
+    }
+
+    #[test]
+    fn a_state_answers_an_attempt_only_once_and_with_a_code_or_an_error() {
+        let cb = |q: &str| format!("http://127.0.0.1:9/callback?{q}");
+        assert!(answers_state("s1", &cb("code=c&state=s1")));
+        assert!(answers_state("s1", &cb("error=access_denied&state=s1")));
+        for stray in [
+            "code=c&state=s2",
+            "code=c",
+            "state=s1",
+            "code=c&state=",
+            "code=c&state=s1&state=s1",
+            "code=c&state=s1x",
+            "code=c&STATE=s1",
+        ] {
+            assert!(!answers_state("s1", &cb(stray)), "{stray}");
+        }
+        assert!(!answers_state("s1", "not a url"));
+    }
+
     #[test]
     fn secrets_only_go_to_the_issuers_origin() {
         let same = EndpointUrl::parse("https://as.example/oauth/token").unwrap();
         let other = EndpointUrl::parse("https://tokens.other.example/token").unwrap();
         assert!(same_origin_secret("https://as.example", &same));
         assert!(!same_origin_secret("https://as.example", &other));
+        // The origin as the URL parser reads it: default port, case, path.
+        for same in [
+            "https://as.example:443/token",
+            "https://AS.Example/t?x=1",
+            "HTTPS://as.example/",
+        ] {
+            assert!(
+                same_origin_secret(
+                    "https://as.example/tenant",
+                    &EndpointUrl::parse(same).unwrap()
+                ),
+                "{same}"
+            );
+        }
+        for other in [
+            "https://as.example:8443/token",
+            "https://login.as.example/token",
+            "https://example/token",
+            "https://as.example./token",
+            "http://127.0.0.1/token",
+        ] {
+            assert!(
+                !same_origin_secret("https://as.example", &EndpointUrl::parse(other).unwrap()),
+                "{other}"
+            );
+        }
+        assert!(same_origin_secret(
+            "http://127.0.0.1:8080",
+            &EndpointUrl::parse("http://0x7f.0.0.1:8080/token").unwrap()
+        ));
+        assert!(!same_origin_secret(
+            "http://127.0.0.1:8080",
+            &EndpointUrl::parse("http://localhost:8080/token").unwrap()
+        ));
         let c = OAuthClient {
             secret: Some(SecretString::from("s3cr3t-value".to_owned())),
             ..client()

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use iteron_policy::url::EndpointUrl;
 
-use super::{Challenge, MAX_OAUTH_BODY, OAuthError};
+use super::{Challenge, MAX_OAUTH_BODY, OAuthError, host_of};
 use crate::net::{NetError, Request, ZoneClient};
 
 /// Protected-resource metadata, validated.
@@ -74,6 +74,25 @@ fn strings(v: &Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The entries of a `scopes_supported` list that are RFC 6749 scope tokens (at most
+/// [`MAX_LISTED_SCOPES`] of them). Anything else a server lists (controls, spaces, quotes,
+/// non-ASCII) is never requested, stored or shown.
+fn scope_list(v: &Value, key: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in strings(v, key) {
+        if out.len() == MAX_LISTED_SCOPES {
+            break;
+        }
+        if iteron_policy::config::Scope::parse(&s).is_ok() && !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// Most scopes taken from one `scopes_supported` list.
+pub const MAX_LISTED_SCOPES: usize = 64;
+
 fn origin(u: &url::Url) -> String {
     u.origin().ascii_serialization()
 }
@@ -82,14 +101,17 @@ fn origin(u: &url::Url) -> String {
 /// that is the server's path or a prefix of it (the origin root, `/mcp`, …). Query differences
 /// are legal. With an explicit `pinned` resource, the metadata must name it exactly.
 pub fn resource_matches(server: &EndpointUrl, resource: &str, pinned: Option<&str>) -> bool {
+    // A resource must itself pass the endpoint rules: no control, bidi or invisible
+    // character (the URL parser would silently drop or encode them), no userinfo, no fragment.
+    let Ok(r) = EndpointUrl::parse(resource) else {
+        return false;
+    };
     if let Some(p) = pinned {
         return p == resource;
     }
-    let Ok(r) = url::Url::parse(resource) else {
-        return false;
-    };
+    let r = r.as_url();
     let s = server.as_url();
-    if origin(&r) != origin(s)
+    if origin(r) != origin(s)
         || r.fragment().is_some()
         || !r.username().is_empty()
         || r.password().is_some()
@@ -161,7 +183,7 @@ pub async fn discover_resource(
         return Ok(ResourceMetadata {
             resource,
             authorization_servers: servers,
-            scopes_supported: strings(&doc, "scopes_supported"),
+            scopes_supported: scope_list(&doc, "scopes_supported"),
         });
     }
     Err(OAuthError::NoResourceMetadata)
@@ -171,6 +193,7 @@ pub async fn discover_resource(
 pub fn server_candidates(issuer: &str) -> Result<Vec<EndpointUrl>, OAuthError> {
     let u = EndpointUrl::parse(issuer).map_err(|e| OAuthError::BadEndpoint {
         which: "issuer",
+        host: host_of(issuer),
         why: e.to_string(),
     })?;
     let base = origin(u.as_url());
@@ -201,6 +224,7 @@ fn endpoint(doc: &Value, key: &'static str) -> Result<Option<EndpointUrl>, OAuth
                 .map(Some)
                 .map_err(|e| OAuthError::BadEndpoint {
                     which: key,
+                    host: host_of(s),
                     why: e.to_string(),
                 })
         }
@@ -239,6 +263,7 @@ pub fn validate_server(issuer: &str, doc: &Value) -> Result<ServerMetadata, OAut
     if !same_origin && !iss_parameter_supported {
         return Err(OAuthError::BadEndpoint {
             which: "authorization_endpoint",
+            host: host_of(authorization_endpoint.as_str()),
             why: "it is on another origin than the issuer and the token endpoint, and the \
                   server does not bind its responses to the issuer (RFC 9207)"
                 .into(),
@@ -251,7 +276,7 @@ pub fn validate_server(issuer: &str, doc: &Value) -> Result<ServerMetadata, OAut
         registration_endpoint: endpoint(doc, "registration_endpoint")?,
         revocation_endpoint: endpoint(doc, "revocation_endpoint")?,
         token_endpoint_auth_methods: strings(doc, "token_endpoint_auth_methods_supported"),
-        scopes_supported: strings(doc, "scopes_supported"),
+        scopes_supported: scope_list(doc, "scopes_supported"),
         cimd_supported: doc
             .get("client_id_metadata_document_supported")
             .and_then(Value::as_bool)

@@ -38,11 +38,14 @@ pub enum OAuthError {
     IssuerMismatch,
     /// A document was malformed (what, not the content).
     Malformed(&'static str),
-    /// An endpoint failed the rules (which one, and why).
+    /// An endpoint failed the rules (which one, its host, and the rule it broke). The URL
+    /// itself is never kept: its path or query may hold a secret.
     BadEndpoint {
-        /// Which endpoint.
+        /// Which endpoint (the metadata key, or `issuer`).
         which: &'static str,
-        /// Why.
+        /// The host of the refused URL, when one could be read ([`host_of`]).
+        host: Option<String>,
+        /// The rule it broke (fixed text).
         why: String,
     },
     /// The server does not offer PKCE with S256.
@@ -58,6 +61,52 @@ pub enum OAuthError {
         /// HTTP status.
         status: u16,
     },
+    /// A successful token response could not be used (malformed, oversized or unsafe tokens,
+    /// another token type, an absurd lifetime). The tokens it carried were offered for
+    /// revocation first: a grant nobody can hold is not left live.
+    UnusableTokens {
+        /// The rule the response broke (fixed text).
+        why: &'static str,
+        /// What became of the tokens it carried.
+        revoked: Revoked,
+    },
+}
+
+/// What became of tokens Iteron received but could not keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    /// The response carried no token string to revoke.
+    NothingToRevoke,
+    /// The authorization server accepted the revocation of every token.
+    Revoked,
+    /// The authorization server offers no revocation endpoint.
+    NotOffered,
+    /// Revocation was refused or failed.
+    Failed,
+}
+
+impl Revoked {
+    /// One clause for an error line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Revoked::NothingToRevoke => "there was no new token to revoke",
+            Revoked::Revoked => "the new tokens were revoked at the authorization server",
+            Revoked::NotOffered => {
+                "the authorization server offers no revocation, so the new tokens stay valid until they expire"
+            }
+            Revoked::Failed => "revoking the new tokens failed",
+        }
+    }
+}
+
+/// The host of a URL the rules refused, for an error line: what the `url` crate parsed (ASCII,
+/// IDNA-encoded, bracketed for IPv6), only if it is visible ASCII of at most 253 bytes. Never
+/// the path or query, which may hold a secret.
+pub fn host_of(url: &str) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    let host = parsed.host_str()?;
+    (!host.is_empty() && host.len() <= 253 && host.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| host.to_owned())
 }
 
 impl fmt::Display for OAuthError {
@@ -77,7 +126,12 @@ impl fmt::Display for OAuthError {
                 "the authorization-server metadata names another issuer than the one it was fetched for; refused",
             ),
             OAuthError::Malformed(what) => write!(f, "malformed {what}"),
-            OAuthError::BadEndpoint { which, why } => write!(f, "refused {which}: {why}"),
+            // No `name: value` shape: the redactor would take `token_endpoint: …` or
+            // `authorization_endpoint: …` for a credential and hide the reason.
+            OAuthError::BadEndpoint { which, host, why } => match host {
+                Some(h) => write!(f, "refused {which} (host {h}): {why}"),
+                None => write!(f, "refused {which} (no host could be read): {why}"),
+            },
             OAuthError::NoPkce => f.write_str(
                 "the authorization server does not advertise PKCE with S256; refused",
             ),
@@ -86,6 +140,11 @@ impl fmt::Display for OAuthError {
             OAuthError::Server { error, status } => {
                 write!(f, "the authorization server answered {status} {error}")
             }
+            OAuthError::UnusableTokens { why, revoked } => write!(
+                f,
+                "the token response was refused because {why}; {}",
+                revoked.as_str()
+            ),
         }
     }
 }
@@ -215,6 +274,82 @@ mod tests {
                 "a".repeat(MAX_CHALLENGE_BYTES)
             )),
             None
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_rule_and_the_host_but_not_the_url_and_survive_redaction() {
+        use serde_json::json;
+        let good = json!({
+            "issuer": "https://as.example",
+            "authorization_endpoint": "https://as.example/authorize",
+            "token_endpoint": "https://as.example/token",
+            "code_challenge_methods_supported": ["S256"],
+        });
+        let cases = [
+            (
+                "authorization_endpoint",
+                "https://login.other.example/authorize?client_secret=hunter2hunter2",
+                "refused authorization_endpoint (host login.other.example): it is on another origin",
+            ),
+            (
+                "token_endpoint",
+                "http://tokens.example/token?access_token=hunter2hunter2",
+                "refused token_endpoint (host tokens.example): plain http is only allowed",
+            ),
+            (
+                "token_endpoint",
+                "https://token.example:0/t?refresh_token=hunter2hunter2",
+                "refused token_endpoint (host token.example): endpoint URL port is 0",
+            ),
+            (
+                "registration_endpoint",
+                "https://u:hunter2hunter2@as.example/register",
+                "refused registration_endpoint (host as.example): endpoint URL must not contain a user name",
+            ),
+            (
+                "revocation_endpoint",
+                "https://224.0.0.1/revoke?token=hunter2hunter2",
+                "refused revocation_endpoint (host 224.0.0.1): endpoint URL host 224.0.0.1 is a multicast address",
+            ),
+        ];
+        for (key, url, want) in cases {
+            let mut doc = good.clone();
+            doc[key] = json!(url);
+            let e = metadata::validate_server("https://as.example", &doc).unwrap_err();
+            // As the operator sees it: redacted and escaped.
+            let line = iteron_policy::text::single_line(&e.to_string());
+            assert!(line.starts_with(want), "{key}: {line}");
+            assert!(!line.contains("[REDACTED]"), "{key}: {line}");
+            assert!(
+                !line.contains("hunter2") && !line.contains('?'),
+                "{key}: {line}"
+            );
+        }
+        // The secret rule of the token endpoint, at the time of use.
+        let e = OAuthError::BadEndpoint {
+            which: "token_endpoint",
+            host: host_of("https://tokens.other.example/token"),
+            why: "a client secret is only sent to the issuer's own origin".into(),
+        };
+        assert_eq!(
+            iteron_policy::text::single_line(&e.to_string()),
+            "refused token_endpoint (host tokens.other.example): a client secret is only sent to the issuer's own origin"
+        );
+        // What the old `name: reason` shape turned into (the red-team report's finding).
+        assert!(
+            iteron_policy::text::single_line(
+                "refused authorization_endpoint: it is on another origin"
+            )
+            .contains("[REDACTED]")
+        );
+        // A host that cannot be read is said so, never replaced by the URL.
+        assert_eq!(host_of("not a url"), None);
+        assert_eq!(host_of("https://[::1]:8443/x?y"), Some("[::1]".to_owned()));
+        crate::test_report::record(
+            "P12",
+            "broker/src/oauth/mod.rs::refusals_name_the_rule_and_the_host_but_not_the_url_and_survive_redaction",
+            json!({"cases": cases.len()}),
         );
     }
 

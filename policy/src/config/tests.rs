@@ -1036,3 +1036,57 @@ fn hooks_writable_is_bounded_one_over_and_absolute() {
         serde_json::json!({}),
     );
 }
+
+#[test]
+fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
+    // Every URL the configuration holds, with a multicast, documentation or unspecified IP
+    // literal, or port 0: refused at its path, the rule named.
+    let keys = [
+        ("url", "$.mcp_servers[0].url"),
+        ("oauth.resource", "$.mcp_servers[0].oauth.resource"),
+        ("oauth.issuer", "$.mcp_servers[0].oauth.issuer"),
+        ("oauth.client_id", "$.mcp_servers[0].oauth.client_id"),
+        ("oauth.refresh_url", "$.mcp_servers[0].oauth.refresh_url"),
+        ("oauth.revoke_url", "$.mcp_servers[0].oauth.revoke_url"),
+    ];
+    let bad = [
+        ("https://224.0.0.1/mcp", "multicast"),
+        ("https://[ff05::2]/mcp", "multicast"),
+        ("https://192.0.2.1/mcp", "documentation-only"),
+        ("https://[2001:db8::1]/mcp", "documentation-only"),
+        ("https://0.0.0.0/mcp", "unspecified"),
+        ("https://[::]/mcp", "unspecified"),
+        ("https://mcp.example:0/mcp", "port is 0"),
+        ("http://127.0.0.1:0/mcp", "port is 0"),
+    ];
+    for (key, path) in keys {
+        for (u, rule) in bad {
+            let server = match key.split_once('.') {
+                None => format!(r#"{{"name": "a", "transport": "http", "url": "{u}"}}"#),
+                Some((_, k)) => format!(
+                    r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "{u}"}}}}"#
+                ),
+            };
+            let e = error(&doc_with(&format!(r#""mcp_servers": [{server}]"#)));
+            assert_eq!(e.path.to_string(), path, "{key} {u}: {e}");
+            let line = e.to_string();
+            assert!(line.contains(rule), "{key} {u}: {line}");
+            assert!(!line.contains('\n'));
+        }
+        // The control: the same key with an ordinary address is accepted.
+        let server = match key.split_once('.') {
+            None => r#"{"name": "a", "transport": "http", "url": "https://203.0.114.1:8443/mcp"}"#
+                .to_owned(),
+            Some((_, k)) => format!(
+                r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "https://203.0.114.1:8443/x"}}}}"#
+            ),
+        };
+        parse(&doc_with(&format!(r#""mcp_servers": [{server}]"#)))
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+    crate::test_report::record(
+        "P12",
+        "policy/src/config/tests.rs::urls_that_are_never_a_destination_are_refused_with_their_rule",
+        serde_json::json!({"keys": keys.len(), "urls": bad.len()}),
+    );
+}
