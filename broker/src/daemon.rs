@@ -1794,8 +1794,7 @@ async fn before_effect(
             server: event.server.clone(),
             tool: event.tool.clone(),
             args_sha256,
-            preview: preview.0,
-            args_bytes: preview.1,
+            arguments: preview,
         })
         .await;
     if let Err(why) = approval {

@@ -81,6 +81,8 @@ pub enum Kind {
     Decide,
     /// Answer one pending form (operator).
     Answer,
+    /// One pending call with its whole arguments (operator).
+    Show,
     /// The skills and agent definitions the broker discovered at start (operator).
     Catalog,
 }
@@ -242,6 +244,13 @@ pub const TABLE: &[Entry] = &[
         method: "answer",
         role: Role::Operator,
         kind: Kind::Answer,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "show",
+        role: Role::Operator,
+        kind: Kind::Show,
         class: None,
         states: OPEN,
     },
@@ -428,6 +437,18 @@ pub struct Answer {
     pub content: Map<String, Value>,
 }
 
+/// `show` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Show {
+    /// The pending call's id.
+    pub id: u64,
+    /// Where in the call's canonical arguments the answer starts (a byte offset on a character
+    /// boundary; default 0). Arguments longer than one answer carries come in several.
+    #[serde(default)]
+    pub offset: usize,
+}
+
 /// A decoded request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
@@ -469,6 +490,8 @@ pub enum Request {
     Decide(Decide),
     /// `answer`.
     Answer(Answer),
+    /// `show`.
+    Show(Show),
     /// `catalog` (operator).
     Catalog,
 }
@@ -811,6 +834,7 @@ fn decode_bounded(
             Request::Decide(d)
         }
         Kind::Answer => Request::Answer(params(env.params, id, m)?),
+        Kind::Show => Request::Show(params(env.params, id, m)?),
         Kind::Catalog => {
             params::<NoParams>(env.params, id, m)?;
             Request::Catalog
@@ -854,7 +878,7 @@ mod tests {
         }
         // Operator control is not reachable from the agent socket, and the reverse.
         for m in [
-            "status", "cancel", "restart", "stop", "pending", "decide", "answer",
+            "status", "cancel", "restart", "stop", "pending", "decide", "answer", "show",
         ] {
             assert!(lookup(Role::Agent, m).is_none(), "{m}");
         }
@@ -938,6 +962,37 @@ mod tests {
         ] {
             assert_eq!(op(&bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
         }
+    }
+
+    #[test]
+    fn show_takes_one_id_and_an_optional_offset() {
+        let op = |params: &str| {
+            decode(
+                Role::Operator,
+                State::Open,
+                format!(r#"{{"id":1,"method":"show","params":{params}}}"#).as_bytes(),
+            )
+        };
+        assert_eq!(
+            op(r#"{"id":3}"#).unwrap().2,
+            Request::Show(Show { id: 3, offset: 0 })
+        );
+        assert_eq!(
+            op(r#"{"id":3,"offset":262144}"#).unwrap().2,
+            Request::Show(Show {
+                id: 3,
+                offset: 262_144
+            })
+        );
+        for bad in [
+            "{}",
+            r#"{"ids":[3]}"#,
+            r#"{"id":3,"offset":-1}"#,
+            r#"{"id":3,"x":1}"#,
+        ] {
+            assert_eq!(op(bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
+        }
+        assert!(lookup(Role::Agent, "show").is_none());
     }
 
     #[test]
