@@ -1,12 +1,15 @@
 //! End-to-end tests of what the operator sees before approving, with the real `iteron` binary
 //! as broker, operator and agent, and the repository's scripted stdio server: previews that
-//! say when and how much they leave out, and `iteron approvals show` printing arguments whole.
+//! say when and how much they leave out, `iteron approvals show` printing arguments whole, and
+//! `iteron approvals watch` taking no answer typed before its item was on the screen (on a
+//! pseudo-terminal).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -441,5 +444,120 @@ fn approvals_show_prints_what_the_broker_holds_whole() {
         area.run(&["approvals", "show", &id]).status.code(),
         Some(4),
         "a decided call is not found"
+    );
+}
+
+/// Everything the terminal sends to the master side of a pseudo-terminal, collected.
+struct Screen {
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Screen {
+    fn new(master: std::fs::File) -> Screen {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            let mut master = master;
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once every slave descriptor is closed.
+            while let Ok(n) = master.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                s2.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Screen { seen }
+    }
+
+    fn text(&self) -> String {
+        text(&self.seen.lock().unwrap())
+    }
+
+    /// Wait until `needle` has appeared `n` times.
+    fn wait_for(&self, needle: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.text().matches(needle).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{needle} not shown {n} times: {}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// 17.5: `watch` on a pseudo-terminal. A "y" typed while nothing was waiting does not approve
+/// the call that appears next; the answer typed after its prompt decides it. Input that is not
+/// a terminal is refused.
+#[test]
+fn watch_discards_type_ahead_and_takes_answers_only_after_the_prompt() {
+    let area = Area::new("watch", "legacy");
+    let _broker = area.broker();
+    let out = area.run(&["approvals", "watch"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("stdin is not one"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let pty = nix::pty::openpty(
+        None::<&nix::pty::Winsize>,
+        None::<&nix::sys::termios::Termios>,
+    )
+    .unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut watch = area
+        .iteron(&["approvals", "watch"])
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let master = std::fs::File::from(pty.master);
+    let mut keys = master.try_clone().unwrap();
+    let screen = Screen::new(master);
+    screen.wait_for("waiting for calls and forms", 1);
+
+    // Typed ahead, before anything is waiting.
+    keys.write_all(b"y\n").unwrap();
+    let call = area.call(&json!({"text": "typed ahead"}), "text");
+    screen.wait_for("approve? [y/N] ", 1);
+    // Had the type-ahead been taken, the call would have been approved at once.
+    std::thread::sleep(Duration::from_millis(1500));
+    let p = area.pending();
+    assert_eq!(p.len(), 1, "{}", screen.text());
+    assert!(!screen.text().contains("sent"), "{}", screen.text());
+    // An answer typed after the prompt decides it.
+    keys.write_all(b"n\n").unwrap();
+    let out = wait_child(call);
+    assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("denied"),
+        "{}",
+        text(&out.stderr)
+    );
+    screen.wait_for("sent", 1);
+
+    // Several lines typed ahead are all dropped; the one after the prompt approves.
+    keys.write_all(b"y\nyes\nY\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let call = area.call(&json!({"text": "second"}), "text");
+    screen.wait_for("approve? [y/N] ", 2);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(area.pending().len(), 1, "{}", screen.text());
+    keys.write_all(b"y\n").unwrap();
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "second");
+    screen.wait_for("sent", 2);
+
+    let _ = watch.kill();
+    let _ = watch.wait();
+    support::report::record(
+        "P14",
+        "tests/approvals.rs::watch_discards_type_ahead_and_takes_answers_only_after_the_prompt",
+        json!({"type_ahead_lines_dropped": 4}),
     );
 }

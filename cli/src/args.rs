@@ -135,7 +135,8 @@ pub(crate) enum Approvals {
     Answer(AnswerArgs),
     /// Show one waiting call whole: its complete arguments, server, tool, session and peer.
     Show(ShowArgs),
-    /// Ask about each waiting call and form on the terminal as it arrives, until end of input.
+    /// Ask about each waiting call and form on the terminal as it arrives, until end of input
+    /// (stdin must be a terminal: what was typed before an item was shown is discarded).
     Watch,
 }
 

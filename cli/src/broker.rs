@@ -3,7 +3,8 @@
 //! `broker serve` runs the daemon; the others are thin clients of its two sockets. The agent
 //! commands need nothing but the agent socket's path: they never read `ITERON_HOME`.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -512,7 +513,51 @@ fn describe_item(item: &Value) -> String {
     format!("{head}{shown}{notice}")
 }
 
+/// Longest answer line `watch` reads (a form's JSON content); a longer one is refused.
+const MAX_ANSWER_LINE: usize = 64 * 1024;
+
+/// Read one answer line from the terminal, byte by byte straight from the descriptor: nothing
+/// is read ahead into a buffer, so what the operator types later stays in the terminal's queue
+/// until [`discard_type_ahead`] drops it. `None` at end of input; an over-long line is `Some`
+/// empty (refused).
+fn read_answer(fd: std::os::fd::BorrowedFd<'_>) -> Result<Option<String>, CliError> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(fd, &mut byte) {
+            Ok(0) if line.is_empty() && !too_long => return Ok(None),
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if line.len() < MAX_ANSWER_LINE => line.push(byte[0]),
+            Ok(_) => too_long = true,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(CliError::Output(std::io::Error::from(e))),
+        }
+    }
+    if too_long {
+        return Ok(Some(String::new()));
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+/// Drop whatever was typed before now (`tcflush(TCIFLUSH)`): an answer counts only when it was
+/// typed after the item it answers was on the screen.
+fn discard_type_ahead(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), CliError> {
+    nix::sys::termios::tcflush(fd, nix::sys::termios::FlushArg::TCIFLUSH)
+        .map_err(|e| CliError::Output(std::io::Error::from(e)))
+}
+
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    // Input that does not come from a terminal cannot be told apart from type-ahead (`yes |`
+    // would approve what nobody saw), so it is refused.
+    if !nix::unistd::isatty(fd).unwrap_or(false) {
+        return Err(CliError::Usage(
+            "approvals watch takes its answers from a terminal and stdin is not one; use iteron approvals list and approve/deny ID".into(),
+        ));
+    }
     let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
         let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
@@ -522,8 +567,6 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
         Ok::<_, CliError>(c)
     })?;
     let mut asked = std::collections::HashSet::new();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
     out_line(out, "waiting for calls and forms (end input to stop)")?;
     loop {
         let v = rt
@@ -555,10 +598,11 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             };
             write!(out, "{prompt}").map_err(CliError::Output)?;
             out.flush().map_err(CliError::Output)?;
-            let mut line = String::new();
-            if input.read_line(&mut line).map_err(CliError::Output)? == 0 {
+            // The item and its prompt are on the screen: only what is typed from now on answers.
+            discard_type_ahead(fd)?;
+            let Some(line) = read_answer(fd)? else {
                 return Ok(());
-            }
+            };
             let line = line.trim();
             let (method, params) = if form {
                 match parse_object(line) {
