@@ -1,8 +1,9 @@
 //! End-to-end tests of what the operator sees before approving, with the real `iteron` binary
 //! as broker, operator and agent, and the repository's scripted stdio server: previews that
-//! say when and how much they leave out, `iteron approvals show` printing arguments whole, and
+//! say when and how much they leave out, `iteron approvals show` printing arguments whole,
 //! `iteron approvals watch` taking no answer typed before its item was on the screen (on a
-//! pseudo-terminal).
+//! pseudo-terminal), and JSON outputs that carry bidi controls, C1 controls and DEL only as
+//! `\u` escapes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::io::{Read, Write};
@@ -559,5 +560,78 @@ fn watch_discards_type_ahead_and_takes_answers_only_after_the_prompt() {
         "P14",
         "tests/approvals.rs::watch_discards_type_ahead_and_takes_answers_only_after_the_prompt",
         json!({"type_ahead_lines_dropped": 4}),
+    );
+}
+
+/// 17.10: a server's bidi controls, C1 controls and DEL reach `--format json` outputs only as
+/// `\u` escapes (they parse back to the very characters), whether they came in a tool's
+/// description, its schema, a name the broker dropped, or a call's result.
+#[test]
+fn json_outputs_carry_bidi_c1_and_del_only_as_escapes() {
+    let area = Area::new("json", "hostile-text");
+    let _broker = area.broker();
+    let sock = area.agent_socket();
+    let out = Command::new(iteron())
+        .args([
+            "agent",
+            "--socket",
+            sock.to_str().unwrap(),
+            "tools",
+            "--format",
+            "json",
+        ])
+        .env_remove("ITERON_HOME")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert_eq!(raw_hostile(&shown), None, "{shown}");
+    assert!(
+        shown.contains(r#""description": "the \u202etext\u0085\u009b\u007f""#),
+        "{shown}"
+    );
+    let v: Value = serde_json::from_str(&shown).unwrap();
+    let tools = v["tools"].as_array().unwrap();
+    assert_eq!(
+        tools.len(),
+        1,
+        "the tool with a bidi control in its name is dropped"
+    );
+    assert_eq!(
+        tools[0]["input_schema"]["properties"]["text"]["description"],
+        "the \u{202e}text\u{85}\u{9b}\u{7f}"
+    );
+
+    // The operator's own probe of the server (catalog, dropped names).
+    let out = area.run(&["mcp", "test", "s", "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        raw_hostile(&text(&out.stdout)),
+        None,
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A result that carries them, and the approval list while the call waits.
+    let call = area.call(&json!({"text": "r\u{202e}esult\u{85}\u{9f}\u{7f}"}), "json");
+    let p = area.wait_pending(1);
+    let listed = area.run(&["approvals", "list", "--format", "json"]);
+    assert_eq!(raw_hostile(&text(&listed.stdout)), None);
+    let id = p[0]["id"].as_u64().unwrap().to_string();
+    assert!(area.run(&["approvals", "approve", &id]).status.success());
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert_eq!(raw_hostile(&shown), None, "{shown}");
+    assert!(
+        shown.contains(r#"r\u202eesult\u0085\u009f\u007f"#),
+        "{shown}"
+    );
+    let v: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(v["text"], "r\u{202e}esult\u{85}\u{9f}\u{7f}");
+    support::report::record(
+        "P8",
+        "tests/approvals.rs::json_outputs_carry_bidi_c1_and_del_only_as_escapes",
+        json!({"outputs": ["agent tools", "mcp test", "approvals list", "agent call"]}),
     );
 }

@@ -42,8 +42,7 @@ fn out_line(out: &mut dyn Write, line: &str) -> Result<(), CliError> {
 }
 
 fn json_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
-    let s = serde_json::to_string_pretty(v).unwrap_or_default();
-    out_line(out, &s)
+    crate::output::json(out, v)
 }
 
 /// `iteron broker …`
