@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use crate::ipc::proto::{Code, Refusal};
 use crate::mcp::elicit::{self, Elicitor, FormAnswer, FormRequest};
 use iteron_policy::text;
 
@@ -25,6 +26,10 @@ pub const MAX_PENDING_FORMS: usize = 8;
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
 /// The longest argument preview shown to the operator.
 pub const MAX_PREVIEW: usize = 4096;
+/// Most bytes of a call's canonical arguments in one `show` answer. Written as a JSON string,
+/// that text at most doubles (it holds no raw control character; `"` and `\` become two
+/// bytes), so a chunk stays well inside the 1 MiB frame; longer arguments take several answers.
+pub const SHOW_CHUNK: usize = 256 * 1024;
 
 /// Why nothing was approved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,11 +70,41 @@ pub struct CallInfo {
     pub tool: String,
     /// SHA-256 of the canonical arguments (as audited).
     pub args_sha256: String,
-    /// The arguments, terminal-safe, not redacted, capped at [`MAX_PREVIEW`] bytes (the
-    /// operator decides on what will be sent).
-    pub preview: String,
-    /// The arguments' full size in bytes (compact JSON).
-    pub args_bytes: usize,
+    /// The arguments: the whole canonical JSON and the operator's preview of it.
+    pub arguments: Arguments,
+}
+
+/// A call's arguments as the operator sees them: the whole canonical JSON (keys sorted, no
+/// whitespace: the text whose SHA-256 is audited), and a preview of it that is terminal-safe,
+/// not redacted (the operator decides on what will be sent) and capped at [`MAX_PREVIEW`]
+/// bytes, with the number of bytes it leaves out.
+#[derive(Debug, Clone)]
+pub struct Arguments {
+    full: Arc<str>,
+    preview: text::Capped,
+}
+
+impl Arguments {
+    /// From the canonical JSON of the arguments.
+    pub fn from_canonical(full: Arc<str>) -> Arguments {
+        let preview = text::escape_capped_counted(&full, MAX_PREVIEW);
+        Arguments { full, preview }
+    }
+
+    /// The whole canonical JSON.
+    pub fn full(&self) -> &Arc<str> {
+        &self.full
+    }
+
+    /// The preview (terminal-safe, at most [`MAX_PREVIEW`] bytes).
+    pub fn preview(&self) -> &str {
+        &self.preview.text
+    }
+
+    /// Bytes of the canonical JSON the preview does not show (0: the preview is whole).
+    pub fn omitted(&self) -> usize {
+        self.preview.omitted
+    }
 }
 
 enum Item {
@@ -246,9 +281,12 @@ impl Approvals {
                         "server": info.server,
                         "tool": info.tool,
                         "args_sha256": info.args_sha256,
-                        "arguments": info.preview,
-                        "arguments_bytes": info.args_bytes,
-                        "arguments_cut": info.args_bytes > info.preview.len(),
+                        "arguments": info.arguments.preview(),
+                        "arguments_bytes": info.arguments.full().len(),
+                        // From the cut itself: the escaped preview may be longer than the
+                        // raw text, so comparing the two sizes can hide a cut.
+                        "arguments_cut": info.arguments.omitted() > 0,
+                        "arguments_omitted": info.arguments.omitted(),
                     }),
                     Item::Form {
                         server,
@@ -266,6 +304,50 @@ impl Approvals {
                 }
             })
             .collect()
+    }
+
+    /// One waiting call with (part of) its whole arguments: the canonical JSON text from byte
+    /// `offset` on (a character boundary), at most [`SHOW_CHUNK`] bytes of it, cut on a
+    /// character boundary; `next_offset` says where the rest starts (null at the end).
+    pub fn show(&self, id: u64, offset: usize) -> Result<Value, Refusal> {
+        let items = self.lock();
+        let Some(Waiting {
+            item: Item::Call { info, .. },
+            since,
+        }) = items.get(&id)
+        else {
+            return Err(Refusal::new(Code::NotFound, "no such call is waiting"));
+        };
+        let full: &str = info.arguments.full();
+        if !full.is_char_boundary(offset) {
+            return Err(Refusal::new(
+                Code::Refused,
+                &format!(
+                    "offset {offset} is not a character boundary of the {}-byte arguments",
+                    full.len()
+                ),
+            ));
+        }
+        let mut end = full.len().min(offset.saturating_add(SHOW_CHUNK));
+        while !full.is_char_boundary(end) {
+            end -= 1;
+        }
+        let next = (end < full.len()).then_some(end);
+        Ok(json!({
+            "id": id,
+            "kind": "call",
+            "age_secs": since.elapsed().map_or(0, |d| d.as_secs()),
+            "session": info.session,
+            "peer_uid": info.peer_uid,
+            "peer_pid": info.peer_pid,
+            "server": info.server,
+            "tool": info.tool,
+            "args_sha256": info.args_sha256,
+            "arguments_bytes": full.len(),
+            "offset": offset,
+            "arguments": full.get(offset..end).unwrap_or_default(),
+            "next_offset": next,
+        }))
     }
 
     /// Approve or deny a waiting call. `false` if there is no such call.
@@ -335,15 +417,17 @@ impl Elicitor for OperatorForms {
     }
 }
 
-/// The operator's preview of arguments: compact JSON, terminal-safe but not redacted (what is
-/// approved must be visible), capped at [`MAX_PREVIEW`]; and the full size.
-pub fn preview(arguments: &Map<String, Value>) -> (String, usize) {
-    preview_json(&serde_json::to_string(arguments).unwrap_or_default())
-}
-
-/// The same, from the arguments' JSON text.
-pub fn preview_json(raw: &str) -> (String, usize) {
-    (text::escape_capped(raw, MAX_PREVIEW), raw.len())
+/// The operator's view of a call's arguments, from the decoded object: its canonical JSON (as
+/// audited) and the preview of that (see [`Arguments`]).
+pub fn preview(arguments: &Map<String, Value>) -> Arguments {
+    let canonical = crate::audit::canonical_json(&Value::Object(arguments.clone()));
+    // serde_json writes UTF-8; were it ever not, the lossy text would not match the audited
+    // digest, which `iteron approvals show` checks.
+    let full = match String::from_utf8(canonical) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    Arguments::from_canonical(Arc::from(full))
 }
 
 #[cfg(test)]
@@ -358,8 +442,7 @@ mod tests {
             server: "srv".into(),
             tool: "t".into(),
             args_sha256: "00".into(),
-            preview: "{}".into(),
-            args_bytes: 2,
+            arguments: Arguments::from_canonical(Arc::from("{}")),
         }
     }
 
@@ -424,6 +507,151 @@ mod tests {
             assert_eq!(quick.approve_call(info()).await, Err(NotApproved::TimedOut));
             assert!(quick.list().is_empty());
         });
+    }
+
+    fn call_with(arguments: Value) -> CallInfo {
+        let Value::Object(map) = arguments else {
+            panic!("arguments are an object");
+        };
+        CallInfo {
+            arguments: preview(&map),
+            ..info()
+        }
+    }
+
+    /// Wait for one call to be listed, then return it and its requester.
+    async fn one_waiting(
+        a: &Arc<Approvals>,
+        call: CallInfo,
+    ) -> (Value, tokio::task::JoinHandle<Result<(), NotApproved>>) {
+        let a2 = Arc::clone(a);
+        let waiter = tokio::spawn(async move { a2.approve_call(call).await });
+        settle(a, 1).await;
+        (a.list()[0].clone(), waiter)
+    }
+
+    #[test]
+    fn a_preview_never_claims_to_be_whole_when_it_is_not() {
+        rt().block_on(async {
+            let a = Approvals::new(true, Duration::from_secs(5));
+            // 17.4: 600 RLOs are 1,800 bytes raw but 4,800 escaped, so the target path fell
+            // past the 4 KiB preview while `arguments_cut` (raw size > preview size) said false.
+            let hidden = "\u{202e}".repeat(600);
+            let (item, waiter) = one_waiting(
+                &a,
+                call_with(json!({"path": "/home/op/.ssh/id_ed25519", "pad": hidden})),
+            )
+            .await;
+            let shown = item["arguments"].as_str().unwrap();
+            assert!(item["arguments_bytes"].as_u64().unwrap() < MAX_PREVIEW as u64);
+            assert!(!shown.contains("id_ed25519"), "{shown}");
+            assert_eq!(item["arguments_cut"], true);
+            // Keys are sorted (canonical JSON): "pad" comes first and hides "path".
+            let full = r#"{"pad":""#.len()
+                + hidden.len()
+                + r#"","path":"/home/op/.ssh/id_ed25519"}"#.len();
+            assert_eq!(item["arguments_bytes"], full);
+            let omitted = item["arguments_omitted"].as_u64().unwrap() as usize;
+            let whole = a.show(item["id"].as_u64().unwrap(), 0).unwrap();
+            let text = whole["arguments"].as_str().unwrap();
+            assert_eq!(text.len(), full);
+            assert!(text.ends_with(r#""path":"/home/op/.ssh/id_ed25519"}"#));
+            assert_eq!(
+                shown.strip_suffix('\u{2026}').unwrap(),
+                text::escape_capped(&text[..full - omitted], usize::MAX)
+            );
+            assert_eq!(
+                crate::audit::sha256_hex(text.as_bytes()),
+                crate::audit::sha256_hex(&crate::audit::canonical_json(
+                    &json!({"path": "/home/op/.ssh/id_ed25519", "pad": hidden})
+                ))
+            );
+            assert!(whole["next_offset"].is_null());
+            a.close();
+            let _ = waiter.await;
+
+            // Whole previews say so, at the limit exactly; one byte more is cut by one byte
+            // plus the room the ellipsis takes.
+            let a = Approvals::new(true, Duration::from_secs(5));
+            let frame = r#"{"a":""}"#.len();
+            let (item, waiter) =
+                one_waiting(&a, call_with(json!({"a": "x".repeat(MAX_PREVIEW - frame)}))).await;
+            assert_eq!(item["arguments_cut"], false);
+            assert_eq!(item["arguments_omitted"], 0);
+            assert_eq!(item["arguments"].as_str().unwrap().len(), MAX_PREVIEW);
+            a.close();
+            let _ = waiter.await;
+            let a = Approvals::new(true, Duration::from_secs(5));
+            let (item, waiter) = one_waiting(
+                &a,
+                call_with(json!({"a": "x".repeat(MAX_PREVIEW - frame + 1)})),
+            )
+            .await;
+            assert_eq!(item["arguments_cut"], true);
+            assert_eq!(item["arguments_omitted"], 1 + '\u{2026}'.len_utf8());
+            assert_eq!(item["arguments"].as_str().unwrap().len(), MAX_PREVIEW);
+            a.close();
+            let _ = waiter.await;
+        });
+        crate::test_report::record(
+            "P14",
+            "broker/src/approvals.rs::a_preview_never_claims_to_be_whole_when_it_is_not",
+            json!({"max_preview": MAX_PREVIEW}),
+        );
+    }
+
+    #[test]
+    fn show_gives_the_whole_arguments_in_bounded_chunks() {
+        rt().block_on(async {
+            let a = Approvals::new(true, Duration::from_secs(5));
+            // Multi-byte characters straddle the chunk edges; quotes double when the chunk is
+            // written as a JSON string.
+            let big = "é\"".repeat(SHOW_CHUNK / 2);
+            let args = json!({"b": big, "z": "end"});
+            let (item, waiter) = one_waiting(&a, call_with(args.clone())).await;
+            let id = item["id"].as_u64().unwrap();
+            let mut text = String::new();
+            let mut offset = 0;
+            let mut answers = 0;
+            loop {
+                let part = a.show(id, offset).unwrap();
+                answers += 1;
+                assert_eq!(part["offset"], offset);
+                assert_eq!(part["server"], "srv");
+                assert_eq!(part["session"], "s1");
+                assert_eq!(part["peer_uid"], 1000);
+                assert_eq!(part["peer_pid"], 7);
+                assert_eq!(part["args_sha256"], "00");
+                let chunk = part["arguments"].as_str().unwrap();
+                assert!(chunk.len() <= SHOW_CHUNK);
+                assert!(serde_json::to_vec(&part).unwrap().len() < 2 * SHOW_CHUNK + 1024);
+                text.push_str(chunk);
+                match part["next_offset"].as_u64() {
+                    Some(n) => {
+                        assert_eq!(n as usize, offset + chunk.len());
+                        offset = n as usize;
+                    }
+                    None => break,
+                }
+            }
+            assert!(answers >= 3);
+            assert_eq!(text.as_bytes(), crate::audit::canonical_json(&args));
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), args);
+            // An offset inside a character or past the end is refused; an unknown id, a form
+            // or a decided call is not found.
+            let inside = text.find('é').unwrap() + 1;
+            assert_eq!(a.show(id, inside).unwrap_err().code, Code::Refused);
+            assert_eq!(a.show(id, text.len() + 1).unwrap_err().code, Code::Refused);
+            assert_eq!(a.show(id + 1, 0).unwrap_err().code, Code::NotFound);
+            assert!(a.decide(id, false));
+            assert_eq!(a.show(id, 0).unwrap_err().code, Code::NotFound);
+            assert_eq!(waiter.await.unwrap(), Err(NotApproved::Denied));
+        });
+        crate::test_report::record(
+            "P14",
+            "broker/src/approvals.rs::show_gives_the_whole_arguments_in_bounded_chunks",
+            json!({"chunk": SHOW_CHUNK}),
+        );
     }
 
     #[test]

@@ -1935,7 +1935,7 @@ async fn before_effect(
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
-    let preview = approvals::preview_json(&event.arguments);
+    let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
     let approval = broker
         .approvals
         .approve_call(CallInfo {
@@ -1945,8 +1945,7 @@ async fn before_effect(
             server: event.server.clone(),
             tool: event.tool.clone(),
             args_sha256,
-            preview: preview.0,
-            args_bytes: preview.1,
+            arguments: preview,
         })
         .await;
     if let Err(why) = approval {
@@ -2311,6 +2310,7 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
             Ok(json!({}))
         }
         Request::Catalog => Ok(broker.catalog.snapshot_json()),
+        Request::Show(s) => broker.approvals.show(s.id, s.offset),
         Request::Pending(p) => {
             // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
             let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));

@@ -133,8 +133,20 @@ pub(crate) enum Approvals {
     Deny(IdsArg),
     /// Answer one waiting form: --json CONTENT to accept, or --decline / --cancel.
     Answer(AnswerArgs),
-    /// Ask about each waiting call and form on the terminal as it arrives, until end of input.
+    /// Show one waiting call whole: its complete arguments, server, tool, session and peer.
+    Show(ShowArgs),
+    /// Ask about each waiting call and form on the terminal as it arrives, until end of input
+    /// (stdin must be a terminal: what was typed before an item was shown is discarded).
     Watch,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The waiting call's id.
+    pub(crate) id: u64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Args)]

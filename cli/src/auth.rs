@@ -446,8 +446,7 @@ pub(crate) fn status(
 
 fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(), CliError> {
     if format == Format::Json {
-        let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
-        return writeln!(out, "{}", text::json_terminal_safe(&s)).map_err(CliError::Output);
+        return crate::output::json(out, v);
     }
     let mut line = format!(
         "{}: {}",

@@ -3,11 +3,13 @@
 //! `broker serve` runs the daemon; the others are thin clients of its two sockets. The agent
 //! commands need nothing but the agent socket's path: they never read `ITERON_HOME`.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use iteron_broker::approvals::MAX_PREVIEW;
 use iteron_broker::daemon::{self, ServeOptions};
 use iteron_broker::ipc::client::{ClientError, Connection};
 use iteron_broker::store::Home;
@@ -16,7 +18,7 @@ use serde_json::{Map, Value, json};
 
 use crate::args::{
     Agent, AgentArgs, Approvals, ApprovalsArgs, Audit, Broker, CatalogArgs, Format,
-    OperatorSocketArg, ServeArgs,
+    OperatorSocketArg, ServeArgs, ShowArgs,
 };
 use crate::error::CliError;
 
@@ -40,8 +42,7 @@ fn out_line(out: &mut dyn Write, line: &str) -> Result<(), CliError> {
 }
 
 fn json_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
-    let s = serde_json::to_string_pretty(v).unwrap_or_default();
-    out_line(out, &s)
+    crate::output::json(out, v)
 }
 
 /// `iteron broker …`
@@ -350,8 +351,97 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
             )?;
             out_line(out, &format!("answered {}", a.id))
         }
+        Approvals::Show(a) => show(&socket, &a, out),
         Approvals::Watch => watch(&socket, out),
     }
+}
+
+/// Most bytes of arguments `approvals show` puts together. The broker's own bounds (the frame,
+/// the nodes in it) keep real arguments far below; this only stops a broken broker.
+const MAX_SHOWN_ARGUMENTS: usize = 16 << 20;
+
+/// One waiting call, whole: its arguments are fetched in as many `show` answers as they take,
+/// checked against the audited digest, and printed complete, terminal-safe (JSON escapes for
+/// what a terminal would act on) and unredacted.
+fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let broken = || CliError::Broker(ClientError::Malformed);
+    let (head, full) = crate::rt::current_thread()?.block_on(async {
+        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        c.hello("iteron-cli").await.map_err(CliError::Broker)?;
+        let mut full = String::new();
+        loop {
+            let part = c
+                .request("show", json!({"id": a.id, "offset": full.len()}))
+                .await
+                .map_err(CliError::Broker)?;
+            let total = part.get("arguments_bytes").and_then(Value::as_u64);
+            let chunk = part.get("arguments").and_then(Value::as_str);
+            let (Some(total), Some(chunk)) = (total, chunk) else {
+                return Err(broken());
+            };
+            if part.get("offset").and_then(Value::as_u64) != Some(full.len() as u64)
+                || total > MAX_SHOWN_ARGUMENTS as u64
+                || full.len() + chunk.len() > total as usize
+            {
+                return Err(broken());
+            }
+            full.push_str(chunk);
+            match part.get("next_offset").and_then(Value::as_u64) {
+                Some(next) if next == full.len() as u64 && !chunk.is_empty() => {}
+                None if full.len() as u64 == total => return Ok((part, full)),
+                _ => return Err(broken()),
+            }
+        }
+    })?;
+    let field = |k: &str| head.get(k).and_then(Value::as_str).unwrap_or("-");
+    let digest = field("args_sha256");
+    if iteron_broker::audit::sha256_hex(full.as_bytes()) != digest {
+        return Err(CliError::Server(
+            "the arguments the broker showed do not match their audited SHA-256; deny the call"
+                .into(),
+        ));
+    }
+    let arguments: Value = serde_json::from_str(&full).map_err(|_| broken())?;
+    if let Format::Json = a.format {
+        return json_out(
+            out,
+            &json!({
+                "id": a.id,
+                "session": head.get("session"),
+                "peer_uid": head.get("peer_uid"),
+                "peer_pid": head.get("peer_pid"),
+                "server": head.get("server"),
+                "tool": head.get("tool"),
+                "args_sha256": digest,
+                "arguments_bytes": full.len(),
+                "arguments": arguments,
+            }),
+        );
+    }
+    let number = |k: &str| {
+        head.get(k)
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".to_owned(), |n| n.to_string())
+    };
+    // Not redacted (the operator must see what is approved; a digest would look like a secret),
+    // only made terminal-safe.
+    for line in [
+        format!("[{}] call {}/{}", a.id, field("server"), field("tool")),
+        format!(
+            "from uid {} pid {} (session {})",
+            number("peer_uid"),
+            number("peer_pid"),
+            field("session")
+        ),
+        format!("args_sha256 {digest} (checked against the arguments below)"),
+        format!(
+            "arguments, {} bytes of canonical JSON, whole (what a terminal would act on is JSON-escaped):",
+            full.len()
+        ),
+    ] {
+        out_line(out, &text::escape_capped(&line, 1024))?;
+    }
+    out_line(out, &text::terminal_safe_json(&arguments, true))
 }
 
 /// Approve or deny waiting calls by id. One id that is not waiting exits 4 (as it always has);
@@ -401,39 +491,92 @@ fn describe_item(item: &Value) -> String {
             .to_owned()
     };
     let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
-    let line = if s("kind") == "call" {
-        let cut = if item.get("arguments_cut").and_then(Value::as_bool) == Some(true) {
-            format!(
-                " (cut: {} bytes in all; see --format json for the digest)",
-                item.get("arguments_bytes")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0)
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            "[{id}] call {}/{} from uid {} (session {}) arguments {}{cut}",
-            s("server"),
-            s("tool"),
-            item.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
-            s("session"),
-            s("arguments")
-        )
-    } else {
-        format!(
+    if s("kind") != "call" {
+        let line = format!(
             "[{id}] form from {}: {} (schema {})",
             s("server"),
             s("message"),
             item.get("schema").map(Value::to_string).unwrap_or_default()
-        )
+        );
+        return text::escape_capped(&line, 8192);
+    }
+    // Not redacted: the operator must see what is approved.
+    let head = text::escape_capped(
+        &format!(
+            "[{id}] call {}/{} from uid {} (session {}) arguments ",
+            s("server"),
+            s("tool"),
+            item.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
+            s("session"),
+        ),
+        1024,
+    );
+    // The broker's preview is terminal-safe and bounded already: shown as it is (escaping it
+    // again would double its backslashes). Anything else is escaped and cut here.
+    let preview = item.get("arguments").and_then(Value::as_str).unwrap_or("");
+    let (shown, cut_here) =
+        if preview.len() <= MAX_PREVIEW && text::check_untrusted(preview, false).is_ok() {
+            (preview.to_owned(), false)
+        } else {
+            let c = text::escape_capped_counted(preview, MAX_PREVIEW);
+            let cut = c.is_cut();
+            (c.text, cut)
+        };
+    // The notice comes after the preview and is never cut; without the broker's count the
+    // preview is taken to be cut.
+    let notice = match item.get("arguments_omitted").and_then(Value::as_u64) {
+        Some(0) if !cut_here => String::new(),
+        Some(n) if !cut_here => format!(" ({n} bytes not shown; iteron approvals show {id})"),
+        _ => format!(" (cut; iteron approvals show {id})"),
     };
-    // Not redacted: the operator must see what is approved (the broker already made the
-    // arguments terminal-safe; escaping again keeps the line safe whatever arrived).
-    text::escape_capped(&line, 8192)
+    format!("{head}{shown}{notice}")
+}
+
+/// Longest answer line `watch` reads (a form's JSON content); a longer one is refused.
+const MAX_ANSWER_LINE: usize = 64 * 1024;
+
+/// Read one answer line from the terminal, byte by byte straight from the descriptor: nothing
+/// is read ahead into a buffer, so what the operator types later stays in the terminal's queue
+/// until [`discard_type_ahead`] drops it. `None` at end of input; an over-long line is `Some`
+/// empty (refused).
+fn read_answer(fd: std::os::fd::BorrowedFd<'_>) -> Result<Option<String>, CliError> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(fd, &mut byte) {
+            Ok(0) if line.is_empty() && !too_long => return Ok(None),
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if line.len() < MAX_ANSWER_LINE => line.push(byte[0]),
+            Ok(_) => too_long = true,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(CliError::Output(std::io::Error::from(e))),
+        }
+    }
+    if too_long {
+        return Ok(Some(String::new()));
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+/// Drop whatever was typed before now (`tcflush(TCIFLUSH)`): an answer counts only when it was
+/// typed after the item it answers was on the screen.
+fn discard_type_ahead(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), CliError> {
+    nix::sys::termios::tcflush(fd, nix::sys::termios::FlushArg::TCIFLUSH)
+        .map_err(|e| CliError::Output(std::io::Error::from(e)))
 }
 
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    // Input that does not come from a terminal cannot be told apart from type-ahead (`yes |`
+    // would approve what nobody saw), so it is refused.
+    if !nix::unistd::isatty(fd).unwrap_or(false) {
+        return Err(CliError::Usage(
+            "approvals watch takes its answers from a terminal and stdin is not one; use iteron approvals list and approve/deny ID".into(),
+        ));
+    }
     let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
         let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
@@ -443,8 +586,6 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
         Ok::<_, CliError>(c)
     })?;
     let mut asked = std::collections::HashSet::new();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
     out_line(out, "waiting for calls and forms (end input to stop)")?;
     loop {
         let v = rt
@@ -476,10 +617,11 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             };
             write!(out, "{prompt}").map_err(CliError::Output)?;
             out.flush().map_err(CliError::Output)?;
-            let mut line = String::new();
-            if input.read_line(&mut line).map_err(CliError::Output)? == 0 {
+            // The item and its prompt are on the screen: only what is typed from now on answers.
+            discard_type_ahead(fd)?;
+            let Some(line) = read_answer(fd)? else {
                 return Ok(());
-            }
+            };
             let line = line.trim();
             let (method, params) = if form {
                 match parse_object(line) {

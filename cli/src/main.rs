@@ -7,6 +7,7 @@ mod broker;
 mod demo;
 mod error;
 mod mcp;
+mod output;
 mod probe;
 mod rt;
 

@@ -352,8 +352,7 @@ fn server_json(s: &ServerConfig) -> serde_json::Value {
 }
 
 fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
-    writeln!(out, "{text}").map_err(CliError::Output)
+    crate::output::json(out, v)
 }
 
 fn target(s: &ServerConfig) -> String {

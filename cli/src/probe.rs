@@ -168,8 +168,7 @@ fn find<'a>(config: &'a Config, raw: &str) -> Result<&'a ServerConfig, CliError>
 }
 
 fn print(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
-    let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.into()))?;
-    writeln!(out, "{}", text::json_terminal_safe(&s)).map_err(CliError::Output)
+    crate::output::json(out, v)
 }
 
 /// `iteron mcp test <name>`.

@@ -251,24 +251,77 @@ pub fn single_line_capped(s: &str, max: usize) -> String {
 /// an agent asked for (an approval must not hide part of what it approves), terminal-safe and
 /// capped the same way.
 pub fn escape_capped(s: &str, max: usize) -> String {
+    escape_capped_counted(s, max).text
+}
+
+/// An [`escape_capped`] rendering and how much of its input it leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capped {
+    /// The terminal-safe text (ending with `…` when it was cut).
+    pub text: String,
+    /// Bytes of the input that `text` does not show: 0 exactly when `text` renders all of it.
+    pub omitted: usize,
+}
+
+impl Capped {
+    /// Whether the rendering was cut.
+    pub fn is_cut(&self) -> bool {
+        self.omitted > 0
+    }
+}
+
+/// [`escape_capped`], also saying how many bytes of `s` were cut away. Whether a rendering is
+/// whole comes from the cut itself, never from comparing the input's length with the escaped
+/// text's (escaping grows text, so such a comparison can hide a cut).
+pub fn escape_capped_counted(s: &str, max: usize) -> Capped {
     let max = max.max(MIN_LINE_BYTES);
     let budget = max - ELLIPSIS.len();
-    let redacted = s;
-    let mut out = String::with_capacity(redacted.len().min(max));
-    // Length of `out` at the last unit boundary that still leaves room for the ellipsis.
+    let mut out = String::with_capacity(s.len().min(max));
+    // Length of `out` at the last unit boundary that still leaves room for the ellipsis, and
+    // how much of the input it renders.
     let mut fits = 0;
-    for c in redacted.chars() {
+    let mut fits_input = 0;
+    for (at, c) in s.char_indices() {
         push_escaped(&mut out, c);
         if out.len() > max {
             out.truncate(fits);
             out.push_str(ELLIPSIS);
-            return out;
+            return Capped {
+                text: out,
+                omitted: s.len() - fits_input,
+            };
         }
         if out.len() <= budget {
             fits = out.len();
+            fits_input = at + c.len_utf8();
         }
     }
-    out
+    Capped {
+        text: out,
+        omitted: 0,
+    }
+}
+
+/// `value` as JSON (indented when `pretty`) that is also terminal-safe: every character
+/// [`check_untrusted`] rejects — bidirectional controls, C1 controls, DEL, invisible, format,
+/// private-use and unassigned characters, line separators — is written as a `\uXXXX` escape
+/// (a UTF-16 surrogate pair above U+FFFF), so the text parses back to exactly `value` while a
+/// terminal shows only visible characters. `serde_json` itself escapes only `"`, `\` and
+/// U+0000–U+001F.
+///
+/// Why escaping the serialized text is enough: outside string literals `serde_json` writes only
+/// ASCII (punctuation, digits, the letters of literals, spaces and line feeds), so every
+/// character at or above U+007F stands inside a string, where `\uXXXX` denotes that very
+/// character; C0 controls inside strings are already escaped.
+pub fn terminal_safe_json(value: &serde_json::Value, pretty: bool) -> String {
+    // Serializing a `Value` cannot fail: its map keys are strings and its numbers finite.
+    let raw = if pretty {
+        serde_json::to_string_pretty(value)
+    } else {
+        serde_json::to_string(value)
+    }
+    .unwrap_or_default();
+    json_terminal_safe(&raw)
 }
 
 /// Cap a line that is already rendered — the output of [`single_line_capped`] or
@@ -1656,6 +1709,71 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_is_reported_by_what_was_cut_not_by_comparing_lengths() {
+        // 17.4: bidi controls triple in size when escaped, so a 1,811-byte text renders to
+        // 4,800 bytes: over a 4,096-byte cap although the raw text is shorter than the cap.
+        let hidden = format!("{}/etc/target", "\u{202e}".repeat(600));
+        let c = escape_capped_counted(&hidden, 4096);
+        assert!(hidden.len() < 4096);
+        assert!(c.is_cut() && c.text.ends_with(ELLIPSIS));
+        assert!(!c.text.contains("target"));
+        let shown = c.text.strip_suffix(ELLIPSIS).unwrap();
+        assert_eq!(
+            shown,
+            escape_capped(&hidden[..hidden.len() - c.omitted], usize::MAX)
+        );
+        assert_eq!(c.omitted, hidden.len() - shown.len() / 8 * 3);
+        // At the cap exactly: whole, nothing omitted; one byte of input more: cut, and the
+        // omitted count names every byte not shown.
+        let at = "a".repeat(4096);
+        assert_eq!(escape_capped_counted(&at, 4096).omitted, 0);
+        assert_eq!(escape_capped_counted(&at, 4096).text, at);
+        let over = "a".repeat(4097);
+        let c = escape_capped_counted(&over, 4096);
+        assert_eq!(c.text.len(), 4096);
+        assert_eq!(c.omitted, 4097 - (4096 - ELLIPSIS.len()));
+        crate::test_report::record(
+            "P14",
+            "policy/src/text.rs::a_cut_is_reported_by_what_was_cut_not_by_comparing_lengths",
+            serde_json::json!({"cap": 4096, "hidden_bytes": hidden.len()}),
+        );
+    }
+
+    #[test]
+    fn json_output_escapes_bidi_c1_and_del() {
+        let v = serde_json::json!({
+            "name": "a\u{202e}b",
+            "description": "c1 \u{85}\u{9f} del \u{7f} zwsp \u{200b} tag \u{e0041} ok é ✓",
+            "\u{202e}key": ["\u{2028}", 1, true, null],
+        });
+        for pretty in [false, true] {
+            let out = terminal_safe_json(&v, pretty);
+            assert_eq!(check_untrusted(&out, true), Ok(()), "{out}");
+            for esc in [
+                "\\u202e",
+                "\\u0085",
+                "\\u009f",
+                "\\u007f",
+                "\\u200b",
+                "\\udb40\\udc41",
+                "\\u2028",
+            ] {
+                assert!(out.contains(esc), "{esc} missing from {out}");
+            }
+            // Visible characters stay as they are; the text is the same JSON value.
+            assert!(out.contains("ok é ✓"));
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), v);
+        }
+        // serde_json alone leaves them raw (what this writer is for).
+        assert!(serde_json::to_string(&v).unwrap().contains('\u{202e}'));
+        crate::test_report::record(
+            "P8",
+            "policy/src/text.rs::json_output_escapes_bidi_c1_and_del",
+            serde_json::json!({"escaped": ["U+202E", "U+0085", "U+009F", "U+007F", "U+200B", "U+E0041", "U+2028"]}),
+        );
+    }
+
+    #[test]
     fn pathological_inputs_are_processed_in_linear_time() {
         // Each would take minutes with a quadratic scan; together they finish in well under a
         // second when every rule is linear.
@@ -1794,6 +1912,46 @@ mod tests {
         prop_assert!(!out.contains('\n') && !out.contains('\r'));
         prop_assert_eq!(check_untrusted(&out, false), Ok(()));
         Ok(())
+    }
+
+    fn any_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any_text().prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(serde_json::Value::from),
+                prop::collection::vec((any_text(), inner), 0..8)
+                    .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn a_capped_rendering_says_exactly_what_it_left_out(s in any_text(), max in 0usize..700) {
+            let c = escape_capped_counted(&s, max);
+            prop_assert_eq!(&c.text, &escape_capped(&s, max));
+            prop_assert!(c.omitted <= s.len());
+            let whole = escape_capped(&s, usize::MAX);
+            if c.is_cut() {
+                let shown = c.text.strip_suffix(ELLIPSIS).unwrap();
+                prop_assert_eq!(shown, escape_capped(&s[..s.len() - c.omitted], usize::MAX));
+                prop_assert_ne!(&c.text, &whole);
+            } else {
+                prop_assert_eq!(&c.text, &whole);
+            }
+        }
+
+        #[test]
+        fn json_output_is_terminal_safe_and_the_same_value(v in any_json(), pretty in any::<bool>()) {
+            let out = terminal_safe_json(&v, pretty);
+            prop_assert_eq!(check_untrusted(&out, true), Ok(()));
+            prop_assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), v);
+        }
     }
 
     proptest! {

@@ -81,6 +81,8 @@ pub enum Kind {
     Decide,
     /// Answer one pending form (operator).
     Answer,
+    /// One pending call with its whole arguments (operator).
+    Show,
     /// The skills and agent definitions the broker discovered at start (operator).
     Catalog,
 }
@@ -242,6 +244,13 @@ pub const TABLE: &[Entry] = &[
         method: "answer",
         role: Role::Operator,
         kind: Kind::Answer,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "show",
+        role: Role::Operator,
+        kind: Kind::Show,
         class: None,
         states: OPEN,
     },
@@ -428,6 +437,18 @@ pub struct Answer {
     pub content: Map<String, Value>,
 }
 
+/// `show` parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Show {
+    /// The pending call's id.
+    pub id: u64,
+    /// Where in the call's canonical arguments the answer starts (a byte offset on a character
+    /// boundary; default 0). Arguments longer than one answer carries come in several.
+    #[serde(default)]
+    pub offset: usize,
+}
+
 /// A decoded request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
@@ -469,6 +490,8 @@ pub enum Request {
     Decide(Decide),
     /// `answer`.
     Answer(Answer),
+    /// `show`.
+    Show(Show),
     /// `catalog` (operator).
     Catalog,
 }
@@ -664,6 +687,58 @@ fn serde_detail(e: &serde_json::Error) -> String {
     text::single_line_capped(&out, 160)
 }
 
+/// Most JSON nodes in one request's `params`. A node is an object, an array, a string (an
+/// object's keys included), a number, `true`, `false` or `null`: what decoding allocates for.
+/// Bytes alone do not bound memory: a 1 MiB frame of empty objects (`[{},{},…]`) decodes to
+/// about 48 MB of tree. The envelope around `params` has a fixed shape (`id`, `method`).
+pub const MAX_NODES: usize = 65_536;
+
+/// How many JSON nodes (see [`MAX_NODES`]) the text `json` holds, counting no further than
+/// `stop_after + 1`. A scan of the bytes that builds nothing, run before the text is decoded.
+/// For valid JSON the count is exact; for anything else it is some number, and decoding
+/// refuses that text anyway.
+fn count_nodes(json: &[u8], stop_after: usize) -> usize {
+    let mut nodes = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut in_scalar = false;
+    for &b in json {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                nodes += 1;
+                in_string = true;
+                in_scalar = false;
+            }
+            b'{' | b'[' => {
+                nodes += 1;
+                in_scalar = false;
+            }
+            // Numbers and the literals: one node per run of their characters.
+            b'-' | b'+' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' => {
+                if !in_scalar {
+                    nodes += 1;
+                    in_scalar = true;
+                }
+            }
+            _ => in_scalar = false,
+        }
+        if nodes > stop_after {
+            break;
+        }
+    }
+    nodes
+}
+
 /// Decode one frame body arriving on `role`'s socket in `state`. Every failure is fatal for
 /// the connection.
 pub fn decode(
@@ -671,6 +746,17 @@ pub fn decode(
     state: State,
     body: &[u8],
 ) -> Result<(u64, &'static Entry, Request), Fatal> {
+    decode_bounded(role, state, body, MAX_NODES)
+}
+
+fn decode_bounded(
+    role: Role,
+    state: State,
+    body: &[u8],
+    max_nodes: usize,
+) -> Result<(u64, &'static Entry, Request), Fatal> {
+    // The envelope keeps `params` as raw text (checked, not built): nothing is allocated for
+    // its nodes until they have been counted.
     let env: Envelope = serde_json::from_slice(body).map_err(|e| Fatal {
         id: None,
         refusal: Refusal::new(
@@ -679,6 +765,17 @@ pub fn decode(
         ),
     })?;
     let id = env.id;
+    if let Some(p) = env.params.as_deref()
+        && count_nodes(p.get().as_bytes(), max_nodes) > max_nodes
+    {
+        return Err(Fatal {
+            id: Some(id),
+            refusal: Refusal::new(
+                Code::Protocol,
+                &format!("params hold more than {max_nodes} JSON nodes"),
+            ),
+        });
+    }
     let Some(entry) = lookup(role, &env.method) else {
         return Err(Fatal {
             id: Some(id),
@@ -749,6 +846,7 @@ pub fn decode(
             Request::Decide(d)
         }
         Kind::Answer => Request::Answer(params(env.params, id, m)?),
+        Kind::Show => Request::Show(params(env.params, id, m)?),
         Kind::Catalog => {
             params::<NoParams>(env.params, id, m)?;
             Request::Catalog
@@ -792,7 +890,7 @@ mod tests {
         }
         // Operator control is not reachable from the agent socket, and the reverse.
         for m in [
-            "status", "cancel", "restart", "stop", "pending", "decide", "answer",
+            "status", "cancel", "restart", "stop", "pending", "decide", "answer", "show",
         ] {
             assert!(lookup(Role::Agent, m).is_none(), "{m}");
         }
@@ -876,6 +974,37 @@ mod tests {
         ] {
             assert_eq!(op(&bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
         }
+    }
+
+    #[test]
+    fn show_takes_one_id_and_an_optional_offset() {
+        let op = |params: &str| {
+            decode(
+                Role::Operator,
+                State::Open,
+                format!(r#"{{"id":1,"method":"show","params":{params}}}"#).as_bytes(),
+            )
+        };
+        assert_eq!(
+            op(r#"{"id":3}"#).unwrap().2,
+            Request::Show(Show { id: 3, offset: 0 })
+        );
+        assert_eq!(
+            op(r#"{"id":3,"offset":262144}"#).unwrap().2,
+            Request::Show(Show {
+                id: 3,
+                offset: 262_144
+            })
+        );
+        for bad in [
+            "{}",
+            r#"{"ids":[3]}"#,
+            r#"{"id":3,"offset":-1}"#,
+            r#"{"id":3,"x":1}"#,
+        ] {
+            assert_eq!(op(bad).unwrap_err().refusal.code, Code::Protocol, "{bad}");
+        }
+        assert!(lookup(Role::Agent, "show").is_none());
     }
 
     #[test]
@@ -972,6 +1101,137 @@ mod tests {
                 Ok(_) => continue,
             };
             assert!(!msg.contains("CANARY"), "{msg}");
+        }
+    }
+
+    /// The nodes decoding builds for `v` (see [`MAX_NODES`]).
+    fn nodes(v: &Value) -> usize {
+        match v {
+            Value::Object(m) => 1 + m.values().map(|x| 1 + nodes(x)).sum::<usize>(),
+            Value::Array(a) => 1 + a.iter().map(nodes).sum::<usize>(),
+            _ => 1,
+        }
+    }
+
+    fn call_frame(arguments: &str) -> String {
+        format!(
+            r#"{{"id":5,"method":"call_tool","params":{{"server":"s","tool":"t","arguments":{arguments}}}}}"#
+        )
+    }
+
+    #[test]
+    fn params_are_bounded_in_nodes_at_the_limit_and_one_over() {
+        // params = {"server":"s","tool":"t","arguments":{"a":[…]}} is 9 nodes around the list.
+        let empties = |k: usize| call_frame(&format!(r#"{{"a":[{}]}}"#, vec!["{}"; k].join(",")));
+        let at = empties(MAX_NODES - 9);
+        let Request::CallTool(c) = agent_open(&at).unwrap().2 else {
+            panic!("not a call");
+        };
+        let decoded = json!({"server": c.server, "tool": c.tool, "arguments": c.arguments});
+        assert_eq!(nodes(&decoded), MAX_NODES);
+        let Err(over) = agent_open(&empties(MAX_NODES - 8)) else {
+            panic!("one node over the bound was decoded");
+        };
+        assert_eq!(over.id, Some(5));
+        assert_eq!(over.refusal.code, Code::Protocol);
+        assert_eq!(
+            over.refusal.message(),
+            "params hold more than 65536 JSON nodes"
+        );
+        // The red team's frame: 1 MiB of empty objects, about 48 MB once decoded.
+        let k = (super::super::frame::MAX_FRAME - empties(0).len()) / 3;
+        let big = empties(k);
+        assert!(big.len() <= super::super::frame::MAX_FRAME && k > 300_000);
+        assert!(matches!(agent_open(&big), Err(f) if f.refusal.code == Code::Protocol));
+        // Keys, strings, numbers and literals count as well as containers; one node over the
+        // bound is refused whatever the nodes are.
+        for unit in ["null", "1", "-2.5e3", "true", r#""x""#, r#""\"\\""#, "[]"] {
+            let list = |k: usize| call_frame(&format!(r#"{{"a":[{}]}}"#, vec![unit; k].join(",")));
+            assert!(agent_open(&list(MAX_NODES - 9)).is_ok(), "{unit}");
+            assert!(agent_open(&list(MAX_NODES - 8)).is_err(), "{unit}");
+        }
+        let keys = |k: usize| {
+            let members: Vec<String> = (0..k).map(|i| format!(r#""k{i}":0"#)).collect();
+            call_frame(&format!("{{{}}}", members.join(",")))
+        };
+        // 7 nodes around the object, 2 per member.
+        assert!(agent_open(&keys((MAX_NODES - 7) / 2)).is_ok());
+        assert!(agent_open(&keys((MAX_NODES - 7) / 2 + 1)).is_err());
+        // The operator's frames are decoded under the same bound (a form's content).
+        let answer = |k: usize| {
+            format!(
+                r#"{{"id":2,"method":"answer","params":{{"id":1,"action":"accept","content":{{"a":[{}]}}}}}}"#,
+                vec!["0"; k].join(",")
+            )
+        };
+        // {"id":1,"action":"accept","content":{"a":[…]}}: 9 nodes around the list.
+        let op = |b: String| {
+            decode(Role::Operator, State::Open, b.as_bytes())
+                .err()
+                .map(|f| f.refusal.message().to_owned())
+        };
+        assert_eq!(op(answer(MAX_NODES - 9)), None);
+        assert_eq!(
+            op(answer(MAX_NODES - 8)).as_deref(),
+            Some("params hold more than 65536 JSON nodes")
+        );
+        crate::test_report::record(
+            "P5",
+            "broker/src/ipc/proto.rs::params_are_bounded_in_nodes_at_the_limit_and_one_over",
+            json!({"max_nodes": MAX_NODES, "red_team_frame_bytes": big.len()}),
+        );
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let text = prop_oneof![
+            any::<String>(),
+            "[a-z\"\\\\{}\\[\\],: \u{e9}\u{202e}\u{7f}\n]{0,12}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            text.clone().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 120, 10, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..10).prop_map(Value::from),
+                prop::collection::vec((text.clone(), inner), 0..10)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn the_node_scan_counts_exactly_what_decoding_builds(v in any_json()) {
+            let compact = serde_json::to_string(&v).unwrap();
+            let pretty = serde_json::to_string_pretty(&v).unwrap();
+            prop_assert_eq!(count_nodes(compact.as_bytes(), usize::MAX), nodes(&v));
+            prop_assert_eq!(count_nodes(pretty.as_bytes(), usize::MAX), nodes(&v));
+        }
+
+        #[test]
+        fn decoded_frames_never_exceed_the_node_bound(v in any_json(), max in 0usize..160) {
+            let arguments = json!({"x": v});
+            let body = call_frame(&serde_json::to_string(&arguments).unwrap());
+            let sent = nodes(&json!({"server": "s", "tool": "t", "arguments": arguments}));
+            match decode_bounded(Role::Agent, State::Open, body.as_bytes(), max) {
+                Ok((_, _, Request::CallTool(c))) => {
+                    let decoded = json!({"server": c.server, "tool": c.tool, "arguments": c.arguments});
+                    prop_assert!(nodes(&decoded) <= max);
+                    prop_assert_eq!(nodes(&decoded), sent);
+                }
+                Ok(_) => prop_assert!(false, "decoded as another request"),
+                Err(f) => {
+                    prop_assert!(sent > max, "refused within the bound: {}", f.refusal);
+                    prop_assert_eq!(f.refusal.message(), format!("params hold more than {max} JSON nodes"));
+                }
+            }
         }
     }
 
