@@ -2013,8 +2013,8 @@ fn vm_rss_kib(pid: i32) -> u64 {
         .unwrap()
 }
 
-/// 64 agents each send a call whose arguments are the costliest a frame can carry (hundreds of
-/// thousands of empty objects): calls in flight keep bytes, not trees, and their weight is
+/// 64 agents each send a call whose arguments are the costliest a frame may carry (as many
+/// empty objects as the node bound allows): calls in flight keep bytes, not trees, and their weight is
 /// bounded per uid, so the broker's memory stays small and the calls beyond the bound are
 /// refused `busy` with nothing sent.
 #[test]
@@ -2023,7 +2023,8 @@ fn calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid() {
     area.everything();
     let broker = area.broker(&[], &[]);
     let before = vm_rss_kib(broker.pid());
-    let pad = vec![json!({}); 300_000];
+    // As many nodes as a frame may carry (the decoder refuses more before building anything).
+    let pad = vec![json!({}); iteron_broker::ipc::proto::MAX_NODES - 16];
     let args = json!({"message": "m", "pad": pad});
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
