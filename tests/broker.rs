@@ -738,6 +738,7 @@ fn scripted_area(name: &str) -> (Area, PathBuf, String) {
     // operator grants, here the log directory.
     let logs = area.base.join("logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("server.log");
     let marker = format!("marker-{name}-{}", std::process::id());
     area.config(json!([{
@@ -990,6 +991,7 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
     // The tool hooks run around every effect: tool calls, resource reads, prompts.
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("hooks.log");
     let logger = hook_script(
         &area,
@@ -1208,6 +1210,7 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o500)).unwrap();
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let probe = hook_script(
         &area,
         "probe.sh",
@@ -1938,6 +1941,7 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
     // configuration says (hooks_writable).
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("hooks.log");
     let logger = hook_script(
         &area,

@@ -298,13 +298,16 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             c.readable
                 .extend(crate::confine::install_tree(&program, &spec.args));
             cmd.env("TMPDIR", &dir);
-            scratch = Some(dir);
-            let (prepared, effective) = crate::confine::prepare(&c).map_err(|e| {
-                if let Some(d) = &scratch {
-                    let _ = std::fs::remove_dir_all(d);
-                }
+            let fail = |e: std::io::Error| {
+                let _ = std::fs::remove_dir_all(&dir);
                 SpawnError::Confine(e.to_string())
-            })?;
+            };
+            let (prepared, effective) = crate::confine::prepare(&c).map_err(fail)?;
+            // The scratch directory belongs to the uid the child runs as.
+            if let Some((uid, gid)) = prepared.identity {
+                std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(fail)?;
+            }
+            scratch = Some(dir);
             confinement = Some(Box::new(effective));
             Some(prepared)
         }

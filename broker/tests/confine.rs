@@ -1,7 +1,11 @@
 //! A confined child's attempts, for real: reading a credential file in the operator home,
 //! writing outside the granted directory, a TCP connection to a loopback listener (which must
-//! see nothing), a Unix-socket connection, and exec of a setuid binary. Each is denied; the
-//! same script unconfined succeeds where the system allows it, so the test can fail.
+//! see nothing), a Unix-socket connection, exec of a setuid binary, and root-only files under a
+//! root broker. Each is denied; the same script unconfined (or with
+//! `run_as: "root"`) succeeds where the system allows it, so the test can fail.
+//!
+//! The directories a child may write are owned by uid 65534 when the tests run as root (the
+//! child's uid then), and so is the one it must not write: its denial comes from Landlock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../../tests/support/report.rs"]
@@ -12,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iteron_broker::confine::Spec;
+use iteron_broker::confine::{RunAs, Spec};
 use iteron_broker::spawn::{ChildSpec, child_env, spawn};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
@@ -70,6 +74,9 @@ impl Fixture {
         for d in ["home/mcp-credentials", "granted", "outside", "bin"] {
             std::fs::create_dir_all(base.join(d)).unwrap();
         }
+        for d in ["granted", "outside", "bin"] {
+            give_to_child(&base.join(d));
+        }
         std::fs::write(
             base.join("home/mcp-credentials/server"),
             "refresh-token-canary",
@@ -90,14 +97,39 @@ impl Drop for Fixture {
     }
 }
 
-/// A copy of `id` that is setuid to uid 65534 (only root can make one).
+/// The uid a confined child runs as by default: 65534 under a root test run, else ours.
+fn child_uid() -> u32 {
+    if is_root() {
+        65534
+    } else {
+        nix::unistd::geteuid().as_raw()
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Under a root test run, hand `p` to uid 65534 (the confined child's uid).
+fn give_to_child(p: &Path) {
+    if is_root() {
+        let id = Some(65534);
+        std::os::unix::fs::chown(p, id, id).unwrap();
+    }
+}
+
+/// The uid a setuid binary of the tests switches to: neither root nor the child's uid, so a
+/// gain through exec would show.
+const SETUID_TARGET: u32 = 1;
+
+/// A copy of `id` that is setuid to [`SETUID_TARGET`] (only root can make one).
 fn setuid_id(dir: &Path) -> Option<PathBuf> {
-    if !nix::unistd::geteuid().is_root() {
+    if !is_root() {
         return None;
     }
     let dst = dir.join("id-setuid");
     std::fs::copy("/usr/bin/id", &dst).ok()?;
-    nix::unistd::chown(&dst, Some(nix::unistd::Uid::from_raw(65534)), None).ok()?;
+    nix::unistd::chown(&dst, Some(nix::unistd::Uid::from_raw(SETUID_TARGET)), None).ok()?;
     std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o4755)).ok()?;
     Some(dst)
 }
@@ -162,6 +194,7 @@ fn spec(fx: &Fixture) -> Spec {
         open_files: 256,
         data_bytes: 1 << 30,
         processes: Some(4096),
+        run_as: RunAs::default(),
     }
 }
 
@@ -204,12 +237,8 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     assert!(listener.accept().is_err());
     assert!(unix_listener.accept().is_err());
     if setuid.is_some() {
-        // no_new_privs: the setuid bit is ignored, the effective uid stays the broker's.
-        assert_eq!(
-            v["setuid_exec"][1],
-            nix::unistd::geteuid().as_raw().to_string(),
-            "{v}"
-        );
+        // no_new_privs: the setuid bit is ignored, the effective uid stays the child's.
+        assert_eq!(v["setuid_exec"][1], child_uid().to_string(), "{v}");
     }
     // The resource limits of the spec, and no descriptor but stdin, stdout and stderr (the
     // fourth is the one listing /proc/self/fd).
@@ -246,14 +275,17 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     assert_eq!(v["tcp_loopback"][0], "ok", "{v}");
     assert_eq!(v["write_outside"][0], "ok", "{v}");
     // Every child the broker starts has no_new_privs, confined or not; the control for the
-    // setuid binary is a plain exec, which does gain uid 65534.
+    // setuid binary is a plain exec, which does gain its uid.
     if let Some(id) = &setuid {
         assert_eq!(
             v["setuid_exec"][1],
             nix::unistd::geteuid().as_raw().to_string()
         );
         let plain = std::process::Command::new(id).arg("-u").output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "65534");
+        assert_eq!(
+            String::from_utf8_lossy(&plain.stdout).trim(),
+            SETUID_TARGET.to_string()
+        );
     }
     let mut accepted = 0;
     for _ in 0..50 {
@@ -291,5 +323,139 @@ fn web_egress_admits_tcp_but_never_unix_sockets() {
         "P9",
         "broker/tests/confine.rs::web_egress_admits_tcp_but_never_unix_sockets",
         serde_json::json!({}),
+    );
+}
+
+/// Start `command args` as a child (confined by `confine`, or not), read its whole stdout and
+/// stop it.
+fn output_of(command: &str, args: Vec<String>, confine: Option<Spec>) -> String {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (env, _) = child_env(&[], None, |_: &str| None);
+        let mut child = spawn(ChildSpec {
+            command: command.into(),
+            args,
+            env,
+            confine,
+        })
+        .await
+        .unwrap();
+        drop(child.stdin.take());
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        child.shutdown(Duration::from_secs(1)).await;
+        if out.trim().is_empty() {
+            panic!("no output; stderr: {:?}", child.stderr_tail(10));
+        }
+        out
+    })
+}
+
+const IDENTITY_PROBE: &str = r#"
+import json, os, sys
+shadow, root_only = sys.argv[1:3]
+out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid(),
+       "groups": os.getgroups()}
+def attempt(name, f):
+    try:
+        out[name] = ["ok", f()]
+    except Exception as e:
+        out[name] = ["denied", type(e).__name__, getattr(e, "errno", None)]
+attempt("shadow", lambda: len(open(shadow).read()))
+attempt("root_only", lambda: open(root_only).read())
+def reopen_stderr():
+    with open("/dev/stderr", "w") as f:
+        f.write("reopened\n")
+    return "ok"
+attempt("reopen_stderr", reopen_stderr)
+def tmp():
+    with open(os.path.join(os.environ["TMPDIR"], "x"), "w") as f:
+        f.write("x")
+    return "ok"
+attempt("tmpdir", tmp)
+out["caps"] = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")}
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files() {
+    if !is_root() {
+        // A broker that is not root cannot change uid (identity_for's unit test covers it).
+        eprintln!("skipped: needs root to run children as another uid");
+        return;
+    }
+    let fx = Fixture::new("identity");
+    std::fs::write(fx.p("identity.py"), IDENTITY_PROBE).unwrap();
+    let root_only = fx.p("granted/root-only");
+    std::fs::write(&root_only, "root-only-canary").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o600)).unwrap();
+    nix::unistd::chown(&root_only, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+    let run = |confine: Option<Spec>| -> Value {
+        let args = vec![
+            fx.p("identity.py").to_string_lossy().into_owned(),
+            "/etc/shadow".into(),
+            root_only.to_string_lossy().into_owned(),
+        ];
+        let out = output_of("/usr/bin/python3", args, confine);
+        serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("probe output: {out:?}"))
+    };
+    // The default: uid and gid 65534, no supplementary groups, no capability in any set.
+    let v = run(Some(spec(&fx)));
+    for k in ["uid", "euid", "gid", "egid"] {
+        assert_eq!(v[k], 65534, "{k}: {v}");
+    }
+    assert_eq!(v["groups"], serde_json::json!([]), "{v}");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(v["caps"][set], "0000000000000000", "{set}: {v}");
+    }
+    assert_eq!(v["shadow"][0], "denied", "{v}");
+    assert_eq!(v["root_only"][0], "denied", "{v}");
+    assert_eq!(v["root_only"][2], nix::libc::EACCES, "{v}");
+    // What it needs still works for that uid: its scratch directory, its own stdio by path.
+    assert_eq!(v["tmpdir"][0], "ok", "{v}");
+    assert_eq!(v["reopen_stderr"][0], "ok", "{v}");
+    // run_as "root": the root-only file is readable again (so the denial above is the uid's),
+    // but /etc/shadow still is not (Landlock: the secrets of /etc are never granted).
+    let mut as_root = spec(&fx);
+    as_root.run_as = RunAs::Root;
+    let r = run(Some(as_root));
+    assert_eq!(r["uid"], 0, "{r}");
+    assert_eq!(r["caps"]["CapEff"], "0000000000000000", "{r}");
+    assert_eq!(
+        r["root_only"],
+        serde_json::json!(["ok", "root-only-canary"]),
+        "{r}"
+    );
+    assert_eq!(r["shadow"][0], "denied", "{r}");
+    // A dedicated uid:gid.
+    let mut dedicated = spec(&fx);
+    dedicated.run_as = RunAs::Ids {
+        uid: 4242,
+        gid: 4343,
+    };
+    let d = run(Some(dedicated));
+    assert_eq!(
+        (d["uid"].clone(), d["gid"].clone()),
+        (4242.into(), 4343.into()),
+        "{d}"
+    );
+    assert_eq!(d["groups"], serde_json::json!([]), "{d}");
+    // Unconfined, the same probe reads /etc/shadow: the file is there and readable to root.
+    let u = run(None);
+    assert_eq!(u["shadow"][0], "ok", "{u}");
+    report::record(
+        "P9",
+        "broker/tests/confine.rs::a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files",
+        serde_json::json!({"uid": 65534, "run_as_root_reads_shadow": false}),
     );
 }
