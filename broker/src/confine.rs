@@ -15,6 +15,8 @@
 //!   `UID:GID` ([`identity`]); so root-only files stay closed to it whatever Landlock grants.
 //!   The secret files of `/etc` ([`ETC_SECRETS`]) are denied by Landlock to any child their
 //!   modes would not keep out, so even a `run_as: "root"` child cannot read `/etc/shadow`.
+//! - **Keyrings**: `add_key`, `request_key` and `keyctl` are refused (seccomp), and the child
+//!   joins a fresh anonymous session keyring.
 //! - **Resources**: open files and data size bounded by `setrlimit`; `no_new_privs` (no setuid
 //!   gain through exec), no core dumps, no inherited descriptors, a new session — see
 //!   [`crate::sys::harden_pre_exec`].

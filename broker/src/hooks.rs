@@ -4,8 +4,8 @@
 //!
 //! Each hook is a hardened, confined child (see [`crate::spawn`] and [`crate::confine`]:
 //! environment built from nothing — only `PATH`, `LANG` and `TMPDIR`, its private scratch
-//! directory —, own session, no_new_privs, no inherited descriptors, no sockets, the
-//! operator home out of reach; the rest of the filesystem readable as its uid — `nobody`
+//! directory —, own session, no_new_privs, no inherited descriptors, no sockets, no keyrings,
+//! the operator home out of reach; the rest of the filesystem readable as its uid — `nobody`
 //! under a root broker unless `hooks_run_as` says otherwise), gets the event as
 //! one JSON object on stdin, and runs under a deadline ([`HOOK_TIMEOUT`]) with its output
 //! bounded ([`MAX_HOOK_OUTPUT`] of stdout is read, the rest discarded; stderr is kept in the
@@ -144,8 +144,8 @@ impl HookRunner {
     /// A hook's confinement: it reads the operator's filesystem except the home (Landlock, as
     /// siblings of the home) and the secrets of `/etc`, and writes only its scratch directory
     /// and `hooks_writable` (so it cannot plant code in the operator's shell files or
-    /// binaries) — all as far as its uid's file modes allow; no sockets (seccomp), no
-    /// capabilities, bounded open files and memory.
+    /// binaries) — all as far as its uid's file modes allow; no sockets (seccomp), no keyrings,
+    /// no capabilities, bounded open files and memory.
     fn confinement(&self) -> crate::confine::Spec {
         crate::confine::Spec {
             deny: self.home.iter().cloned().collect(),

@@ -28,8 +28,10 @@ use nix::sys::signal::Signal;
 /// bounding set (while it may); switches to its uid and gid with no supplementary groups
 /// when [`Prepared::identity`] says so (its stdio pipes are handed to that uid first, so
 /// `/dev/stdin` and `/dev/stderr` still open) and arms the parent-death signal again (the
-/// kernel clears it when the effective uid changes); empties every capability set; enforces
-/// its Landlock ruleset; installs its seccomp filter.
+/// kernel clears it when the effective uid changes); empties every capability set; joins a new
+/// anonymous session keyring (best effort: the broker's session keyring, and through it the
+/// user keyring, leaves the child's search path); enforces its Landlock ruleset; installs its
+/// seccomp filter (which also refuses every keyring call).
 pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Option<Prepared>) {
     let hook = move || -> std::io::Result<()> {
         nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -72,6 +74,7 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
                 arm_parent_death(parent_pid)?;
             }
             drop_capabilities()?;
+            join_new_session_keyring();
             if let Some(fd) = &c.ruleset {
                 // SAFETY: landlock_restrict_self(2) takes a descriptor number and a flags word
                 // and touches no memory of ours; no_new_privs is already set, as it requires.
@@ -111,7 +114,7 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
     // system calls (setsid, prctl, getppid, setrlimit, close_range, fstat, fchown, set*id,
-    // capset, landlock, seccomp), allocates nothing (the error values are plain
+    // capset, keyctl, landlock, seccomp), allocates nothing (the error values are plain
     // integers), and touches no lock the parent could hold.
     unsafe {
         cmd.pre_exec(hook);
@@ -180,6 +183,24 @@ fn switch_identity(uid: u32, gid: u32) -> std::io::Result<()> {
         return Err(std::io::Error::from_raw_os_error(c::EPERM));
     }
     Ok(())
+}
+
+/// Join a new anonymous session keyring, so the broker's session keyring (and the user
+/// keyring linked from it) is no longer in the keys the kernel searches on the child's behalf.
+/// Best effort: a kernel without keys, a container profile that refuses `keyctl`, or a full
+/// key quota leaves the inherited keyring — which the child still cannot use, because its
+/// seccomp filter refuses `add_key`, `request_key` and `keyctl`.
+fn join_new_session_keyring() {
+    const KEYCTL_JOIN_SESSION_KEYRING: nix::libc::c_long = 1;
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) reads no memory (a null name asks for
+    // an anonymous keyring); its result is deliberately ignored (see above).
+    unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<nix::libc::c_char>(),
+        );
+    }
 }
 
 /// What [`harden_self`] did.
@@ -487,9 +508,11 @@ fn drop_capabilities() -> std::io::Result<()> {
 }
 
 /// System calls a confined child never makes successfully (`EPERM`): loading kernel code,
-/// reading or writing other processes' memory, and the path-based changes of mode, owner and
-/// extended attributes that Landlock does not mediate (a child must not open up the operator
-/// home by `chmod`); plus, below Landlock ABI 3, path-based `truncate`.
+/// reading or writing other processes' memory, the kernel keyrings (`add_key`, `request_key`,
+/// `keyctl`: a key the operator holds in `@u` is neither read nor joined, and no key is planted
+/// to outlive the child), and the path-based changes of mode, owner and extended attributes
+/// that Landlock does not mediate (a child must not open up the operator home by `chmod`);
+/// plus, below Landlock ABI 3, path-based `truncate`.
 fn denied_syscalls(truncate: bool) -> Vec<u32> {
     use nix::libc as c;
     let mut v = vec![
@@ -505,6 +528,9 @@ fn denied_syscalls(truncate: bool) -> Vec<u32> {
         c::SYS_process_vm_writev,
         c::SYS_pidfd_getfd,
         c::SYS_io_uring_setup,
+        c::SYS_add_key,
+        c::SYS_request_key,
+        c::SYS_keyctl,
         c::SYS_fchmodat,
         c::SYS_fchownat,
         c::SYS_setxattr,
@@ -703,6 +729,10 @@ mod tests {
             assert_eq!(run_args(&p, NATIVE, pair, [unix, dgram, 0]), EPERM);
             for nr in denied_syscalls(true) {
                 assert_eq!(run(&p, NATIVE, nr, 0), EPERM, "{nr}");
+            }
+            // The kernel keyrings, whatever the network policy.
+            for nr in [c::SYS_add_key, c::SYS_request_key, c::SYS_keyctl] {
+                assert_eq!(run(&p, NATIVE, nr as u32, 0), EPERM, "{nr}");
             }
             let socket = c::SYS_socket as u32;
             assert_eq!(run(&p, NATIVE, socket, c::AF_UNIX as u32), EPERM);

@@ -1,7 +1,7 @@
 //! A confined child's attempts, for real: reading a credential file in the operator home,
 //! writing outside the granted directory, a TCP connection to a loopback listener (which must
-//! see nothing), a Unix-socket connection, exec of a setuid binary, and root-only files under a
-//! root broker. Each is denied; the same script unconfined (or with
+//! see nothing), a Unix-socket connection, exec of a setuid binary, the kernel keyrings and
+//! root-only files under a root broker. Each is denied; the same script unconfined (or with
 //! `run_as: "root"`) succeeds where the system allows it, so the test can fail.
 //!
 //! The directories a child may write are owned by uid 65534 when the tests run as root (the
@@ -326,6 +326,56 @@ fn web_egress_admits_tcp_but_never_unix_sockets() {
     );
 }
 
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn keyring_probe() -> String {
+    repo()
+        .join("fixtures/probes/keyring.py")
+        .canonicalize()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Run `keyring.py` unconfined, as the test's own uid (the operator's side of the test).
+fn keyring(args: &[&str]) -> String {
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg(keyring_probe())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "keyring.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Removes the test's keys when dropped (a failed run included): from the test's own user
+/// keyring and, under root, from uid 65534's, where a confined child would have planted one.
+struct KeyCleanup(Vec<String>);
+
+impl Drop for KeyCleanup {
+    fn drop(&mut self) {
+        use std::os::unix::process::CommandExt;
+        for desc in &self.0 {
+            let _ = std::process::Command::new("/usr/bin/python3")
+                .args([keyring_probe().as_str(), "drop", desc])
+                .output();
+            if is_root() {
+                let _ = std::process::Command::new("/usr/bin/python3")
+                    .args([keyring_probe().as_str(), "drop", desc])
+                    .uid(65534)
+                    .gid(65534)
+                    .output();
+            }
+        }
+    }
+}
+
 /// Start `command args` as a child (confined by `confine`, or not), read its whole stdout and
 /// stop it.
 fn output_of(command: &str, args: Vec<String>, confine: Option<Spec>) -> String {
@@ -359,6 +409,57 @@ fn output_of(command: &str, args: Vec<String>, confine: Option<Spec>) -> String 
         }
         out
     })
+}
+
+/// What a child did with the keyrings (see `fixtures/probes/keyring.py probe`).
+fn keyring_attempt(desc: &str, planted: &str, confine: Option<Spec>) -> Value {
+    let out = output_of(
+        "/usr/bin/python3",
+        vec![keyring_probe(), "probe".into(), desc.into(), planted.into()],
+        confine,
+    );
+    serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("probe output: {out:?}"))
+}
+
+#[test]
+fn the_kernel_keyrings_are_out_of_every_confined_childs_reach() {
+    let fx = Fixture::new("keyring");
+    let desc = format!("iteron-canary-{}", std::process::id());
+    let planted = format!("iteron-planted-{}", std::process::id());
+    let canary = "keyring-canary-value-7c1e";
+    let _cleanup = KeyCleanup(vec![desc.clone(), planted.clone()]);
+    keyring(&["add", &desc, canary]);
+    let eperm = serde_json::json!(nix::libc::EPERM);
+    // Servers with and without web_egress, as `nobody` and as root (run_as "root", so only
+    // the seccomp filter stands between the child and the broker's own user keyring).
+    let mut seen = Vec::new();
+    for (network, run_as) in [
+        (false, RunAs::Nobody),
+        (true, RunAs::Nobody),
+        (false, RunAs::Root),
+        (true, RunAs::Root),
+    ] {
+        let mut s = spec(&fx);
+        s.network = network;
+        s.run_as = run_as;
+        let v = keyring_attempt(&desc, &planted, Some(s));
+        for step in ["user_keyring", "link", "search", "request", "add"] {
+            assert_eq!(v[step][1], eperm, "{step} with {network}/{run_as:?}: {v}");
+        }
+        assert!(v.get("value").is_none(), "{v}");
+        assert_eq!(keyring(&["find", &planted]), "0", "a key was planted: {v}");
+        seen.push(v);
+    }
+    // The same probe unconfined reads the operator's key and plants one: the denials above come
+    // from the confinement.
+    let v = keyring_attempt(&desc, &planted, None);
+    assert_eq!(v["value"], canary, "{v}");
+    assert_ne!(keyring(&["find", &planted]), "0", "{v}");
+    report::record(
+        "P9",
+        "broker/tests/confine.rs::the_kernel_keyrings_are_out_of_every_confined_childs_reach",
+        serde_json::json!({"denied_with": "EPERM", "children": seen.len()}),
+    );
 }
 
 const IDENTITY_PROBE: &str = r#"

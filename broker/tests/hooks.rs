@@ -1,7 +1,7 @@
 //! The hook runner with real scripts: exit 2 blocks a `PreToolUse` with its stderr as the
 //! reason; exit 1, a timeout and a missing binary are "no opinion"; a flood of output is
 //! bounded; the hook's environment is built from nothing; the event arrives on stdin; a root
-//! broker's hooks run as `nobody`.
+//! broker's hooks run as `nobody` and cannot use the kernel keyrings.
 //!
 //! Under a root test run the directories hooks write are owned by uid 65534 (the hooks' uid).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -370,5 +370,82 @@ fn a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow() {
         "P9",
         "broker/tests/hooks.rs::a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow",
         json!({"uid": 65534}),
+    );
+}
+
+#[test]
+fn hooks_cannot_touch_the_kernel_keyrings() {
+    let d = dir("keyring");
+    let probe = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/probes/keyring.py")
+        .canonicalize()
+        .unwrap();
+    let keyring = |args: &[&str]| -> String {
+        let out = std::process::Command::new("/usr/bin/python3")
+            .arg(&probe)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let desc = format!("iteron-hook-canary-{}", std::process::id());
+    let planted = format!("iteron-hook-planted-{}", std::process::id());
+    // Removed at the end, a failed run included: from our keyring and, under root, from uid
+    // 65534's, where a hook would have planted one.
+    struct Cleanup(PathBuf, Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            use std::os::unix::process::CommandExt;
+            for desc in &self.1 {
+                let mut own = std::process::Command::new("/usr/bin/python3");
+                let _ = own.arg(&self.0).args(["drop", desc]).output();
+                if is_root() {
+                    let mut other = std::process::Command::new("/usr/bin/python3");
+                    other.arg(&self.0).args(["drop", desc]);
+                    let _ = other.uid(65534).gid(65534).output();
+                }
+            }
+        }
+    }
+    let _cleanup = Cleanup(probe.clone(), vec![desc.clone(), planted.clone()]);
+    keyring(&["add", &desc, "hook-keyring-canary"]);
+    for (run_as, tag) in [(RunAs::Nobody, "nobody"), (RunAs::Root, "root")] {
+        // Written by a directory its uid owns (see the identity test).
+        std::fs::create_dir(d.join(tag)).unwrap();
+        if run_as == RunAs::Nobody {
+            give_to_hooks(&d.join(tag));
+        }
+        let out = d.join(tag).join("probe.json");
+        let hook = script(
+            &d,
+            &format!("keys-{tag}.sh"),
+            &format!(
+                "/usr/bin/python3 {} probe {desc} {planted} > {}",
+                probe.display(),
+                out.display()
+            ),
+        );
+        let r = runner(&d, HookEvent::SessionStart, vec![hook]).with_run_as(run_as);
+        let reports =
+            rt().block_on(r.lifecycle(HookEvent::SessionStart, json!({"event": "SessionStart"})));
+        assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+        let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        for step in ["user_keyring", "link", "search", "request", "add"] {
+            assert_eq!(v[step][1], nix::libc::EPERM, "{step} ({run_as:?}): {v}");
+        }
+        assert!(v.get("value").is_none(), "{v}");
+        assert_eq!(keyring(&["find", &planted]), "0");
+    }
+    // The key is there for the operator.
+    assert_ne!(keyring(&["find", &desc]), "0");
+    report::record(
+        "P9",
+        "broker/tests/hooks.rs::hooks_cannot_touch_the_kernel_keyrings",
+        json!({"denied_with": "EPERM"}),
     );
 }

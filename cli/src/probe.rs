@@ -326,7 +326,7 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
         "network denied"
     };
     let mut line = format!(
-        "{fs}; {net}; no Unix sockets; no_new_privs; runs as {}",
+        "{fs}; {net}; no Unix sockets; no keyrings; no_new_privs; runs as {}",
         e.runs_as()
     );
     if !e.dropped.is_empty() {
