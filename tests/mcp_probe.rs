@@ -256,6 +256,70 @@ fn a_server_denied_by_its_confinement_is_reported_with_the_denied_operation() {
     );
 }
 
+/// `iteron mcp test` of a server that leaves a `setsid` grandchild behind (a double fork: its
+/// parent exits at once, and it is in a session of its own): when the command returns, the
+/// grandchild is gone.
+#[test]
+fn mcp_test_leaves_no_setsid_grandchild_behind() {
+    let h = Home::new("grandchild");
+    let out_dir = h.0.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    support::give_to_children(&out_dir);
+    let pid_file = out_dir.join("grandchild.pid");
+    // The grandchild writes its own pid (so it surely ran) and sleeps; the server itself is
+    // the echo fixture.
+    let script = format!(
+        "(setsid sh -c 'echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 300' </dev/null >/dev/null 2>&1 &); \
+         while [ ! -s {pid} ]; do sleep 0.05; done; \
+         exec /usr/bin/python3 {server}",
+        pid = pid_file.display(),
+        server = fixture("echo_server.py"),
+    );
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "daemonizing",
+            "--stdio",
+            "/bin/sh",
+            "--sandbox-writable",
+            out_dir.to_str().unwrap(),
+            "--sandbox-readable",
+            std::path::Path::new(&fixture("echo_server.py"))
+                .parent()
+                .unwrap()
+                .to_str()
+                .unwrap(),
+            "--",
+            "-c",
+            &script
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "test", "daemonizing", "--format", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid: i32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !support::process_exists(pid),
+        "the grandchild {pid} outlived iteron mcp test"
+    );
+    support::report::record(
+        "P9",
+        "tests/mcp_probe.rs::mcp_test_leaves_no_setsid_grandchild_behind",
+        serde_json::json!({"grandchild_gone": true}),
+    );
+}
+
 /// Under a root broker a server runs as uid 65534: a command that uid cannot reach fails
 /// `doctor` with the path and the remedy, and `--sandbox-run-as root` is the explicit way out.
 #[test]

@@ -18,9 +18,13 @@ use nix::sys::signal::Signal;
 /// 2. `PR_SET_PDEATHSIG(SIGKILL)`, then a check that the parent is still `parent_pid` (if the
 ///    parent died before the signal was armed, fail rather than run orphaned). The signal fires
 ///    when the *thread* that forked exits, so callers spawn from one long-lived thread;
-/// 3. `PR_SET_NO_NEW_PRIVS`: no setuid/file-capability gain through exec;
-/// 4. `RLIMIT_CORE = 0`: no core dump of the child's memory;
-/// 5. every descriptor ≥ 3 marked close-on-exec (`close_range` with `CLOSE_RANGE_CLOEXEC`), so
+/// 3. `PR_SET_CHILD_SUBREAPER`: a descendant orphaned while the child lives (a double-forking
+///    daemon) is re-parented to the child, not to init, so it stays in the child's tree until
+///    the child ends and then comes to the broker (itself a subreaper, [`become_subreaper`]),
+///    which ends it ([`crate::spawn`]);
+/// 4. `PR_SET_NO_NEW_PRIVS`: no setuid/file-capability gain through exec;
+/// 5. `RLIMIT_CORE = 0`: no core dump of the child's memory;
+/// 6. every descriptor ≥ 3 marked close-on-exec (`close_range` with `CLOSE_RANGE_CLOEXEC`), so
 ///    nothing the broker holds (sockets, credential files) leaks into the child. Descriptors are
 ///    marked, not closed: std's exec-error pipe must survive until exec.
 ///
@@ -36,6 +40,7 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
     let hook = move || -> std::io::Result<()> {
         nix::unistd::setsid().map_err(std::io::Error::from)?;
         arm_parent_death(parent_pid)?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
         nix::sys::prctl::set_no_new_privs().map_err(std::io::Error::from)?;
         setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(std::io::Error::from)?;
         // SAFETY: close_range(2) takes three integers and touches no memory of ours; with
@@ -129,6 +134,12 @@ fn arm_parent_death(parent_pid: i32) -> std::io::Result<()> {
         return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
     }
     Ok(())
+}
+
+/// Become the child subreaper of this process's descendants: an orphan anywhere below it is
+/// re-parented here instead of to init, so [`crate::spawn`] can end and reap it. Idempotent.
+pub(crate) fn become_subreaper() -> std::io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)
 }
 
 /// Hand the stdio pipes to `uid` (only pipes: a descriptor that is a file or a device is left

@@ -1,8 +1,9 @@
 //! A confined child's attempts, for real: reading a credential file in the operator home,
 //! writing outside the granted directory, a TCP connection to a loopback listener (which must
-//! see nothing), a Unix-socket connection, exec of a setuid binary, the kernel keyrings and
-//! root-only files under a root broker. Each is denied; the same script unconfined (or with
-//! `run_as: "root"`) succeeds where the system allows it, so the test can fail.
+//! see nothing), a Unix-socket connection, exec of a setuid binary, the kernel keyrings,
+//! root-only files under a root broker, and a `setsid` grandchild that would outlive it. Each
+//! is denied or ended; the same script unconfined (or with `run_as: "root"`) succeeds where
+//! the system allows it, so the test can fail.
 //!
 //! The directories a child may write are owned by uid 65534 when the tests run as root (the
 //! child's uid then), and so is the one it must not write: its denial comes from Landlock.
@@ -558,5 +559,88 @@ fn a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files() {
         "P9",
         "broker/tests/confine.rs::a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files",
         serde_json::json!({"uid": 65534, "run_as_root_reads_shadow": false}),
+    );
+}
+
+/// The parent pid of `pid`, if it is alive (a zombie counts: its `/proc` entry remains).
+fn ppid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is a running `sleep` in a session of its own (the grandchild we started).
+fn is_setsid_sleeper(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((head, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    head.ends_with("(sleep") && f.get(3) == Some(&pid.to_string().as_str()) && f[0] != "Z"
+}
+
+#[test]
+fn no_setsid_grandchild_outlives_its_stdio_server() {
+    let fx = Fixture::new("grandchild");
+    // Two escapes: a direct child that setsids, and a double fork (its parent exits at once).
+    let script = "setsid sleep 300 </dev/null >/dev/null 2>&1 &\n\
+                  direct=$!\n\
+                  (setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $! > \"$TMPDIR/df\")\n\
+                  echo \"$direct $(cat \"$TMPDIR/df\")\"\n\
+                  exec cat";
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, pids) = rt.block_on(async {
+        use tokio::io::AsyncBufReadExt;
+        let (env, _) = child_env(&[], None, |_: &str| None);
+        let mut child = spawn(ChildSpec {
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env,
+            confine: Some(spec(&fx)),
+        })
+        .await
+        .unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        let pids: Vec<i32> = line
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(pids.len(), 2, "{line:?}; stderr {:?}", child.stderr_tail(5));
+        let server = child.pid();
+        // Both are running in sessions of their own, out of reach of a group kill; the
+        // orphaned one was re-parented to the server (a subreaper), not to init.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !pids.iter().all(|p| is_setsid_sleeper(*p)) {
+            assert!(std::time::Instant::now() < deadline, "{pids:?} never ran");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for p in &pids {
+            assert_eq!(ppid_of(*p), Some(server), "parent of {p}");
+        }
+        child.shutdown(Duration::from_millis(500)).await;
+        (server, pids)
+    });
+    // Once the stop returns, both are gone — killed and reaped, not left as zombies.
+    for p in &pids {
+        assert!(
+            !Path::new(&format!("/proc/{p}")).exists(),
+            "grandchild {p} of server {server} outlived it (ppid {:?})",
+            ppid_of(*p)
+        );
+    }
+    report::record(
+        "P9",
+        "broker/tests/confine.rs::no_setsid_grandchild_outlives_its_stdio_server",
+        serde_json::json!({"grandchildren": pids.len()}),
     );
 }

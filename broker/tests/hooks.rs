@@ -1,7 +1,8 @@
 //! The hook runner with real scripts: exit 2 blocks a `PreToolUse` with its stderr as the
 //! reason; exit 1, a timeout and a missing binary are "no opinion"; a flood of output is
 //! bounded; the hook's environment is built from nothing; the event arrives on stdin; a root
-//! broker's hooks run as `nobody` and cannot use the kernel keyrings.
+//! broker's hooks run as `nobody`, cannot use the kernel keyrings and leave no `setsid`
+//! grandchild behind.
 //!
 //! Under a root test run the directories hooks write are owned by uid 65534 (the hooks' uid).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -448,4 +449,44 @@ fn hooks_cannot_touch_the_kernel_keyrings() {
         "broker/tests/hooks.rs::hooks_cannot_touch_the_kernel_keyrings",
         json!({"denied_with": "EPERM"}),
     );
+}
+
+#[test]
+fn no_setsid_grandchild_outlives_its_hook() {
+    let d = dir("grandchild");
+    let pids = d.join("pids");
+    // The hook starts a session-leaving child and a double-forked one, then ends at once.
+    let hook = script(
+        &d,
+        "daemonize.sh",
+        &format!(
+            "setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n\
+             (setsid sh -c 'echo $$ >> {pids}; exec sleep 301' </dev/null >/dev/null 2>&1 &)\n\
+             while [ \"$(cat {pids} 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done\n\
+             exit 0",
+            pids = pids.display()
+        ),
+    );
+    let r = runner(&d, HookEvent::PostToolUse, vec![hook]);
+    let reports = rt().block_on(r.post_tool_use(&event(), "ok"));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+    let started: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    // When the run returns they are gone: killed and reaped (no /proc entry, not a zombie).
+    for p in &started {
+        assert!(
+            !Path::new(&format!("/proc/{p}")).exists(),
+            "grandchild {p} outlived its hook"
+        );
+    }
+    report::record(
+        "P9",
+        "broker/tests/hooks.rs::no_setsid_grandchild_outlives_its_hook",
+        json!({"grandchildren": started.len()}),
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }

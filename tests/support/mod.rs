@@ -33,3 +33,8 @@ pub(crate) fn give_to_children(p: &Path) {
         std::os::unix::fs::chown(p, Some(CHILD_UID), Some(CHILD_UID)).unwrap();
     }
 }
+
+/// Whether process `pid` exists at all (a zombie does: its `/proc` entry stays until reaped).
+pub(crate) fn process_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
