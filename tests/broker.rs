@@ -738,6 +738,7 @@ fn scripted_area(name: &str) -> (Area, PathBuf, String) {
     // operator grants, here the log directory.
     let logs = area.base.join("logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("server.log");
     let marker = format!("marker-{name}-{}", std::process::id());
     area.config(json!([{
@@ -990,6 +991,7 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
     // The tool hooks run around every effect: tool calls, resource reads, prompts.
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("hooks.log");
     let logger = hook_script(
         &area,
@@ -1208,6 +1210,7 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o500)).unwrap();
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let probe = hook_script(
         &area,
         "probe.sh",
@@ -2121,6 +2124,7 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
     // configuration says (hooks_writable).
     let logs = area.base.join("hook-logs");
     std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
     let log = logs.join("hooks.log");
     let logger = hook_script(
         &area,
@@ -3088,4 +3092,83 @@ mod audit_log {
             json!({"tmpfs": "2m"}),
         );
     }
+}
+
+/// Under a root broker the stdio servers run as uid 65534 and cannot read `/etc/shadow`; each
+/// leaves a double-forked grandchild in a session of its own. `iteron broker stop` of one ends
+/// its grandchild (killed and reaped, not a zombie of the broker) and leaves the other's; the
+/// broker's shutdown ends the other's.
+#[test]
+fn a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind() {
+    let area = Area::new("descendants");
+    let logs = area.base.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
+    let fixtures = repo().join("fixtures/stdio").canonicalize().unwrap();
+    let server = |tag: &str| {
+        let script = format!(
+            "{{ id -u; head -c 1 /etc/shadow >/dev/null 2>&1 && echo shadow-read || echo shadow-denied; }} > {logs}/{tag}.id; \
+             (setsid sh -c 'echo $$ > {logs}/{tag}.tmp; mv {logs}/{tag}.tmp {logs}/{tag}.pid; exec sleep 300' </dev/null >/dev/null 2>&1 &); \
+             while [ ! -s {logs}/{tag}.pid ]; do sleep 0.05; done; \
+             exec /usr/bin/python3 {fixture}",
+            logs = logs.display(),
+            fixture = fixtures.join("echo_server.py").display(),
+        );
+        json!({"name": tag, "transport": "stdio", "command": "/bin/sh", "args": ["-c", script],
+               "sandbox": {"writable": [logs.to_str().unwrap()],
+                           "readable": [fixtures.to_str().unwrap()]}})
+    };
+    area.config(json!([server("a"), server("b")]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pid_of = |tag: &str| -> i32 {
+        let p = logs.join(format!("{tag}.pid"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&p)
+                && let Ok(pid) = s.trim().parse()
+            {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{tag} never started its grandchild"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let (a, b) = (pid_of("a"), pid_of("b"));
+    assert!(support::process_exists(a) && support::process_exists(b));
+    for tag in ["a", "b"] {
+        let id = std::fs::read_to_string(logs.join(format!("{tag}.id"))).unwrap();
+        let uid = if is_root() {
+            support::CHILD_UID
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        assert_eq!(id, format!("{uid}\nshadow-denied\n"), "{tag}");
+    }
+    // Stopping one server ends its grandchild, and only its.
+    assert!(area.run(&["broker", "stop", "a"]).status.success());
+    assert!(
+        !support::process_exists(a),
+        "server a's grandchild {a} outlived its stop"
+    );
+    assert!(
+        support::process_exists(b),
+        "server b's grandchild went with a's"
+    );
+    // The broker's shutdown ends the other.
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !support::process_exists(b),
+        "server b's grandchild {b} outlived the broker"
+    );
+    support::report::record(
+        "P9",
+        "tests/broker.rs::a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind",
+        json!({"root": is_root(), "grandchildren": 2}),
+    );
 }

@@ -516,12 +516,43 @@ fn report(case: &Case, seen: &Observed) {
     f.write_all(format!("{line}\n").as_bytes()).unwrap();
 }
 
+/// Whether a stdio peer must keep root's uid under a root test run: its program, or the `#!`
+/// interpreter of a script, lies where uid 65534 (the default `sandbox.run_as` of a root
+/// broker) cannot reach by file mode — a venv built from a pyenv Python under the 0700 `/root`
+/// does. The operator's answer is the same: `--sandbox-run-as root` (said on stderr).
+fn needs_root_uid(program: &Path) -> bool {
+    use iteron_broker::confine::{NOBODY_ID, reachable_by};
+    if !nix::unistd::geteuid().is_root() {
+        return false;
+    }
+    let interpreter = fs::read(program).ok().and_then(|head| {
+        let line = head
+            .strip_prefix(b"#!")?
+            .split(|b| *b == b'\n')
+            .next()?
+            .to_vec();
+        let text = String::from_utf8(line).ok()?;
+        text.split_whitespace().next().map(PathBuf::from)
+    });
+    std::iter::once(program.to_path_buf())
+        .chain(interpreter)
+        .any(|p| !reachable_by(&p, NOBODY_ID, NOBODY_ID, false))
+}
+
 /// `iteron mcp add peer …`.
 fn cli_add(sb: &Sandbox, target: &Target) -> Result<(), String> {
     let mut add: Vec<String> = ["mcp", "add", "peer"].map(String::from).to_vec();
     match target {
         Target::Stdio { program, args } => {
-            add.extend(["--stdio".to_owned(), s(program), "--".to_owned()]);
+            add.extend(["--stdio".to_owned(), s(program)]);
+            if needs_root_uid(program) {
+                eprintln!(
+                    "interop: {} is out of uid 65534's reach: the peer runs with --sandbox-run-as root",
+                    program.display()
+                );
+                add.extend(["--sandbox-run-as".to_owned(), "root".to_owned()]);
+            }
+            add.push("--".to_owned());
             add.extend(args.iter().cloned());
         }
         Target::Http { url } => add.extend(["--url".to_owned(), url.clone()]),

@@ -6,6 +6,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "support/mod.rs"]
+mod support;
+
 const CANARY: &str = "CANARYprobe9c1e";
 
 struct Home(PathBuf);
@@ -128,6 +131,7 @@ fn status_without_connect_starts_nothing_and_doctor_shows_names_not_values() {
     // the home, not containing it).
     let out_dir = h.0.join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
+    support::give_to_children(&out_dir);
     let marker = out_dir.join("started");
     let script = format!("touch {}", marker.display());
     assert!(
@@ -215,6 +219,25 @@ fn a_server_denied_by_its_confinement_is_reported_with_the_denied_operation() {
             .starts_with("denied"),
         "{v}"
     );
+    // Who it runs as: uid 65534 under a root broker, the operator's own uid otherwise.
+    let uid = nix::unistd::geteuid().as_raw();
+    let runs_as = if uid == 0 {
+        "uid 65534, gid 65534, no supplementary groups".to_owned()
+    } else {
+        format!("uid {uid}, gid {}", nix::unistd::getegid().as_raw())
+    };
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("runs as") && l.contains(&runs_as)),
+        "{text}"
+    );
+    assert!(
+        v["confinement"]["runs_as"]
+            .as_str()
+            .unwrap()
+            .starts_with(&runs_as),
+        "{v}"
+    );
     let home = std::fs::canonicalize(h.0.join("home")).unwrap();
     let denied: Vec<&str> = v["confinement"]["denied"]
         .as_array()
@@ -230,5 +253,132 @@ fn a_server_denied_by_its_confinement_is_reported_with_the_denied_operation() {
         text.contains("confinement: filesystem confined (landlock ABI")
             || text.contains("confinement: filesystem NOT confined"),
         "{text}"
+    );
+}
+
+/// `iteron mcp test` of a server that leaves a `setsid` grandchild behind (a double fork: its
+/// parent exits at once, and it is in a session of its own): when the command returns, the
+/// grandchild is gone.
+#[test]
+fn mcp_test_leaves_no_setsid_grandchild_behind() {
+    let h = Home::new("grandchild");
+    let out_dir = h.0.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    support::give_to_children(&out_dir);
+    let pid_file = out_dir.join("grandchild.pid");
+    // The grandchild writes its own pid (so it surely ran) and sleeps; the server itself is
+    // the echo fixture.
+    let script = format!(
+        "(setsid sh -c 'echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 300' </dev/null >/dev/null 2>&1 &); \
+         while [ ! -s {pid} ]; do sleep 0.05; done; \
+         exec /usr/bin/python3 {server}",
+        pid = pid_file.display(),
+        server = fixture("echo_server.py"),
+    );
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "daemonizing",
+            "--stdio",
+            "/bin/sh",
+            "--sandbox-writable",
+            out_dir.to_str().unwrap(),
+            "--sandbox-readable",
+            std::path::Path::new(&fixture("echo_server.py"))
+                .parent()
+                .unwrap()
+                .to_str()
+                .unwrap(),
+            "--",
+            "-c",
+            &script
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "test", "daemonizing", "--format", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid: i32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !support::process_exists(pid),
+        "the grandchild {pid} outlived iteron mcp test"
+    );
+    support::report::record(
+        "P9",
+        "tests/mcp_probe.rs::mcp_test_leaves_no_setsid_grandchild_behind",
+        serde_json::json!({"grandchild_gone": true}),
+    );
+}
+
+/// Under a root broker a server runs as uid 65534: a command that uid cannot reach fails
+/// `doctor` with the path and the remedy, and `--sandbox-run-as root` is the explicit way out.
+#[test]
+fn doctor_fails_a_command_out_of_the_childs_uid_reach() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: only a root broker changes its children's uid");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("reach");
+    let private = h.0.join("private");
+    fs::create_dir_all(&private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let server = private.join("server");
+    fs::write(&server, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&server, fs::Permissions::from_mode(0o755)).unwrap();
+    let cmd = server.to_str().unwrap();
+    assert!(
+        h.run(&["mcp", "add", "hidden", "--stdio", cmd])
+            .status
+            .success()
+    );
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "asroot",
+            "--stdio",
+            cmd,
+            "--sandbox-run-as",
+            "root"
+        ])
+        .status
+        .success()
+    );
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |i: usize| {
+        v["servers"][i]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "confinement")
+            .unwrap()
+            .clone()
+    };
+    let hidden = check(0);
+    assert_eq!(hidden["ok"], false, "{hidden}");
+    let detail = hidden["detail"].as_str().unwrap();
+    assert!(detail.contains("runs as uid 65534"), "{detail}");
+    assert!(
+        detail.contains(cmd) && detail.contains("sandbox.run_as"),
+        "{detail}"
+    );
+    let asroot = check(1);
+    assert_eq!(asroot["ok"], true, "{asroot}");
+    assert!(
+        asroot["detail"].as_str().unwrap().contains("runs as uid 0"),
+        "{asroot}"
     );
 }

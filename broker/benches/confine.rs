@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use iteron_broker::confine::{DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, Spec};
+use iteron_broker::confine::{DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, RunAs, Spec};
 use iteron_broker::mcp::client::{Client, Options};
 use iteron_broker::spawn::{ChildSpec, child_env};
 use serde_json::json;
@@ -99,6 +99,7 @@ fn main() {
         open_files: DEFAULT_OPEN_FILES,
         data_bytes: DEFAULT_DATA_BYTES,
         processes: None,
+        run_as: RunAs::default(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

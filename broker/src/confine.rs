@@ -10,6 +10,13 @@
 //! - **Network** (seccomp, plus Landlock TCP rules from ABI 4): no socket of any family unless
 //!   the server's admitted classes include `web_egress` (then IPv4, IPv6 and netlink only).
 //!   Unix-domain sockets are never allowed, so a child cannot reach the broker's sockets.
+//! - **Identity**: under a root broker a child runs as uid and gid 65534 (`nobody`) with no
+//!   supplementary groups, unless the operator's `run_as` says `root` or names a dedicated
+//!   `UID:GID` ([`identity`]); so root-only files stay closed to it whatever Landlock grants.
+//!   The secret files of `/etc` ([`ETC_SECRETS`]) are denied by Landlock to any child their
+//!   modes would not keep out, so even a `run_as: "root"` child cannot read `/etc/shadow`.
+//! - **Keyrings**: `add_key`, `request_key` and `keyctl` are refused (seccomp), and the child
+//!   joins a fresh anonymous session keyring.
 //! - **Resources**: open files and data size bounded by `setrlimit`; `no_new_privs` (no setuid
 //!   gain through exec), no core dumps, no inherited descriptors, a new session — see
 //!   [`crate::sys::harden_pre_exec`].
@@ -22,6 +29,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::sys::{self, Prepared, landlock};
+
+pub use iteron_policy::config::{NOBODY_ID, RunAs};
 
 /// Directories a normal program reads (and executes from).
 pub const SYSTEM_READ: &[&str] = &[
@@ -39,6 +48,29 @@ pub const SYSTEM_READ: &[&str] = &[
     // Where `/etc/resolv.conf` points on systemd-resolved and resolvconf systems.
     "/run/systemd/resolve",
     "/run/resolvconf",
+];
+/// Root-only secrets beneath the granted `/etc`: password and group shadow files (and their
+/// backups), sudo policy, TLS and SSH host private keys, systemd credential stores. Landlock
+/// denies them to every child that could otherwise open them — one that keeps uid 0
+/// (`run_as: "root"`) or the broker's own uid and groups (a broker that is not root: its
+/// groups may include `shadow` or `ssl-cert`); a child switched to `nobody` or a dedicated
+/// uid, with no groups, is denied them by their modes (checked: if a mode would let its uid or
+/// gid in, Landlock denies it too).
+pub const ETC_SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssl/private",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssh/ssh_host_dsa_key",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
 ];
 /// Device files a program may read.
 pub const DEVICES_READ: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];
@@ -66,6 +98,71 @@ pub struct Spec {
     pub data_bytes: u64,
     /// `RLIMIT_NPROC` (every process of the uid counts), if the operator set one.
     pub processes: Option<u64>,
+    /// Who the child runs as under a root broker (default: `nobody`).
+    pub run_as: RunAs,
+}
+
+/// The uid and gid a child runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// Its uid.
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+    /// Whether the broker switches to them (then with no supplementary groups); `false`: the
+    /// child keeps the broker's own uid, gid and groups.
+    pub switched: bool,
+}
+
+/// Why a `run_as` cannot be honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityError {
+    /// A `UID:GID` other than the broker's own, but the broker is not root.
+    NeedsRoot,
+}
+
+impl std::fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdentityError::NeedsRoot => f.write_str(
+                "run_as names a uid:gid other than the broker's own, and only a root broker can change uid",
+            ),
+        }
+    }
+}
+
+/// Who a child with this `run_as` runs as under a broker whose effective uid and gid are
+/// `euid`/`egid`. A root broker switches to `nobody` (65534) unless told `root` (keep uid 0) or
+/// a `UID:GID`; a broker that is not root cannot switch: its children keep its uid, and a
+/// `UID:GID` other than its own is refused (fail closed, never silently ignored).
+pub fn identity_for(run_as: RunAs, euid: u32, egid: u32) -> Result<Identity, IdentityError> {
+    let keep = Identity {
+        uid: euid,
+        gid: egid,
+        switched: false,
+    };
+    let to = |uid, gid| Identity {
+        uid,
+        gid,
+        switched: true,
+    };
+    match (euid == 0, run_as) {
+        (_, RunAs::Root) => Ok(keep),
+        (true, RunAs::Nobody) => Ok(to(NOBODY_ID, NOBODY_ID)),
+        (true, RunAs::Ids { uid, gid }) => Ok(to(uid, gid)),
+        (false, RunAs::Nobody) => Ok(keep),
+        (false, RunAs::Ids { uid, gid }) if uid == euid && gid == egid => Ok(keep),
+        (false, RunAs::Ids { .. }) => Err(IdentityError::NeedsRoot),
+    }
+}
+
+/// [`identity_for`] this process.
+pub fn identity(run_as: RunAs) -> Result<Identity, IdentityError> {
+    identity_for(
+        run_as,
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
 }
 
 /// What was actually enforced, for diagnostics.
@@ -83,6 +180,11 @@ pub struct Effective {
     pub network: bool,
     /// Grants that were dropped (inside the home, or missing), with why.
     pub dropped: Vec<(PathBuf, &'static str)>,
+    /// Who the child runs as, or why its `run_as` cannot be honoured (it is then not started).
+    pub identity: Result<Identity, IdentityError>,
+    /// Grants (and the command) the child's uid cannot reach by their file modes, with why:
+    /// Landlock allows them, but the child will be refused (a path under `/root` for `nobody`).
+    pub unreachable: Vec<(PathBuf, &'static str)>,
 }
 
 impl Effective {
@@ -103,11 +205,92 @@ impl Effective {
             } else {
                 "denied: no sockets (seccomp) and no TCP (landlock)"
             },
+            "runs_as": self.runs_as(),
             "readable": list(&self.readable),
             "writable": list(&self.writable),
             "denied": list(&self.denied),
+            "unreachable": self.unreachable.iter().map(|(p, why)| json!({
+                "path": iteron_policy::text::single_line_capped(&p.to_string_lossy(), 300),
+                "why": why,
+            })).collect::<Vec<_>>(),
         })
     }
+
+    /// Who the child runs as, in words (`iteron mcp get`, `doctor`).
+    pub fn runs_as(&self) -> String {
+        match &self.identity {
+            Ok(Identity {
+                uid,
+                gid,
+                switched: true,
+            }) => format!("uid {uid}, gid {gid}, no supplementary groups"),
+            Ok(Identity { uid, gid, .. }) if *uid == 0 => {
+                format!("uid 0, gid {gid} (root: run_as \"root\"), no capabilities")
+            }
+            Ok(Identity { uid, gid, .. }) => {
+                format!("uid {uid}, gid {gid} (the broker's own: it is not root)")
+            }
+            Err(e) => format!("cannot start: {e}"),
+        }
+    }
+}
+
+/// Whether `uid`/`gid` (no supplementary groups) may reach `path` by its mode bits: search on
+/// every directory above it, and read (and search, for a directory) or write on it. ACLs and
+/// mandatory access control are not consulted: an answer of `false` is a warning, not a proof.
+pub fn reachable_by(path: &Path, uid: u32, gid: u32, write: bool) -> bool {
+    let want = if write { 0o2 } else { 0o4 };
+    mode_walk(path, uid, gid, |m, allows| {
+        allows(m, want) && (!m.is_dir() || allows(m, 0o1))
+    })
+}
+
+/// Whether `uid`/`gid` (no supplementary groups) might open `path` or, for a directory,
+/// something beneath it, by mode bits (search on the directory is enough: a name inside may be
+/// known). Conservative: `true` also when a file beneath turns out unreadable.
+fn exposed_to(path: &Path, uid: u32, gid: u32) -> bool {
+    mode_walk(path, uid, gid, |m, allows| {
+        if m.is_dir() {
+            allows(m, 0o1)
+        } else {
+            allows(m, 0o4)
+        }
+    })
+}
+
+type Allows = dyn Fn(&std::fs::Metadata, u32) -> bool;
+
+/// Search on every directory above `path` for `uid`/`gid`, then `last` on `path` itself.
+fn mode_walk(
+    path: &Path,
+    uid: u32,
+    gid: u32,
+    last: impl Fn(&std::fs::Metadata, &Allows) -> bool,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if uid == 0 {
+        return true;
+    }
+    let allows = move |m: &std::fs::Metadata, bit: u32| -> bool {
+        let shift = if m.uid() == uid {
+            6
+        } else if m.gid() == gid {
+            3
+        } else {
+            0
+        };
+        m.mode() & (bit << shift) != 0
+    };
+    let Some(real) = canonical(path) else {
+        return false;
+    };
+    for dir in real.ancestors().skip(1) {
+        match std::fs::metadata(dir) {
+            Ok(m) if allows(&m, 0o1) => {}
+            _ => return false,
+        }
+    }
+    std::fs::metadata(&real).is_ok_and(|m| last(&m, &allows))
 }
 
 fn canonical(p: &Path) -> Option<PathBuf> {
@@ -242,10 +425,25 @@ pub fn deny_to_every_child(paths: Vec<PathBuf>) -> bool {
 /// What a confinement would enforce, without enforcing anything (diagnostics, and the first
 /// half of [`prepare`]).
 pub fn plan(spec: &Spec) -> Effective {
+    let identity = identity(spec.run_as);
+    // The secrets of /etc (those present) are denied by Landlock to a child that could
+    // otherwise open them: one that keeps uid 0 or the broker's groups. A child switched to
+    // another uid with no groups is kept out by their modes already, and is spared the cost
+    // of granting /etc entry by entry, unless a mode lets its uid or gid in.
+    let etc: Vec<PathBuf> = ETC_SECRETS
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .filter(|p| match identity {
+            Ok(id) if id.switched && id.uid != 0 => exposed_to(p, id.uid, id.gid),
+            _ => true,
+        })
+        .collect();
     let deny: Vec<PathBuf> = spec
         .deny
         .iter()
         .chain(ALWAYS_DENIED.get().into_iter().flatten())
+        .chain(etc.iter())
         .map(|d| canonical(d).unwrap_or_else(|| d.clone()))
         .collect();
     let mut dropped = Vec::new();
@@ -275,6 +473,19 @@ pub fn plan(spec: &Spec) -> Effective {
     let mut readable = roots(&[system, spec.readable.clone()].concat());
     readable.retain(|p| p.exists());
     let writable = roots(&spec.writable);
+    let mut unreachable = Vec::new();
+    if let Some(id) = identity.ok().filter(|id| id.switched) {
+        for (grants, write, why) in [
+            (&spec.readable, false, "not readable by the child's uid"),
+            (&spec.writable, true, "not writable by the child's uid"),
+        ] {
+            for g in grants {
+                if g.exists() && !reachable_by(g, id.uid, id.gid, write) {
+                    unreachable.push((g.clone(), why));
+                }
+            }
+        }
+    }
     Effective {
         landlock_abi: sys::landlock_abi(),
         readable,
@@ -282,6 +493,8 @@ pub fn plan(spec: &Spec) -> Effective {
         denied: deny,
         network: spec.network,
         dropped,
+        identity,
+        unreachable,
     }
 }
 
@@ -290,7 +503,19 @@ pub fn plan(spec: &Spec) -> Effective {
 pub fn describe(spec: &Spec, command: &Path, args: &[String]) -> Effective {
     let mut s = spec.clone();
     s.readable.extend(install_tree(command, args));
-    plan(&s)
+    let mut e = plan(&s);
+    if let Some(id) = e.identity.ok().filter(|id| id.switched)
+        && !reachable_by(command, id.uid, id.gid, false)
+    {
+        e.unreachable.insert(
+            0,
+            (
+                command.to_path_buf(),
+                "the command is not readable by the child's uid",
+            ),
+        );
+    }
+    e
 }
 
 /// Add a rule; a path that vanished since planning (another process removed it) simply gets
@@ -310,9 +535,13 @@ fn allow_if_present(
 /// Prepare the confinement of one child (in the parent: this allocates and opens files).
 pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
     let effective = plan(spec);
+    let id = effective
+        .identity
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
     let (readable, writable) = (&effective.readable, &effective.writable);
     let abi = effective.landlock_abi;
     let mut prepared = Prepared {
+        identity: id.switched.then_some((id.uid, id.gid)),
         ruleset: None,
         seccomp: Some(sys::seccomp_socket_filter(
             spec.network,
@@ -397,6 +626,101 @@ mod tests {
         }
         std::fs::write(base.join("a/file"), "f").unwrap();
         base
+    }
+
+    #[test]
+    fn run_as_switches_only_under_a_root_broker_and_never_silently() {
+        let to = |uid, gid| Identity {
+            uid,
+            gid,
+            switched: true,
+        };
+        let keep = |uid, gid| Identity {
+            uid,
+            gid,
+            switched: false,
+        };
+        // A root broker: nobody by default, root only when asked, or a dedicated account.
+        assert_eq!(identity_for(RunAs::Nobody, 0, 0), Ok(to(65534, 65534)));
+        assert_eq!(identity_for(RunAs::Root, 0, 0), Ok(keep(0, 0)));
+        let ids = RunAs::Ids { uid: 7, gid: 8 };
+        assert_eq!(identity_for(ids, 0, 0), Ok(to(7, 8)));
+        // A broker that is not root cannot switch: its own uid, and another one is refused.
+        assert_eq!(identity_for(RunAs::Nobody, 1000, 100), Ok(keep(1000, 100)));
+        assert_eq!(identity_for(RunAs::Root, 1000, 100), Ok(keep(1000, 100)));
+        let own = RunAs::Ids {
+            uid: 1000,
+            gid: 100,
+        };
+        assert_eq!(identity_for(own, 1000, 100), Ok(keep(1000, 100)));
+        assert_eq!(identity_for(ids, 1000, 100), Err(IdentityError::NeedsRoot));
+        // And a refused identity stops the start (prepare fails, nothing is spawned).
+        if !nix::unistd::geteuid().is_root() {
+            let spec = Spec {
+                run_as: ids,
+                ..Spec::default()
+            };
+            assert!(prepare(&spec).is_err());
+        }
+    }
+
+    #[test]
+    fn the_secrets_of_etc_are_denied_and_reachability_follows_the_modes() {
+        // A child that keeps the broker's uid (root here, or the operator's uid and groups).
+        let keep = Spec {
+            run_as: RunAs::Root,
+            ..Spec::default()
+        };
+        let e = plan(&keep);
+        for secret in ["/etc/shadow", "/etc/gshadow"] {
+            let p = Path::new(secret);
+            if p.exists() {
+                let real = std::fs::canonicalize(p).unwrap();
+                assert!(e.denied.contains(&real), "{secret}: {:?}", e.denied);
+                assert!(
+                    !e.readable.iter().any(|r| real.starts_with(r)),
+                    "{secret} lies beneath a readable root"
+                );
+            }
+        }
+        // /etc itself is granted as its other entries.
+        if Path::new("/etc/passwd").exists() {
+            assert!(
+                e.readable
+                    .iter()
+                    .any(|r| Path::new("/etc/passwd").starts_with(r))
+            );
+        }
+        // A child switched to nobody: the modes keep it out, so /etc is granted whole (one
+        // rule instead of one per entry), unless a secret's mode would let it in.
+        if nix::unistd::geteuid().is_root() {
+            let e = plan(&Spec::default());
+            for secret in ETC_SECRETS {
+                let p = Path::new(secret);
+                if p.exists() {
+                    assert_eq!(
+                        e.denied.contains(&std::fs::canonicalize(p).unwrap()),
+                        exposed_to(p, NOBODY_ID, NOBODY_ID),
+                        "{secret}"
+                    );
+                }
+            }
+        }
+        // Mode bits, as a uid that is not root sees them.
+        let t = tree("modes");
+        use std::os::unix::fs::PermissionsExt;
+        let private = t.join("a");
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(!reachable_by(&t.join("a/file"), 65534, 65534, false));
+        assert!(reachable_by(&t.join("d"), 65534, 65534, false));
+        assert!(!reachable_by(&t.join("d"), 65534, 65534, true));
+        assert!(reachable_by(&t.join("d"), 0, 0, true));
+        // Search alone on a directory exposes what is beneath it.
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert!(exposed_to(&private, 65534, 65534));
+        assert!(!reachable_by(&private, 65534, 65534, false));
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_dir_all(&t);
     }
 
     #[test]

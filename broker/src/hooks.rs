@@ -4,8 +4,9 @@
 //!
 //! Each hook is a hardened, confined child (see [`crate::spawn`] and [`crate::confine`]:
 //! environment built from nothing — only `PATH`, `LANG` and `TMPDIR`, its private scratch
-//! directory —, own session, no_new_privs, no inherited descriptors, no sockets, the operator
-//! home out of reach; the rest of the filesystem as the operator), gets the event as
+//! directory —, own session, no_new_privs, no inherited descriptors, no sockets, no keyrings,
+//! the operator home out of reach; the rest of the filesystem readable as its uid — `nobody`
+//! under a root broker unless `hooks_run_as` says otherwise), gets the event as
 //! one JSON object on stdin, and runs under a deadline ([`HOOK_TIMEOUT`]) with its output
 //! bounded ([`MAX_HOOK_OUTPUT`] of stdout is read, the rest discarded; stderr is kept in the
 //! spawner's bounded ring). Only a `PreToolUse` hook that exits with code 2 blocks, with its
@@ -89,6 +90,7 @@ pub struct HookRunner {
     timeout: Option<Duration>,
     home: Option<std::path::PathBuf>,
     writable: Vec<std::path::PathBuf>,
+    run_as: crate::confine::RunAs,
     /// Hook processes running at once, broker-wide.
     running: std::sync::Arc<tokio::sync::Semaphore>,
 }
@@ -104,6 +106,7 @@ impl HookRunner {
             timeout: None,
             home: None,
             writable: Vec::new(),
+            run_as: crate::confine::RunAs::default(),
             running: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
         }
     }
@@ -125,6 +128,13 @@ impl HookRunner {
         self
     }
 
+    /// Who hooks run as under a root broker (the configuration's `hooks_run_as`; default
+    /// `nobody`).
+    pub fn with_run_as(mut self, run_as: crate::confine::RunAs) -> HookRunner {
+        self.run_as = run_as;
+        self
+    }
+
     /// With another deadline (tests).
     pub fn with_timeout(mut self, timeout: Duration) -> HookRunner {
         self.timeout = Some(timeout);
@@ -132,9 +142,10 @@ impl HookRunner {
     }
 
     /// A hook's confinement: it reads the operator's filesystem except the home (Landlock, as
-    /// siblings of the home) and writes only its scratch directory and `hooks_writable` (so it
-    /// cannot plant code in the operator's shell files or binaries); no sockets (seccomp), no
-    /// capabilities, bounded open files and memory.
+    /// siblings of the home) and the secrets of `/etc`, and writes only its scratch directory
+    /// and `hooks_writable` (so it cannot plant code in the operator's shell files or
+    /// binaries) — all as far as its uid's file modes allow; no sockets (seccomp), no keyrings,
+    /// no capabilities, bounded open files and memory.
     fn confinement(&self) -> crate::confine::Spec {
         crate::confine::Spec {
             deny: self.home.iter().cloned().collect(),
@@ -144,6 +155,7 @@ impl HookRunner {
             open_files: crate::confine::DEFAULT_OPEN_FILES,
             data_bytes: crate::confine::DEFAULT_DATA_BYTES,
             processes: None,
+            run_as: self.run_as,
         }
     }
 

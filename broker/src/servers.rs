@@ -263,7 +263,8 @@ pub struct SpawnContext {
 }
 
 /// The confinement of a stdio server: the home denied; what its `sandbox` block grants;
-/// network only when its admitted classes include `web_egress`; its limits or the defaults.
+/// network only when its admitted classes include `web_egress`; its limits or the defaults;
+/// its `run_as` (default `nobody` under a root broker).
 pub fn stdio_confinement(
     server: &ServerConfig,
     st: &iteron_policy::config::StdioServer,
@@ -293,6 +294,7 @@ pub fn stdio_confinement(
             .max_memory_mb
             .map_or(crate::confine::DEFAULT_DATA_BYTES, |mb| mb << 20),
         processes: st.sandbox.max_processes,
+        run_as: st.sandbox.run_as.unwrap_or_default(),
     }
 }
 

@@ -7,6 +7,18 @@
 //! is tied to a thread that never exits). Its stderr is kept in a bounded ring for diagnostics.
 //! Shutdown is a ladder: close stdin, wait; SIGTERM the group, wait; SIGKILL the group — so a
 //! server that ignores stdin EOF is still reaped.
+//!
+//! **No descendant outlives its owner.** A process that leaves its owner's process group and
+//! session (`setsid`, a double-forking daemon) escapes a group kill, so the spawning process
+//! makes itself a child subreaper ([`crate::sys::become_subreaper`]) and so does every child
+//! (before exec). An orphan below a running child is re-parented to that child; when the child
+//! ends, its remaining descendants are re-parented to this process. Once a child is stopped
+//! and reaped, [`sweep`] ends (SIGKILL) and reaps every process this process adopted that is
+//! not one of its own children and whose session is not that of a child still being
+//! supervised — repeatedly, until none is left, since ending one re-parents its own children
+//! here. Processes in this process's own session are never touched (they were not started
+//! by [`spawn`]). [`ChildProcess::shutdown`] returns once this is done; [`settle`] waits for
+//! every child dropped without it.
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
@@ -34,6 +46,13 @@ pub const CHILD_LANG: &str = "C.UTF-8";
 pub const STDERR_KEEP: usize = 16 * 1024;
 /// Default wait at each rung of the shutdown ladder.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long [`ChildProcess::shutdown`] waits for a child's group to be killed, the child
+/// reaped and its adopted descendants ended.
+pub const REAP_DEADLINE: Duration = Duration::from_secs(10);
+/// Most rounds of one [`sweep`] (each round ends the adopted processes found, which
+/// re-parents their own children here for the next round; a tree deeper than this is finished
+/// by the next sweep).
+pub const MAX_SWEEP_ROUNDS: usize = 1024;
 
 /// The value of an environment variable given to a child: possibly a secret, so it lives in a
 /// zeroizing box, is never `Debug`-printed, and is exposed only to `exec`.
@@ -220,18 +239,155 @@ type SpawnReply = std::sync::mpsc::Sender<Result<std::process::Child, SpawnError
 type SpawnOrder = (Command, String, SpawnReply);
 type SpawnQueue = Mutex<mpsc::Sender<SpawnOrder>>;
 
+/// The pids of the children [`spawn`] started that are not reaped yet. Each is also the id of
+/// the child's session, which its descendants keep unless they `setsid`. Locked around every
+/// fork (so a sweep never mistakes a child being started for an orphan) and every sweep round.
+fn owners() -> &'static Mutex<std::collections::BTreeSet<i32>> {
+    static OWNERS: OnceLock<Mutex<std::collections::BTreeSet<i32>>> = OnceLock::new();
+    OWNERS.get_or_init(|| Mutex::new(std::collections::BTreeSet::new()))
+}
+
+fn lock_owners() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<i32>> {
+    // A panic while holding the lock leaves a set that is still a set: keep using it.
+    owners()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reaper threads still running (a child not yet stopped, reaped and swept), for [`settle`].
+fn reapers() -> &'static (Mutex<usize>, std::sync::Condvar) {
+    static REAPERS: OnceLock<(Mutex<usize>, std::sync::Condvar)> = OnceLock::new();
+    REAPERS.get_or_init(|| (Mutex::new(0), std::sync::Condvar::new()))
+}
+
+fn reaper_count(delta: isize) {
+    let (m, cv) = reapers();
+    let mut n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *n = n.saturating_add_signed(delta);
+    cv.notify_all();
+}
+
+/// Wait, at most `within`, until every child started so far has been stopped, reaped and
+/// swept ([`sweep`]) — a child whose handle was dropped is killed by its reaper in the
+/// background. A command calls this before exiting, so no adopted descendant is left to init.
+/// `true` when nothing is left.
+pub fn settle(within: Duration) -> bool {
+    let (m, cv) = reapers();
+    let n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match cv.wait_timeout_while(n, within, |n| *n > 0) {
+        Ok((n, _)) => *n == 0,
+        Err(_) => false,
+    }
+}
+
+/// The processes whose parent is this process, with their session ids (from `/proc`).
+fn adopted() -> Vec<(i32, i32)> {
+    let me = std::process::id() as i32;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp session …": comm may hold spaces and parentheses, so the
+        // fields are counted after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(sid)) = (
+            f.get(1).and_then(|v| v.parse::<i32>().ok()),
+            f.get(3).and_then(|v| v.parse::<i32>().ok()),
+        ) else {
+            continue;
+        };
+        if ppid == me {
+            out.push((pid, sid));
+        }
+    }
+    out
+}
+
+/// Held while a sweep runs: one at a time, so no two wait for the same pid.
+static SWEEPING: Mutex<()> = Mutex::new(());
+
+/// End and reap every process this process adopted from its children: a process whose parent
+/// is now this process, that is not a supervised child, whose session is not a supervised
+/// child's (a descendant of a child that is still being supervised waits for that child's
+/// own stop) and not this process's own (this process did not start it through [`spawn`]).
+/// Repeats until a round finds none, at most [`MAX_SWEEP_ROUNDS`] rounds (a deeper tree is
+/// finished by the next sweep). Returns how many were ended, and whether a round found none.
+pub fn sweep() -> (usize, bool) {
+    let _one = SWEEPING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let own_session = nix::unistd::getsid(None).map_or(-1, Pid::as_raw);
+    rounds_until_none(MAX_SWEEP_ROUNDS, || {
+        let victims: Vec<i32> = {
+            let owners = lock_owners();
+            let v: Vec<i32> = adopted()
+                .into_iter()
+                .filter(|(pid, sid)| {
+                    !owners.contains(pid) && !owners.contains(sid) && *sid != own_session
+                })
+                .map(|(pid, _)| pid)
+                .collect();
+            // Our unreaped children: their pids cannot be reused until they are waited for,
+            // and only this (serialized) sweep waits for them.
+            for p in &v {
+                let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
+            }
+            v
+        };
+        for p in &victims {
+            while let Err(nix::errno::Errno::EINTR) =
+                nix::sys::wait::waitpid(Pid::from_raw(*p), None)
+            {}
+        }
+        victims.len()
+    })
+}
+
+/// Run `round` (which ends what it finds and says how many) until it finds none, at most `max`
+/// times: the total ended, and whether the last round found none.
+fn rounds_until_none(max: usize, mut round: impl FnMut() -> usize) -> (usize, bool) {
+    let mut ended = 0;
+    for _ in 0..max {
+        match round() {
+            0 => return (ended, true),
+            n => ended += n,
+        }
+    }
+    (ended, false)
+}
+
 /// One long-lived thread does every fork, so `PR_SET_PDEATHSIG` never fires because a
-/// short-lived worker thread exited.
+/// short-lived worker thread exited. The process becomes a child subreaper first (see the
+/// module documentation); if it cannot, nothing is spawned.
 fn spawner() -> Option<&'static SpawnQueue> {
     static SPAWNER: OnceLock<Option<SpawnQueue>> = OnceLock::new();
     SPAWNER
         .get_or_init(|| {
+            crate::sys::become_subreaper().ok()?;
             let (tx, rx) = mpsc::channel::<SpawnOrder>();
             std::thread::Builder::new()
                 .name("iteron-spawner".into())
                 .spawn(move || {
                     while let Ok((mut cmd, shown, reply)) = rx.recv() {
-                        let result = cmd.spawn().map_err(|e| SpawnError::Start {
+                        let result = {
+                            let mut owners = lock_owners();
+                            let r = cmd.spawn();
+                            if let Ok(c) = &r {
+                                owners.insert(c.id() as i32);
+                            }
+                            r
+                        };
+                        let result = result.map_err(|e| SpawnError::Start {
                             command: shown,
                             reason: e.to_string(),
                         });
@@ -257,6 +413,9 @@ pub struct ChildProcess {
     exit: watch::Receiver<Option<Exit>>,
     /// Tells the reaper to kill what is left of the group and reap the leader.
     reap: Option<mpsc::Sender<()>>,
+    /// Becomes true when the reaper is done: group killed, leader reaped, adopted descendants
+    /// ended ([`sweep`]), scratch directory removed.
+    reaped: watch::Receiver<bool>,
     confinement: Option<Box<crate::confine::Effective>>,
 }
 
@@ -298,13 +457,16 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             c.readable
                 .extend(crate::confine::install_tree(&program, &spec.args));
             cmd.env("TMPDIR", &dir);
-            scratch = Some(dir);
-            let (prepared, effective) = crate::confine::prepare(&c).map_err(|e| {
-                if let Some(d) = &scratch {
-                    let _ = std::fs::remove_dir_all(d);
-                }
+            let fail = |e: std::io::Error| {
+                let _ = std::fs::remove_dir_all(&dir);
                 SpawnError::Confine(e.to_string())
-            })?;
+            };
+            let (prepared, effective) = crate::confine::prepare(&c).map_err(fail)?;
+            // The scratch directory belongs to the uid the child runs as.
+            if let Some((uid, gid)) = prepared.identity {
+                std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(fail)?;
+            }
+            scratch = Some(dir);
             confinement = Some(Box::new(effective));
             Some(prepared)
         }
@@ -369,7 +531,9 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
     }
     let (exit_tx, exit_rx) = watch::channel(None);
     let (reap_tx, reap_rx) = mpsc::channel::<()>();
-    std::thread::Builder::new()
+    let (reaped_tx, reaped_rx) = watch::channel(false);
+    reaper_count(1);
+    let reaper = std::thread::Builder::new()
         .name("iteron-reaper".into())
         .spawn(move || {
             use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
@@ -392,15 +556,34 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             // of it — a server's own children included — and reap the leader.
             let _ = reap_rx.recv();
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = child.wait();
+            {
+                // Reaped and forgotten under the lock: the pid is free for reuse only after.
+                let mut owners = lock_owners();
+                let _ = child.wait();
+                owners.remove(&pid);
+            }
+            // Its descendants that left its group were re-parented here when it ended.
+            sweep();
             if let Some(d) = scratch {
                 let _ = std::fs::remove_dir_all(d);
             }
-        })
-        .map_err(|e| SpawnError::Start {
+            let _ = reaped_tx.send(true);
+            reaper_count(-1);
+        });
+    if let Err(e) = reaper {
+        // No reaper (the closure and the child handle are gone): end and reap it here.
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        {
+            let mut owners = lock_owners();
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
+            owners.remove(&pid);
+        }
+        reaper_count(-1);
+        return Err(SpawnError::Start {
             command: spec.command.clone(),
             reason: e.to_string(),
-        })?;
+        });
+    }
     Ok(ChildProcess {
         pid,
         stdin,
@@ -409,6 +592,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         stderr_eof,
         exit: exit_rx,
         reap: Some(reap_tx),
+        reaped: reaped_rx,
         confinement,
     })
 }
@@ -536,8 +720,15 @@ impl ChildProcess {
     }
 
     /// The shutdown ladder: close stdin and wait `grace`; SIGTERM the process group and wait
-    /// `grace`; SIGKILL the group and wait for the reaper. Returns the rung that ended it.
+    /// `grace`; SIGKILL the group and wait for the reaper. Returns the rung that ended it, once
+    /// the reaper has killed what was left of the group, reaped the child and ended every
+    /// descendant that left it ([`sweep`]) — or after [`REAP_DEADLINE`].
     pub async fn shutdown(&mut self, grace: Duration) -> Ended {
+        self.shutdown_within(grace, REAP_DEADLINE).await
+    }
+
+    /// [`ChildProcess::shutdown`], waiting at most `reap_deadline` for the reaper.
+    async fn shutdown_within(&mut self, grace: Duration, reap_deadline: Duration) -> Ended {
         self.stdin = None;
         let ended = if self.wait_for(grace).await {
             Ended::OnEof
@@ -553,7 +744,15 @@ impl ChildProcess {
         };
         // The leader is gone; anything it left behind in its group goes too.
         self.release();
+        let mut reaped = self.reaped.clone();
+        let _ = tokio::time::timeout(reap_deadline, reaped.wait_for(|done| *done)).await;
         ended
+    }
+
+    /// Whether the reaper is done with this child (group killed, child reaped, adopted
+    /// descendants ended, scratch directory removed).
+    pub fn is_reaped(&self) -> bool {
+        *self.reaped.borrow()
     }
 
     fn release(&mut self) {
@@ -758,6 +957,76 @@ mod tests {
             tail[1].starts_with("esc \\u{1b}[31m Bearer [REDACTED]"),
             "{tail:?}"
         );
+    }
+
+    #[test]
+    fn a_sweep_stops_at_its_round_bound_and_the_next_one_finishes() {
+        // A tree four levels deep: each round ends one level, then one round finds none.
+        let levels = |n: usize| {
+            let mut left = n;
+            move || {
+                if left == 0 {
+                    0
+                } else {
+                    left -= 1;
+                    1
+                }
+            }
+        };
+        assert_eq!(rounds_until_none(5, levels(4)), (4, true));
+        // One round short: everything found was ended, but it cannot say nothing is left.
+        assert_eq!(rounds_until_none(4, levels(4)), (4, false));
+        let mut deeper = levels(6);
+        assert_eq!(rounds_until_none(4, &mut deeper), (4, false));
+        assert_eq!(rounds_until_none(4, &mut deeper), (2, true));
+        assert_eq!(rounds_until_none(1, levels(0)), (0, true));
+    }
+
+    #[tokio::test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the held sweep lock is what keeps the reaper (another thread) from finishing"
+    )]
+    async fn shutdown_waits_for_the_reaper_at_most_its_deadline() {
+        let (env, _) = child_env(&[], None, |_| None);
+        let spawn_cat = || {
+            spawn(ChildSpec {
+                command: "cat".into(),
+                args: vec![],
+                env: env.clone(),
+                confine: None,
+            })
+        };
+        // A child not stopped yet: settle gives up at its deadline.
+        let mut held = spawn_cat().await.unwrap();
+        let t = std::time::Instant::now();
+        assert!(!settle(Duration::from_millis(200)));
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        // A sweep in progress (held here) keeps the reaper from finishing.
+        let guard = SWEEPING.lock().unwrap();
+        let t = std::time::Instant::now();
+        let deadline = Duration::from_millis(300);
+        assert_eq!(
+            held.shutdown_within(Duration::from_millis(500), deadline)
+                .await,
+            Ended::OnEof
+        );
+        assert!(t.elapsed() >= deadline, "{:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        assert!(!held.is_reaped());
+        drop(guard);
+        let mut rx = held.reaped.clone();
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|d| *d))
+            .await
+            .unwrap()
+            .unwrap();
+        // Unhindered, the wait ends as soon as the reaper is done, well before the deadline.
+        let mut free = spawn_cat().await.unwrap();
+        let t = std::time::Instant::now();
+        free.shutdown_within(Duration::from_millis(500), Duration::from_secs(5))
+            .await;
+        assert!(free.is_reaped());
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
     #[tokio::test]

@@ -18,18 +18,29 @@ use nix::sys::signal::Signal;
 /// 2. `PR_SET_PDEATHSIG(SIGKILL)`, then a check that the parent is still `parent_pid` (if the
 ///    parent died before the signal was armed, fail rather than run orphaned). The signal fires
 ///    when the *thread* that forked exits, so callers spawn from one long-lived thread;
-/// 3. `PR_SET_NO_NEW_PRIVS`: no setuid/file-capability gain through exec;
-/// 4. `RLIMIT_CORE = 0`: no core dump of the child's memory;
-/// 5. every descriptor ≥ 3 marked close-on-exec (`close_range` with `CLOSE_RANGE_CLOEXEC`), so
+/// 3. `PR_SET_CHILD_SUBREAPER`: a descendant orphaned while the child lives (a double-forking
+///    daemon) is re-parented to the child, not to init, so it stays in the child's tree until
+///    the child ends and then comes to the broker (itself a subreaper, [`become_subreaper`]),
+///    which ends it ([`crate::spawn`]);
+/// 4. `PR_SET_NO_NEW_PRIVS`: no setuid/file-capability gain through exec;
+/// 5. `RLIMIT_CORE = 0`: no core dump of the child's memory;
+/// 6. every descriptor ≥ 3 marked close-on-exec (`close_range` with `CLOSE_RANGE_CLOEXEC`), so
 ///    nothing the broker holds (sockets, credential files) leaks into the child. Descriptors are
 ///    marked, not closed: std's exec-error pipe must survive until exec.
+///
+/// A confined child then, in this order: sets its resource limits; empties the capability
+/// bounding set (while it may); switches to its uid and gid with no supplementary groups
+/// when [`Prepared::identity`] says so (its stdio pipes are handed to that uid first, so
+/// `/dev/stdin` and `/dev/stderr` still open) and arms the parent-death signal again (the
+/// kernel clears it when the effective uid changes); empties every capability set; joins a new
+/// anonymous session keyring (best effort: the broker's session keyring, and through it the
+/// user keyring, leaves the child's search path); enforces its Landlock ruleset; installs its
+/// seccomp filter (which also refuses every keyring call).
 pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Option<Prepared>) {
     let hook = move || -> std::io::Result<()> {
         nix::unistd::setsid().map_err(std::io::Error::from)?;
-        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-        if nix::unistd::getppid().as_raw() != parent_pid {
-            return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
-        }
+        arm_parent_death(parent_pid)?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
         nix::sys::prctl::set_no_new_privs().map_err(std::io::Error::from)?;
         setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(std::io::Error::from)?;
         // SAFETY: close_range(2) takes three integers and touches no memory of ours; with
@@ -60,7 +71,15 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
             for (resource, limit) in &c.rlimits {
                 setrlimit(*resource, *limit, *limit).map_err(std::io::Error::from)?;
             }
+            // The bounding set needs CAP_SETPCAP, which the uid switch below takes away.
+            drop_bounding_set();
+            if let Some((uid, gid)) = c.identity {
+                switch_identity(uid, gid)?;
+                // commit_creds() cleared the parent-death signal with the effective uid.
+                arm_parent_death(parent_pid)?;
+            }
             drop_capabilities()?;
+            join_new_session_keyring();
             if let Some(fd) = &c.ruleset {
                 // SAFETY: landlock_restrict_self(2) takes a descriptor number and a flags word
                 // and touches no memory of ours; no_new_privs is already set, as it requires.
@@ -99,10 +118,99 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
         Ok(())
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // system calls (setsid, prctl, getppid, setrlimit, close_range), allocates nothing (the
-    // error values are plain integers), and touches no lock the parent could hold.
+    // system calls (setsid, prctl, getppid, setrlimit, close_range, fstat, fchown, set*id,
+    // capset, keyctl, landlock, seccomp), allocates nothing (the error values are plain
+    // integers), and touches no lock the parent could hold.
     unsafe {
         cmd.pre_exec(hook);
+    }
+}
+
+/// `PR_SET_PDEATHSIG(SIGKILL)`, then check the parent is still `parent_pid` (it may have died
+/// before the signal was armed: then fail rather than run orphaned).
+fn arm_parent_death(parent_pid: i32) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+    if nix::unistd::getppid().as_raw() != parent_pid {
+        return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+    }
+    Ok(())
+}
+
+/// Become the child subreaper of this process's descendants: an orphan anywhere below it is
+/// re-parented here instead of to init, so [`crate::spawn`] can end and reap it. Idempotent.
+pub(crate) fn become_subreaper() -> std::io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)
+}
+
+/// Hand the stdio pipes to `uid` (only pipes: a descriptor that is a file or a device is left
+/// alone), then drop every supplementary group and set the real, effective and saved gid and
+/// uid. Raw system calls: the forked child has one thread, so glibc's broadcast of set*id to
+/// every thread is neither needed nor wanted here. Afterwards the process has no capability
+/// left (the uid is not 0), and the result is checked, not assumed.
+fn switch_identity(uid: u32, gid: u32) -> std::io::Result<()> {
+    use nix::libc as c;
+    for fd in 0..=2 {
+        let mut st = std::mem::MaybeUninit::<c::stat>::uninit();
+        // SAFETY: fstat(2) writes one `struct stat` into the live stack buffer it is given.
+        let rc = unsafe { c::fstat(fd, st.as_mut_ptr()) };
+        if rc != 0 {
+            continue; // not open: nothing to hand over
+        }
+        // SAFETY: fstat succeeded, so the kernel filled the whole structure.
+        let mode = unsafe { st.assume_init() }.st_mode;
+        if mode & c::S_IFMT == c::S_IFIFO {
+            // SAFETY: fchown(2) on an integer descriptor with two integers touches no memory.
+            let rc = unsafe { c::fchown(fd, uid, gid) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    // SAFETY: setgroups(2) with a count of 0 never reads the (null) list.
+    let rc = unsafe {
+        c::syscall(
+            c::SYS_setgroups,
+            0 as c::size_t,
+            std::ptr::null::<c::gid_t>(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: setresgid(2) and setresuid(2) take three integers each and touch no memory.
+    let rc = unsafe { c::syscall(c::SYS_setresgid, gid, gid, gid) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let rc = unsafe { c::syscall(c::SYS_setresuid, uid, uid, uid) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (ruid, euid) = (nix::unistd::getuid(), nix::unistd::geteuid());
+    let (rgid, egid) = (nix::unistd::getgid(), nix::unistd::getegid());
+    if ruid.as_raw() != uid || euid.as_raw() != uid || rgid.as_raw() != gid || egid.as_raw() != gid
+    {
+        return Err(std::io::Error::from_raw_os_error(c::EPERM));
+    }
+    Ok(())
+}
+
+/// Join a new anonymous session keyring, so the broker's session keyring (and the user
+/// keyring linked from it) is no longer in the keys the kernel searches on the child's behalf.
+/// Best effort: a kernel without keys, a container profile that refuses `keyctl`, or a full
+/// key quota leaves the inherited keyring — which the child still cannot use, because its
+/// seccomp filter refuses `add_key`, `request_key` and `keyctl`.
+fn join_new_session_keyring() {
+    const KEYCTL_JOIN_SESSION_KEYRING: nix::libc::c_long = 1;
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) reads no memory (a null name asks for
+    // an anonymous keyring); its result is deliberately ignored (see above).
+    unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<nix::libc::c_char>(),
+        );
     }
 }
 
@@ -183,6 +291,8 @@ pub(crate) struct Prepared {
     pub(crate) seccomp: Option<Vec<nix::libc::sock_filter>>,
     /// Resource limits to set (soft = hard).
     pub(crate) rlimits: Vec<(Resource, u64)>,
+    /// The uid and gid to switch to (`None`: keep the broker's).
+    pub(crate) identity: Option<(u32, u32)>,
 }
 
 /// Landlock access rights on files and directories (Linux `landlock.h`), by ABI version.
@@ -343,11 +453,9 @@ impl PathOpen for std::fs::OpenOptions {
     }
 }
 
-/// Give up every capability (effective, permitted, inheritable, ambient and, where allowed,
-/// the bounding set): a child of a broker that runs as root keeps uid 0 for file ownership but
-/// cannot load modules, make device nodes, read raw memory or override file modes. Only plain
-/// system calls on stack values: async-signal-safe.
-fn drop_capabilities() -> std::io::Result<()> {
+/// Empty the capability bounding set where allowed (a root broker's child: it needs
+/// `CAP_SETPCAP`, so this runs before any uid switch). Only plain system calls on integers.
+fn drop_bounding_set() {
     const CAP_LAST: nix::libc::c_ulong = 63;
     for cap in 0..=CAP_LAST {
         // SAFETY: prctl(PR_CAPBSET_DROP, cap) takes integers only; without CAP_SETPCAP (any
@@ -357,6 +465,13 @@ fn drop_capabilities() -> std::io::Result<()> {
             nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
         }
     }
+}
+
+/// Give up every capability (effective, permitted, inheritable and ambient; the bounding set
+/// went first, [`drop_bounding_set`]): a child that keeps uid 0 (`run_as: "root"`) keeps it for
+/// file ownership only and cannot load modules, make device nodes, read raw memory or override
+/// file modes. Only plain system calls on stack values: async-signal-safe.
+fn drop_capabilities() -> std::io::Result<()> {
     // SAFETY: clearing the ambient set takes integers only and cannot fail for lack of rights.
     unsafe {
         nix::libc::prctl(
@@ -404,9 +519,11 @@ fn drop_capabilities() -> std::io::Result<()> {
 }
 
 /// System calls a confined child never makes successfully (`EPERM`): loading kernel code,
-/// reading or writing other processes' memory, and the path-based changes of mode, owner and
-/// extended attributes that Landlock does not mediate (a child must not open up the operator
-/// home by `chmod`); plus, below Landlock ABI 3, path-based `truncate`.
+/// reading or writing other processes' memory, the kernel keyrings (`add_key`, `request_key`,
+/// `keyctl`: a key the operator holds in `@u` is neither read nor joined, and no key is planted
+/// to outlive the child), and the path-based changes of mode, owner and extended attributes
+/// that Landlock does not mediate (a child must not open up the operator home by `chmod`);
+/// plus, below Landlock ABI 3, path-based `truncate`.
 fn denied_syscalls(truncate: bool) -> Vec<u32> {
     use nix::libc as c;
     let mut v = vec![
@@ -422,6 +539,9 @@ fn denied_syscalls(truncate: bool) -> Vec<u32> {
         c::SYS_process_vm_writev,
         c::SYS_pidfd_getfd,
         c::SYS_io_uring_setup,
+        c::SYS_add_key,
+        c::SYS_request_key,
+        c::SYS_keyctl,
         c::SYS_fchmodat,
         c::SYS_fchownat,
         c::SYS_setxattr,
@@ -620,6 +740,10 @@ mod tests {
             assert_eq!(run_args(&p, NATIVE, pair, [unix, dgram, 0]), EPERM);
             for nr in denied_syscalls(true) {
                 assert_eq!(run(&p, NATIVE, nr, 0), EPERM, "{nr}");
+            }
+            // The kernel keyrings, whatever the network policy.
+            for nr in [c::SYS_add_key, c::SYS_request_key, c::SYS_keyctl] {
+                assert_eq!(run(&p, NATIVE, nr as u32, 0), EPERM, "{nr}");
             }
             let socket = c::SYS_socket as u32;
             assert_eq!(run(&p, NATIVE, socket, c::AF_UNIX as u32), EPERM);

@@ -1,6 +1,10 @@
 //! The hook runner with real scripts: exit 2 blocks a `PreToolUse` with its stderr as the
 //! reason; exit 1, a timeout and a missing binary are "no opinion"; a flood of output is
-//! bounded; the hook's environment is built from nothing; the event arrives on stdin.
+//! bounded; the hook's environment is built from nothing; the event arrives on stdin; a root
+//! broker's hooks run as `nobody`, cannot use the kernel keyrings and leave no `setsid`
+//! grandchild behind.
+//!
+//! Under a root test run the directories hooks write are owned by uid 65534 (the hooks' uid).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -8,6 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use iteron_broker::confine::RunAs;
 use iteron_broker::daemon::{ToolEvent, ToolHooks, Verdict};
 use iteron_broker::hooks::{HookRunner, MAX_HOOK_OUTPUT, Outcome};
 use iteron_policy::config::{AbsolutePath, HookEvent};
@@ -16,10 +21,23 @@ use serde_json::{Map, Value, json};
 #[path = "../../tests/support/report.rs"]
 mod report;
 
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Under a root test run, hand `p` to uid 65534 (the uid hooks run as).
+fn give_to_hooks(p: &Path) {
+    if is_root() {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+}
+
+/// A fresh test directory the hooks may write (see the module documentation).
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("iteron-hooks-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
+    give_to_hooks(&d);
     d
 }
 
@@ -208,6 +226,7 @@ fn a_hook_reads_but_does_not_write_outside_its_grants_and_never_sees_the_home() 
     // Beside the home, not containing it: a directory that contains the home is granted only
     // as its existing siblings of the home (docs/confinement.md).
     std::fs::create_dir_all(d.join("out")).unwrap();
+    give_to_hooks(&d.join("out"));
     let out = d.join("out/out.txt");
     let hook = script(
         &d,
@@ -240,6 +259,7 @@ fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
     let d = dir("bound");
     let runs = d.join("runs");
     std::fs::create_dir_all(&runs).unwrap();
+    give_to_hooks(&runs);
     // Each run marks itself running, records how many runs it sees, holds its slot, then
     // leaves. A run that started while all slots were held would see one marker too many.
     let hook = script(
@@ -291,6 +311,182 @@ fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
         "P5",
         "broker/tests/hooks.rs::at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn",
         json!({"max_running_hooks": MAX_RUNNING_HOOKS, "most_seen_at_once": most}),
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run hooks as another uid");
+        return;
+    }
+    let d = dir("identity");
+    let root_only = d.join("root-only");
+    std::fs::write(&root_only, "root-only-canary").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Each variant writes into a directory its own uid owns (a run_as "root" hook has no
+    // capability, so it cannot write into one that uid 65534 owns).
+    std::fs::create_dir(d.join("nobody")).unwrap();
+    give_to_hooks(&d.join("nobody"));
+    std::fs::create_dir(d.join("root")).unwrap();
+    let probe = |tag: &str| {
+        let out = d.join(tag).join("out.txt");
+        let hook = script(
+            &d,
+            &format!("{tag}.sh"),
+            &format!(
+                "{{ id -u; id -G; \
+                 head -c 1 /etc/shadow >/dev/null 2>&1 && echo shadow-read || echo shadow-denied; \
+                 cat {root_only} 2>/dev/null || echo root-only-denied; }} > {out}",
+                root_only = root_only.display(),
+                out = out.display()
+            ),
+        );
+        (hook, out)
+    };
+    // The default: uid 65534, no groups; neither /etc/shadow nor a root-only file is read.
+    let (hook, out) = probe("nobody");
+    let r = runner(&d, HookEvent::Stop, vec![hook]);
+    let reports = rt().block_on(r.lifecycle(HookEvent::Stop, json!({"event": "Stop"})));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+    let seen = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines[..2], ["65534", "65534"], "{seen}");
+    assert!(lines.contains(&"shadow-denied"), "{seen}");
+    assert!(lines.contains(&"root-only-denied"), "{seen}");
+    // hooks_run_as "root": the root-only file is read (so the denial above is the uid's), and
+    // /etc/shadow still is not (the secrets of /etc are never granted).
+    let (hook, out) = probe("root");
+    let r = runner(&d, HookEvent::Stop, vec![hook]).with_run_as(RunAs::Root);
+    let reports = rt().block_on(r.lifecycle(HookEvent::Stop, json!({"event": "Stop"})));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert!(seen.starts_with("0\n"), "{seen}");
+    assert!(seen.contains("root-only-canary"), "{seen}");
+    assert!(seen.contains("shadow-denied"), "{seen}");
+    // The file is there and root reads it: the denials come from the confinement.
+    assert!(std::fs::File::open("/etc/shadow").is_ok());
+    report::record(
+        "P9",
+        "broker/tests/hooks.rs::a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow",
+        json!({"uid": 65534}),
+    );
+}
+
+#[test]
+fn hooks_cannot_touch_the_kernel_keyrings() {
+    let d = dir("keyring");
+    let probe = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/probes/keyring.py")
+        .canonicalize()
+        .unwrap();
+    let keyring = |args: &[&str]| -> String {
+        let out = std::process::Command::new("/usr/bin/python3")
+            .arg(&probe)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let desc = format!("iteron-hook-canary-{}", std::process::id());
+    let planted = format!("iteron-hook-planted-{}", std::process::id());
+    // Removed at the end, a failed run included: from our keyring and, under root, from uid
+    // 65534's, where a hook would have planted one.
+    struct Cleanup(PathBuf, Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            use std::os::unix::process::CommandExt;
+            for desc in &self.1 {
+                let mut own = std::process::Command::new("/usr/bin/python3");
+                let _ = own.arg(&self.0).args(["drop", desc]).output();
+                if is_root() {
+                    let mut other = std::process::Command::new("/usr/bin/python3");
+                    other.arg(&self.0).args(["drop", desc]);
+                    let _ = other.uid(65534).gid(65534).output();
+                }
+            }
+        }
+    }
+    let _cleanup = Cleanup(probe.clone(), vec![desc.clone(), planted.clone()]);
+    keyring(&["add", &desc, "hook-keyring-canary"]);
+    for (run_as, tag) in [(RunAs::Nobody, "nobody"), (RunAs::Root, "root")] {
+        // Written by a directory its uid owns (see the identity test).
+        std::fs::create_dir(d.join(tag)).unwrap();
+        if run_as == RunAs::Nobody {
+            give_to_hooks(&d.join(tag));
+        }
+        let out = d.join(tag).join("probe.json");
+        let hook = script(
+            &d,
+            &format!("keys-{tag}.sh"),
+            &format!(
+                "/usr/bin/python3 {} probe {desc} {planted} > {}",
+                probe.display(),
+                out.display()
+            ),
+        );
+        let r = runner(&d, HookEvent::SessionStart, vec![hook]).with_run_as(run_as);
+        let reports =
+            rt().block_on(r.lifecycle(HookEvent::SessionStart, json!({"event": "SessionStart"})));
+        assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+        let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        for step in ["user_keyring", "link", "search", "request", "add"] {
+            assert_eq!(v[step][1], nix::libc::EPERM, "{step} ({run_as:?}): {v}");
+        }
+        assert!(v.get("value").is_none(), "{v}");
+        assert_eq!(keyring(&["find", &planted]), "0");
+    }
+    // The key is there for the operator.
+    assert_ne!(keyring(&["find", &desc]), "0");
+    report::record(
+        "P9",
+        "broker/tests/hooks.rs::hooks_cannot_touch_the_kernel_keyrings",
+        json!({"denied_with": "EPERM"}),
+    );
+}
+
+#[test]
+fn no_setsid_grandchild_outlives_its_hook() {
+    let d = dir("grandchild");
+    let pids = d.join("pids");
+    // The hook starts a session-leaving child and a double-forked one, then ends at once.
+    let hook = script(
+        &d,
+        "daemonize.sh",
+        &format!(
+            "setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n\
+             (setsid sh -c 'echo $$ >> {pids}; exec sleep 301' </dev/null >/dev/null 2>&1 &)\n\
+             while [ \"$(cat {pids} 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done\n\
+             exit 0",
+            pids = pids.display()
+        ),
+    );
+    let r = runner(&d, HookEvent::PostToolUse, vec![hook]);
+    let reports = rt().block_on(r.post_tool_use(&event(), "ok"));
+    assert_eq!(reports[0].outcome, Outcome::Exited(0), "{reports:?}");
+    let started: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    // When the run returns they are gone: killed and reaped (no /proc entry, not a zombie).
+    for p in &started {
+        assert!(
+            !Path::new(&format!("/proc/{p}")).exists(),
+            "grandchild {p} outlived its hook"
+        );
+    }
+    report::record(
+        "P9",
+        "broker/tests/hooks.rs::no_setsid_grandchild_outlives_its_hook",
+        json!({"grandchildren": started.len()}),
     );
     let _ = std::fs::remove_dir_all(&d);
 }

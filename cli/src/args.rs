@@ -292,6 +292,10 @@ pub(crate) struct VerifyArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; size is irrelevant"
+)]
 pub(crate) enum Mcp {
     /// Add a server: `--stdio <command> [--env NAME]... -- <args>` or `--url <url>`.
     Add(AddArgs),
@@ -425,6 +429,10 @@ pub(crate) struct AddArgs {
     /// Let the confined stdio server read and write beneath this absolute path.
     #[arg(long = "sandbox-writable", value_name = "PATH")]
     pub(crate) sandbox_writable: Vec<String>,
+
+    /// Under a root broker, run the stdio server as `nobody` (the default), `root`, or UID:GID.
+    #[arg(long = "sandbox-run-as", value_name = "nobody|root|UID:GID")]
+    pub(crate) sandbox_run_as: Option<String>,
 
     /// HTTP header whose value comes from an environment variable: HEADER=ENV_NAME.
     #[arg(long = "header-env", value_name = "HEADER=ENV_NAME")]

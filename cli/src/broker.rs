@@ -206,7 +206,8 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let hooks = Arc::new(
         iteron_broker::hooks::HookRunner::new(config.hooks.clone())
             .with_home(home.dir())
-            .with_writable(&config.hooks_writable),
+            .with_writable(&config.hooks_writable)
+            .with_run_as(config.hooks_run_as.unwrap_or_default()),
     );
     let opts = ServeOptions {
         catalog,

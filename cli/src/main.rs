@@ -22,6 +22,9 @@ use iteron_policy::text;
 use crate::args::{Cli, Top};
 use crate::error::{CliError, Exit};
 
+/// How long the command waits, before exiting, for its children to be reaped.
+const SETTLE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -42,6 +45,9 @@ fn main() -> ExitCode {
         Top::Skills(args) => broker::run_skills(args, &mut out),
         Top::Agents(args) => broker::run_agents(args, &mut out),
     };
+    // Children the command started and dropped are killed in the background; wait for that,
+    // so no descendant of theirs is left behind to init when this process exits.
+    iteron_broker::spawn::settle(SETTLE_DEADLINE);
     let flushed = out.flush();
     match result {
         Ok(()) if flushed.is_ok() => Exit::Ok.into(),

@@ -86,6 +86,7 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
         ("arguments after --", !a.args.is_empty()),
         ("--sandbox-readable", !a.sandbox_readable.is_empty()),
         ("--sandbox-writable", !a.sandbox_writable.is_empty()),
+        ("--sandbox-run-as", a.sandbox_run_as.is_some()),
     ];
     let http_flags = [
         ("--header-env", !a.header_env.is_empty()),
@@ -227,6 +228,11 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
             sandbox: iteron_policy::config::Sandbox {
                 readable: paths("--sandbox-readable", &a.sandbox_readable)?,
                 writable: paths("--sandbox-writable", &a.sandbox_writable)?,
+                run_as: a
+                    .sandbox_run_as
+                    .as_deref()
+                    .map(|r| value("--sandbox-run-as", iteron_policy::config::RunAs::parse(r)))
+                    .transpose()?,
                 ..Default::default()
             },
         })
@@ -438,6 +444,7 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
             }
             if let Some(e) = &confinement {
                 lines.push(("confinement".into(), crate::probe::confinement_line(e)));
+                lines.push(("runs as".into(), e.runs_as()));
                 let list = |v: &[std::path::PathBuf]| {
                     v.iter()
                         .map(|p| text::single_line_capped(&p.to_string_lossy(), 200))
@@ -450,6 +457,15 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
                 for (p, why) in &e.dropped {
                     lines.push((
                         "grant dropped".into(),
+                        format!(
+                            "{}: {why}",
+                            text::single_line_capped(&p.to_string_lossy(), 200)
+                        ),
+                    ));
+                }
+                for (p, why) in &e.unreachable {
+                    lines.push((
+                        "unreachable".into(),
                         format!(
                             "{}: {why}",
                             text::single_line_capped(&p.to_string_lossy(), 200)

@@ -314,6 +314,17 @@ pub(crate) fn confinement_of(
     Some(iteron_broker::confine::describe(&spec, &program, &st.args))
 }
 
+/// The program of a stdio server as `confinement_of` resolves it.
+fn confinement_command(s: &ServerConfig) -> Option<std::path::PathBuf> {
+    let Transport::Stdio(st) = &s.transport else {
+        return None;
+    };
+    Some(
+        resolve_program(st.command.as_str(), SAFE_PATH)
+            .unwrap_or_else(|| std::path::PathBuf::from(st.command.as_str())),
+    )
+}
+
 /// One line: how the filesystem and the network are confined.
 pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String {
     let fs = match e.landlock_abi {
@@ -329,9 +340,19 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
     } else {
         "network denied"
     };
-    let mut line = format!("{fs}; {net}; no Unix sockets; no_new_privs");
+    let mut line = format!(
+        "{fs}; {net}; no Unix sockets; no keyrings; no_new_privs; runs as {}",
+        e.runs_as()
+    );
     if !e.dropped.is_empty() {
         line.push_str(&format!("; {} grant(s) dropped", e.dropped.len()));
+    }
+    if let Some((p, why)) = e.unreachable.first() {
+        line.push_str(&format!(
+            "; {} path(s) the child's uid cannot reach, e.g. {}: {why} (grant it by file mode, or set sandbox.run_as)",
+            e.unreachable.len(),
+            text::single_line_capped(&p.to_string_lossy(), 160)
+        ));
     }
     line
 }
@@ -423,7 +444,13 @@ pub(crate) fn doctor(
         if let Some(eff) = confinement_of(s, home, config.ceiling()) {
             checks.push(json!({
                 "check": "confinement",
-                "ok": eff.landlock_abi.is_some(),
+                // Without Landlock the filesystem is open; a child that cannot run as its uid
+                // (a run_as it cannot honour, a command it cannot read) would fail to start.
+                "ok": eff.landlock_abi.is_some()
+                    && eff.identity.is_ok()
+                    && !eff.unreachable.iter().any(|(p, _)| {
+                        confinement_command(s).is_some_and(|c| c == *p)
+                    }),
                 "detail": confinement_line(&eff),
             }));
         }

@@ -53,6 +53,8 @@ pub struct Config {
     pub hooks: BTreeMap<HookEvent, Vec<AbsolutePath>>,
     /// Directories (or files) hooks may write, beyond their private scratch directory.
     pub hooks_writable: Vec<AbsolutePath>,
+    /// Who hooks run as under a root broker; `None` is [`RunAs::Nobody`].
+    pub hooks_run_as: Option<RunAs>,
     /// DNS and TLS settings of the broker's HTTP client.
     pub network: NetworkConfig,
 }
@@ -191,6 +193,73 @@ pub struct Sandbox {
     /// the operator can choose a number that fits the machine).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_processes: Option<u64>,
+    /// Who the child runs as under a root broker; `None` is [`RunAs::Nobody`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<RunAs>,
+}
+
+/// The largest uid or gid `run_as` accepts: `(uid_t)-1` means "no change" to the kernel.
+pub const MAX_RUN_AS_ID: u32 = u32::MAX - 1;
+/// The uid and gid of `nobody`.
+pub const NOBODY_ID: u32 = 65534;
+
+/// Who a confined child runs as when the broker runs as root (`sandbox.run_as`,
+/// `hooks_run_as`). A broker that is not root cannot change uid: its children keep its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RunAs {
+    /// uid and gid 65534 with no supplementary groups (the default).
+    #[default]
+    Nobody,
+    /// The broker's own uid and groups (root): root-only files stay readable.
+    Root,
+    /// This uid and gid (a dedicated account), with no supplementary groups; neither 0.
+    Ids {
+        /// The uid.
+        uid: u32,
+        /// The gid.
+        gid: u32,
+    },
+}
+
+impl RunAs {
+    /// Parse `nobody`, `root` or `UID:GID` (decimal, each 1 to [`MAX_RUN_AS_ID`]).
+    pub fn parse(s: &str) -> Result<RunAs, ValueError> {
+        match s {
+            "nobody" => return Ok(RunAs::Nobody),
+            "root" => return Ok(RunAs::Root),
+            _ => {}
+        }
+        let id = |t: &str| -> Option<u32> {
+            if t.is_empty() || t.len() > 10 || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            t.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_RUN_AS_ID).contains(n))
+        };
+        match s.split_once(':') {
+            Some((u, g)) => match (id(u), id(g)) {
+                (Some(uid), Some(gid)) => Ok(RunAs::Ids { uid, gid }),
+                _ => Err(ValueError::BadRunAs),
+            },
+            None => Err(ValueError::BadRunAs),
+        }
+    }
+
+    /// The configuration word.
+    pub fn word(&self) -> String {
+        match self {
+            RunAs::Nobody => "nobody".into(),
+            RunAs::Root => "root".into(),
+            RunAs::Ids { uid, gid } => format!("{uid}:{gid}"),
+        }
+    }
+}
+
+impl Serialize for RunAs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.word())
+    }
 }
 
 impl Sandbox {
@@ -531,6 +600,8 @@ pub enum ValueError {
     BadNameserver,
     /// Whitespace where one program path is expected.
     Whitespace,
+    /// Not `nobody`, `root` or `UID:GID` within bounds.
+    BadRunAs,
 }
 
 impl fmt::Display for ValueError {
@@ -555,6 +626,10 @@ impl fmt::Display for ValueError {
             ),
             ValueError::BadNameserver => f.write_str(
                 "must be IP, IP:port or [IPv6]:port (not unspecified, multicast or port 0)",
+            ),
+            ValueError::BadRunAs => write!(
+                f,
+                "must be \"nobody\", \"root\" or UID:GID (decimal, each 1 to {MAX_RUN_AS_ID})"
             ),
         }
     }
@@ -797,7 +872,7 @@ impl Config {
 
 impl Serialize for Config {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Config", 5)?;
+        let mut st = s.serialize_struct("Config", 6)?;
         st.serialize_field("schema_version", &SCHEMA_VERSION)?;
         if let Some(c) = &self.host_ceiling {
             st.serialize_field("host_ceiling", c)?;
@@ -808,6 +883,9 @@ impl Serialize for Config {
         }
         if !self.hooks_writable.is_empty() {
             st.serialize_field("hooks_writable", &self.hooks_writable)?;
+        }
+        if let Some(r) = &self.hooks_run_as {
+            st.serialize_field("hooks_run_as", r)?;
         }
         if !self.network.is_empty() {
             st.serialize_field("network", &self.network)?;
@@ -1004,6 +1082,7 @@ const ROOT_KEYS: &[&str] = &[
     "mcp_servers",
     "hooks",
     "hooks_writable",
+    "hooks_run_as",
     "network",
 ];
 const SERVER_KEYS: &[&str] = &[
@@ -1026,6 +1105,7 @@ const SANDBOX_KEYS: &[&str] = &[
     "max_open_files",
     "max_memory_mb",
     "max_processes",
+    "run_as",
 ];
 
 fn ranged(range: (u64, u64)) -> impl Fn(&Node, &Path) -> Result2<u64> {
@@ -1062,6 +1142,7 @@ fn decode_sandbox(node: &Node, path: &Path) -> Result2<Sandbox> {
         max_open_files: optional(&f, "max_open_files", ranged(OPEN_FILES_RANGE))?,
         max_memory_mb: optional(&f, "max_memory_mb", ranged(MEMORY_MB_RANGE))?,
         max_processes: optional(&f, "max_processes", ranged(PROCESSES_RANGE))?,
+        run_as: optional(&f, "run_as", parsed(RunAs::parse))?,
     })
 }
 const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];
@@ -1101,6 +1182,7 @@ fn decode_config(root: &Node) -> Result2<Config> {
         mcp_servers: Vec::new(),
         hooks: BTreeMap::new(),
         hooks_writable: Vec::new(),
+        hooks_run_as: None,
         network: NetworkConfig::default(),
     };
     if let Some((node, path)) = f.get("mcp_servers") {
@@ -1131,6 +1213,7 @@ fn decode_config(root: &Node) -> Result2<Config> {
     if let Some((node, path)) = f.get("hooks_writable") {
         config.hooks_writable = string_list(node, &path, MAX_SANDBOX_PATHS, AbsolutePath::parse)?;
     }
+    config.hooks_run_as = optional(&f, "hooks_run_as", parsed(RunAs::parse))?;
     if let Some((node, path)) = f.get("hooks") {
         config.hooks = decode_hooks(node, &path)?;
     }

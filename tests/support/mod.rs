@@ -22,3 +22,19 @@ pub(crate) fn copy_tree(from: &Path, to: &Path, dir_mode: u32, file_mode: u32) {
         }
     }
 }
+
+/// The uid a confined child of a root broker runs as by default (`sandbox.run_as`).
+pub(crate) const CHILD_UID: u32 = 65534;
+
+/// Under a root test run, hand `p` to uid 65534: confined children (servers and hooks) run as
+/// that uid, so a directory they must write is theirs (Landlock still decides where they may).
+pub(crate) fn give_to_children(p: &Path) {
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::chown(p, Some(CHILD_UID), Some(CHILD_UID)).unwrap();
+    }
+}
+
+/// Whether process `pid` exists at all (a zombie does: its `/proc` entry stays until reaped).
+pub(crate) fn process_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}

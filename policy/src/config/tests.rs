@@ -586,6 +586,7 @@ fn arb_config() -> impl Strategy<Value = Config> {
             mcp_servers,
             hooks,
             hooks_writable: Vec::new(),
+            hooks_run_as: None,
             network,
         }
     })
@@ -1011,6 +1012,81 @@ fn the_sandbox_block_is_strict_and_bounded_one_over() {
         "P5",
         "policy/src/config/tests.rs::the_sandbox_block_is_strict_and_bounded_one_over",
         serde_json::json!({}),
+    );
+}
+
+#[test]
+fn run_as_takes_nobody_root_or_ids_within_bounds_one_over() {
+    let with = |v: &str| stdio_with(&format!(r#", "sandbox": {{"run_as": "{v}"}}"#));
+    let run_as = |v: &str| -> Option<RunAs> {
+        let c = parse(&with(v)).ok()?;
+        assert_eq!(parse(&c.to_json_pretty()).unwrap(), c, "round trip of {v}");
+        let Transport::Stdio(st) = &c.mcp_servers[0].transport else {
+            panic!("stdio")
+        };
+        st.sandbox.run_as
+    };
+    assert_eq!(run_as("nobody"), Some(RunAs::Nobody));
+    assert_eq!(run_as("root"), Some(RunAs::Root));
+    assert_eq!(run_as("1:1"), Some(RunAs::Ids { uid: 1, gid: 1 }));
+    let top = format!("{MAX_RUN_AS_ID}:{MAX_RUN_AS_ID}");
+    assert_eq!(
+        run_as(&top),
+        Some(RunAs::Ids {
+            uid: MAX_RUN_AS_ID,
+            gid: MAX_RUN_AS_ID
+        })
+    );
+    // One over each bound, 0 (that is "root", said explicitly), and everything else.
+    let over = u64::from(MAX_RUN_AS_ID) + 1;
+    for bad in [
+        format!("{over}:1"),
+        format!("1:{over}"),
+        "0:0".to_owned(),
+        "0:1".to_owned(),
+        "1:0".to_owned(),
+        "1".to_owned(),
+        "1:".to_owned(),
+        ":1".to_owned(),
+        "1:1:1".to_owned(),
+        "+1:1".to_owned(),
+        " 1:1".to_owned(),
+        "00000000001:1".to_owned(),
+        "Root".to_owned(),
+        "daemon".to_owned(),
+        String::new(),
+    ] {
+        assert_eq!(
+            error(&with(&bad)).kind,
+            ConfigErrorKind::Value(ValueError::BadRunAs),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        error(&stdio_with(r#", "sandbox": {"run_as": 65534}"#)).kind,
+        ConfigErrorKind::WrongType { .. }
+    ));
+    // The error names the grammar, never the value.
+    let shown = error(&with("secret-word")).to_string();
+    assert!(!shown.contains("secret-word"), "{shown}");
+    // Hooks have their own setting at the top level, with the same grammar.
+    let c = parse(&doc_with(r#""hooks_run_as": "root""#)).unwrap();
+    assert_eq!(c.hooks_run_as, Some(RunAs::Root));
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    assert_eq!(
+        parse(&doc_with(r#""mcp_servers": []"#))
+            .unwrap()
+            .hooks_run_as,
+        None
+    );
+    assert_eq!(
+        error(&doc_with(&format!(r#""hooks_run_as": "{over}:1""#))).kind,
+        ConfigErrorKind::Value(ValueError::BadRunAs)
+    );
+    crate::test_report::record(
+        "P9",
+        "policy/src/config/tests.rs::run_as_takes_nobody_root_or_ids_within_bounds_one_over",
+        serde_json::json!({"max_id": MAX_RUN_AS_ID}),
     );
 }
 
