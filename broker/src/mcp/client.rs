@@ -7,10 +7,13 @@
 //!   2025 versions, or on HTTP a 4xx whose body is not a recognised modern error. Transport
 //!   failures, auth challenges, unknown versions and corrupt discovery results never downgrade.
 //! - 2024-11-05 and 2025-03-26 are refused by name when a server negotiates them.
-//! - A request whose fate is unknown (`maybe_applied`) is never resent. The only automatic
-//!   repeats are of requests the server *rejected* before acting: a `-32022` answer (retry with
-//!   a version from its `supported` list) and a `-32020` header mismatch (re-list tools, retry
-//!   once) — both bounded.
+//! - A request whose fate is unknown (`maybe_applied`) is never resent. An effect
+//!   (`tools/call`, `resources/read`, `prompts/get`: what the operator approved once) is never
+//!   resent at all: on a refused token, a `-32022` or a `-32020` the client fixes what would
+//!   make the next request work (a fresh token, the version from `supported`, a re-listed
+//!   catalog) and reports the call `not_sent`. The only automatic repeats are of other requests
+//!   the server *rejected* before acting: a `-32022` answer (retry with a version from its
+//!   `supported` list) and a 401 (one refresh) — both bounded.
 //! - MRTR: only `tools/call` may ask for input; each round gets a new id, `requestState` is
 //!   echoed untouched and never carried to another request; rounds and input bytes are bounded.
 //!   `input_required` on `resources/read` or `prompts/get` is a protocol error.
@@ -64,6 +67,11 @@ pub const MAX_RESTARTS: usize = 3;
 pub const RESTART_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest pause before a restart.
 pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Requests that are effects: sent at most once, never repeated by the client.
+fn is_effect(method: &str) -> bool {
+    matches!(method, "tools/call" | "resources/read" | "prompts/get")
+}
 
 /// What is needed to start a stdio server again.
 struct Restart {
@@ -209,11 +217,15 @@ pub struct Options {
     pub tool_call_deadline: Duration,
     /// A managed bearer token (HTTP): sent on every request, refreshed on expiry, and on a
     /// `401` refreshed once and the refused request sent again (a `401` is a refusal: nothing
-    /// ran).
+    /// ran) — unless it is an effect, which is reported `not_sent` instead.
     pub token: Option<Arc<dyn TokenSource>>,
     /// Known secret values to redact from everything the server sends (messages and stderr)
     /// before anything reads, cuts or shows it.
     pub scrub: Option<Arc<dyn Scrub>>,
+    /// Whether a stdio server that died is started again by the client itself before the next
+    /// request. The broker turns this off: its registry starts a new generation instead, so a
+    /// call approved for one process never runs on another.
+    pub auto_restart: bool,
 }
 
 impl Default for Options {
@@ -228,6 +240,7 @@ impl Default for Options {
             tool_call_deadline: TOOL_CALL_DEADLINE,
             token: None,
             scrub: None,
+            auto_restart: true,
         }
     }
 }
@@ -642,7 +655,9 @@ impl Client {
     /// Requests that were in flight when it died already failed as `maybe_applied`; none is
     /// resent.
     async fn revive(&self) -> Result<(), McpError> {
-        if !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed()) {
+        if !self.opts.auto_restart
+            || !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
+        {
             return Ok(());
         }
         let _one_at_a_time = self.revive_lock.lock().await;
@@ -1032,6 +1047,10 @@ impl Client {
         self.revive().await?;
         self.recover_session().await?;
         self.install_token(false).await?;
+        // An effect (an approved call) is sent once: whatever the server answers — a refused
+        // token, an unsupported version, a header mismatch — the error is returned (with its
+        // certainty) and what would make a new attempt work is fixed for the next request.
+        let effect = is_effect(method);
         let mut token_refreshed = false;
         let mut rejections = 0;
         let mut header_retry = allow_header_retry;
@@ -1074,6 +1093,16 @@ impl Client {
                 })) if self.opts.token.is_some() && !token_refreshed => {
                     token_refreshed = true;
                     self.install_token(true).await?;
+                    if effect {
+                        return Err(McpError::Transport(TransportError {
+                            kind: TransportErrorKind::Unauthorized {
+                                status: 401,
+                                detail: "the server refused the token; a fresh one is installed for the next request, and this one was not sent again".into(),
+                                challenge: None,
+                            },
+                            certainty: Certainty::NotSent,
+                        }));
+                    }
                     continue;
                 }
                 other => other?,
@@ -1089,7 +1118,9 @@ impl Client {
                     {
                         rejections += 1;
                         self.set_era(Era::Modern(v));
-                        continue;
+                        if !effect {
+                            continue;
+                        }
                     }
                     if let Era::Modern(_) = era
                         && error.code == codes::HEADER_MISMATCH
@@ -1098,7 +1129,9 @@ impl Client {
                     {
                         header_retry = false;
                         Box::pin(self.list_tools()).await?;
-                        continue;
+                        if !effect {
+                            continue;
+                        }
                     }
                     return Err(McpError::Rpc {
                         certainty: if error.is_rejection() {
@@ -1506,6 +1539,12 @@ impl Client {
 
     /// Close: DELETE the session (stateful HTTP), or stop the child (stdio; returns the rung of
     /// the shutdown ladder that ended it).
+    /// Whether the server is gone for good from this client's point of view: a stdio server
+    /// whose process closed its end (it exited or was killed). HTTP clients never are.
+    pub fn is_closed(&self) -> bool {
+        matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
+    }
+
     pub async fn close(&self) -> Option<crate::spawn::Ended> {
         match &*self.transport() {
             Transport::Stdio(t) => Some(t.close().await),
