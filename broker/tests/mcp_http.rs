@@ -785,4 +785,9 @@ async fn an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_se
     args.insert("n".into(), json!(2));
     c.call_tool("t", args).await.unwrap();
     assert_eq!(server.count("tools/call"), 3);
+    report::record(
+        "P4",
+        "broker/tests/mcp_http.rs::an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_sent",
+        serde_json::json!({"codes": [-32022, -32020]}),
+    );
 }

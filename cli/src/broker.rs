@@ -216,6 +216,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         allow_uids: allow,
         interactive,
         approval_deadline: Duration::from_secs(args.approval_timeout),
+        idle_deadline: Duration::from_secs(args.idle_timeout),
     };
     let mut err = std::io::stderr();
     if let Some(u) = &unit {
@@ -857,6 +858,12 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                                 "{}: unavailable",
                                 u.as_str().unwrap_or("")
                             )),
+                        )?;
+                    }
+                    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
+                        out_line(
+                            out,
+                            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
                         )?;
                     }
                     Ok(())

@@ -1545,6 +1545,14 @@ impl Client {
         matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
     }
 
+    /// Why a closed stdio server's end closed.
+    pub fn closed_reason(&self) -> Option<String> {
+        match &*self.transport() {
+            Transport::Stdio(t) => t.close_reason(),
+            Transport::Http(_) => None,
+        }
+    }
+
     pub async fn close(&self) -> Option<crate::spawn::Ended> {
         match &*self.transport() {
             Transport::Stdio(t) => Some(t.close().await),
