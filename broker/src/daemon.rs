@@ -1765,6 +1765,8 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
     let result = under_cancel(
         &slot,
         epoch,
+        s,
+        &event,
         client.call_tool(&tool.name, event.arguments_map()),
     )
     .await;
@@ -2095,7 +2097,7 @@ async fn server_read(
             Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
         }
     };
-    let result = under_cancel(&slot, epoch, effect).await;
+    let result = under_cancel(&slot, epoch, s, &event, effect).await;
     let secrets = slot.secrets();
     let (answer, outcome, detail) = match result {
         None => cancelled_effect(),
@@ -2200,8 +2202,21 @@ async fn before_effect(
 
 /// Run `effect` as one call on `slot`: `None` if the operator cancels calls on the server (a
 /// cancel, restart or stop) before it completes.
-async fn under_cancel<T>(slot: &Slot, epoch: u64, effect: impl Future<Output = T>) -> Option<T> {
-    let mut guard = slot.begin_call(epoch);
+async fn under_cancel<T>(
+    slot: &Slot,
+    epoch: u64,
+    s: &Session,
+    event: &ToolEvent,
+    effect: impl Future<Output = T>,
+) -> Option<T> {
+    let mut guard = slot.begin_call(
+        epoch,
+        approvals::CallContext {
+            session: s.id.clone(),
+            peer_uid: s.peer.uid,
+            tool: event.tool.clone(),
+        },
+    );
     tokio::select! {
         biased;
         _ = guard.cancelled.changed() => None,

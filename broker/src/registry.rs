@@ -155,11 +155,14 @@ pub struct Slot {
     /// Bumped to cancel every call in flight on this server.
     cancel: watch::Sender<u64>,
     in_flight: AtomicUsize,
+    /// The approved calls running on it (what a form it asks for names).
+    calls: Arc<crate::approvals::CallsInFlight>,
 }
 
 /// A call in flight on a slot (counted; cancellable).
 pub struct CallGuard<'a> {
     slot: &'a Slot,
+    _running: crate::approvals::RunningCall,
     /// Fires when the operator cancels, restarts or stops the server.
     pub cancelled: watch::Receiver<u64>,
 }
@@ -206,7 +209,7 @@ impl Slot {
 
     /// Start counting a call queued at cancel counter `epoch`; its `cancelled` fires on
     /// cancel/restart/stop — at once if one happened since `epoch`.
-    pub fn begin_call(&self, epoch: u64) -> CallGuard<'_> {
+    pub fn begin_call(&self, epoch: u64, ctx: crate::approvals::CallContext) -> CallGuard<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let mut rx = self.cancel.subscribe();
         if *rx.borrow_and_update() == epoch {
@@ -216,6 +219,7 @@ impl Slot {
         }
         CallGuard {
             slot: self,
+            _running: self.calls.begin(ctx),
             cancelled: rx,
         }
     }
@@ -393,6 +397,7 @@ impl Registry {
                         starting: tokio::sync::Mutex::new(()),
                         cancel,
                         in_flight: AtomicUsize::new(0),
+                        calls: Arc::default(),
                     })
                 }),
         )
@@ -503,7 +508,9 @@ impl Registry {
         // The client scrubs every message and stderr line with the same secrets the daemon
         // scrubs answers with, before anything reads or cuts them.
         let opts = Options {
-            elicitor: self.approvals.elicitor(server.name.as_str()),
+            elicitor: self
+                .approvals
+                .elicitor(server.name.as_str(), Arc::clone(&slot.calls)),
             auth_context: digest.clone(),
             scrub: Some(Arc::clone(&secrets) as Arc<dyn crate::mcp::Scrub>),
             // A dead process is replaced by the registry (a new generation), never behind it.

@@ -494,9 +494,28 @@ fn describe_item(item: &Value) -> String {
     };
     let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
     if s("kind") != "call" {
+        let during: Vec<String> = item
+            .get("during")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                format!(
+                    "{} for uid {} (session {})",
+                    c.get("tool").and_then(Value::as_str).unwrap_or("-"),
+                    c.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
+                    c.get("session").and_then(Value::as_str).unwrap_or("-"),
+                )
+            })
+            .collect();
         let line = format!(
-            "[{id}] form from {}: {} (schema {})",
+            "[{id}] form from {} during {}: {} (schema {})",
             s("server"),
+            if during.is_empty() {
+                "no call".to_owned()
+            } else {
+                during.join(", ")
+            },
             s("message"),
             item.get("schema").map(Value::to_string).unwrap_or_default()
         );
