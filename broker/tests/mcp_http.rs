@@ -791,3 +791,25 @@ async fn an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_se
         serde_json::json!({"codes": [-32022, -32020]}),
     );
 }
+
+/// Only a 400 Bad Request whose body is not a recognised modern error is the legacy signature:
+/// a 404, a 429 or a 5xx to the first probe is reported as an error and never downgrades (no
+/// `initialize` is sent).
+#[tokio::test]
+async fn a_404_429_or_5xx_to_the_probe_is_an_error_never_a_downgrade() {
+    for status in [404u16, 405, 429, 500, 503] {
+        for body in [true, false] {
+            let server = Server::start(Arc::new(move |req: &Seen, _: &[Seen]| {
+                if body {
+                    Reply::status(status, rpc_err(req, -32000, "Server not initialized"))
+                } else {
+                    Reply::empty(status)
+                }
+            }))
+            .await;
+            let e = connect(&server, VersionPolicy::Auto).await.err();
+            assert!(e.is_some(), "{status}: connected");
+            assert_eq!(server.count("initialize"), 0, "{status} {body}: downgraded");
+        }
+    }
+}

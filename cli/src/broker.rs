@@ -658,6 +658,11 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             };
             match rt.block_on(conn.request(method, params)) {
                 Ok(_) => out_line(out, "sent")?,
+                // An answer that does not fit the form leaves it waiting: ask it again.
+                Err(e @ ClientError::Refused { .. }) if method == "answer" => {
+                    out_line(out, &text::single_line(&format!("not sent: {e}")))?;
+                    asked.remove(&id);
+                }
                 Err(e) => out_line(out, &text::single_line(&format!("not sent: {e}")))?,
             }
         }

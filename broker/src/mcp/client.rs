@@ -68,6 +68,11 @@ pub const RESTART_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest pause before a restart.
 pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The one HTTP status whose body a modern probe inspects before falling back to the stateful
+/// handshake (400 Bad Request, as the 2026-07-28 versioning rules say). A 404, a 429, a 5xx or
+/// an auth challenge is an error, never a reason to downgrade.
+const LEGACY_SIGNATURE_STATUS: u16 = 400;
+
 /// Requests that are effects: sent at most once, never repeated by the client.
 fn is_effect(method: &str) -> bool {
     matches!(method, "tools/call" | "resources/read" | "prompts/get")
@@ -833,13 +838,11 @@ impl Client {
                     codes::HEADER_MISMATCH | codes::MISSING_CAPABILITY | codes::INVALID_PARAMS => {
                         false
                     }
-                    // On HTTP any other JSON-RPC error to the probe that came with a 4xx (e.g.
-                    // -32000 "Server not initialized", -32600 "Missing session ID") is the
-                    // legacy signature; errors in a 2xx or a 5xx are unrelated failures.
-                    _ => {
-                        self.http_transport
-                            && error.http_status.is_some_and(|s| (400..500).contains(&s))
-                    }
+                    // On HTTP any other JSON-RPC error to the probe that came with a 400 Bad
+                    // Request (e.g. -32000 "Server not initialized", -32600 "Missing session
+                    // ID") is the legacy signature the spec names; errors with any other status
+                    // (404, 429, a 5xx, a 2xx) are failures, reported as such.
+                    _ => self.http_transport && error.http_status == Some(LEGACY_SIGNATURE_STATUS),
                 };
                 if legacy {
                     self.initialize(Version::LATEST_LEGACY).await
@@ -853,11 +856,7 @@ impl Client {
             Err(McpError::Transport(TransportError {
                 kind: TransportErrorKind::Status { status, .. },
                 ..
-            })) if self.http_transport
-                && (400..500).contains(&status)
-                && status != 401
-                && status != 403 =>
-            {
+            })) if self.http_transport && status == LEGACY_SIGNATURE_STATUS => {
                 self.initialize(Version::LATEST_LEGACY).await
             }
             Err(other) => Err(other),
