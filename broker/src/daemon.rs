@@ -2482,6 +2482,10 @@ fn describe_failure(e: &McpError, secrets: &KnownSecrets) -> String {
         McpError::Limit { what, max } => format!("a bound was exceeded: {what} (at most {max})"),
         McpError::InputRefused(why) => format!("the server needed input that was refused: {why}"),
         McpError::UnknownTool => "unknown tool".to_owned(),
+        McpError::AfterInputRounds { rounds, error } => format!(
+            "{} (after {rounds} input rounds had reached the server)",
+            describe_failure(error, secrets)
+        ),
         _ => "the tool call failed".to_owned(),
     }
 }

@@ -129,6 +129,15 @@ pub enum McpError {
     InputRefused(String),
     /// No such tool in the catalog (or it was dropped as invalid).
     UnknownTool,
+    /// A tool call failed after `rounds` of its MRTR rounds had reached the server: whatever
+    /// the last failure says, the server already ran the call that far, so it may have been
+    /// applied.
+    AfterInputRounds {
+        /// Rounds the server answered with `input_required` before the failure.
+        rounds: usize,
+        /// The failure itself.
+        error: Box<McpError>,
+    },
 }
 
 impl McpError {
@@ -137,6 +146,10 @@ impl McpError {
         match self {
             McpError::Transport(t) => t.certainty,
             McpError::Rpc { certainty, .. } | McpError::Protocol { certainty, .. } => *certainty,
+            McpError::AfterInputRounds { error, .. } => match error.certainty() {
+                Certainty::Applied => Certainty::Applied,
+                _ => Certainty::MaybeApplied,
+            },
             _ => Certainty::NotSent,
         }
     }
@@ -168,6 +181,10 @@ impl fmt::Display for McpError {
             }
             McpError::InputRefused(why) => write!(f, "the server asked for operator input: {why}"),
             McpError::UnknownTool => f.write_str("no such tool"),
+            McpError::AfterInputRounds { rounds, error } => write!(
+                f,
+                "{error} (after {rounds} input rounds had reached the server: the call may have been applied)"
+            ),
         }
     }
 }
@@ -1403,6 +1420,17 @@ impl Client {
         params.insert("name".into(), name.into());
         params.insert("arguments".into(), Value::Object(arguments));
         for round in 0..=MAX_MRTR_ROUNDS {
+            // Once a round reached the server, no later failure can say "not sent".
+            let after = |error: McpError| {
+                if round == 0 {
+                    error
+                } else {
+                    McpError::AfterInputRounds {
+                        rounds: round,
+                        error: Box::new(error),
+                    }
+                }
+            };
             let result = self
                 .exchange(
                     "tools/call",
@@ -1411,15 +1439,22 @@ impl Client {
                     self.opts.tool_call_deadline,
                     true,
                 )
-                .await?;
-            if !self.check_result_type(&result, true)? {
+                .await
+                .map_err(after)?;
+            if !self.check_result_type(&result, true).map_err(after)? {
                 return Ok(project(&result));
             }
             if round == MAX_MRTR_ROUNDS {
                 // Never ask the operator for input that could not be sent.
                 break;
             }
-            let responses = self.answer_input_requests(&result).await?;
+            // This round's input_required reached us: what fails from here follows a round
+            // the server ran.
+            let ran = |error: McpError| McpError::AfterInputRounds {
+                rounds: round + 1,
+                error: Box::new(error),
+            };
+            let responses = self.answer_input_requests(&result).await.map_err(ran)?;
             // The retry carries exactly this round's answers and state; nothing else.
             params.remove("inputResponses");
             params.remove("requestState");
@@ -1430,9 +1465,12 @@ impl Client {
                 params.insert("requestState".into(), state.clone());
             }
         }
-        Err(McpError::Limit {
-            what: "input rounds in one tool call",
-            max: MAX_MRTR_ROUNDS,
+        Err(McpError::AfterInputRounds {
+            rounds: MAX_MRTR_ROUNDS + 1,
+            error: Box::new(McpError::Limit {
+                what: "input rounds in one tool call",
+                max: MAX_MRTR_ROUNDS,
+            }),
         })
     }
 
