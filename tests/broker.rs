@@ -1953,13 +1953,11 @@ fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
     let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["leak", "structured", "fail"], "{tools}");
+    assert_eq!(
+        tool_names(&tools),
+        ["lk/leak", "lk/structured", "lk/fail"],
+        "{tools}"
+    );
     assert_eq!(tools["unavailable"], json!(["die"]));
     shown.push(text(&out.stdout));
     for tool in ["leak", "structured", "fail"] {
