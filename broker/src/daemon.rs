@@ -2238,7 +2238,7 @@ fn not_approved(why: NotApproved) -> (Code, &'static str, String) {
         NotApproved::Noninteractive => (
             Code::ApprovalRequired,
             "approval_required",
-            "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
+            "this call needs an operator's approval (no approval rule approves it), and this broker is noninteractive; nothing was sent".to_owned(),
         ),
         NotApproved::Denied => (
             Code::Refused,
