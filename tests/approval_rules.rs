@@ -1016,3 +1016,55 @@ fn doctor_and_rules_check_report_every_rule_that_can_never_match() {
         json!({"findings": ["unknown_server", "hidden_by_policy", "expired", "not_listed", "no_such_argument"]}),
     );
 }
+
+#[test]
+fn the_ci_example_in_the_docs_runs_as_written() {
+    if !root() {
+        eprintln!("skipped: the example runs the agent as uid 65534, which needs root");
+        return;
+    }
+    let doc = std::fs::read_to_string(workspace().join("docs/broker.md")).unwrap();
+    let start = doc
+        .find("```sh\n#!/bin/sh\n# CI job")
+        .expect("the CI example in docs/broker.md")
+        + "```sh\n".len();
+    let script = &doc[start..start + doc[start..].find("\n```").unwrap()];
+    let site = Site::new("ci-doc");
+    let runner = site.base.join("runner");
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&runner)
+        .unwrap();
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .env("RUNNER_TEMP", &runner)
+        .env("ITERON", iteron())
+        .env(
+            "EVERYTHING",
+            interop("node_modules/@modelcontextprotocol/server-everything/dist/index.js"),
+        )
+        .env_remove("ITERON_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}\n{}", text(&out.stderr));
+    for line in [
+        "ev/echo  [rule]",
+        "ev/get-env  [denied_by_rule]",
+        "Echo: build-42",
+        "The sum of 2 and 40 is 42.",
+        "expected: 1 records match",
+        "approved 1 (1 in the newest run), denied 0, not matched 0",
+        "approved 0 (0 in the newest run), denied 1, not matched 0",
+    ] {
+        assert!(shown.contains(line), "{line:?} not in:\n{shown}");
+    }
+    assert!(text(&out.stderr).contains("the operator's rule no-env refuses this call"));
+    support::report::record(
+        "P15",
+        "tests/approval_rules.rs::the_ci_example_in_the_docs_runs_as_written",
+        json!({}),
+    );
+}

@@ -544,6 +544,125 @@ fn arb_rules() -> impl Strategy<Value = Vec<Rule>> {
     (0usize..6).prop_flat_map(|n| (0..n).map(arb_rule).collect::<Vec<_>>())
 }
 
+/// A value that satisfies `c` (so that generated calls reach approvals often).
+fn satisfying(c: &Constraint) -> BoxedStrategy<Value> {
+    match c {
+        Constraint::Any => arb_value().boxed(),
+        Constraint::Equals(s) => Just(serde_json::to_value(s).unwrap()).boxed(),
+        Constraint::OneOf(all) => prop::sample::select(all.clone())
+            .prop_map(|s| serde_json::to_value(s).unwrap())
+            .boxed(),
+        Constraint::Prefix(p) => {
+            let p = p.clone();
+            prop::sample::select(vec!["", "x", "/../etc"])
+                .prop_map(move |tail| Value::from(format!("{p}{tail}")))
+                .boxed()
+        }
+        Constraint::Range { min, max } => (*min..=*max).prop_map(Value::from).boxed(),
+    }
+}
+
+/// Which digest, uid and identity the call has.
+type Who = (usize, u32, Option<usize>);
+type Case = (
+    Vec<Rule>,
+    &'static str,
+    &'static str,
+    BTreeMap<String, Value>,
+    Who,
+);
+
+fn arb_who() -> impl Strategy<Value = Who> {
+    (
+        0usize..2,
+        prop::sample::select(UIDS.to_vec()),
+        prop::option::of(0usize..2),
+    )
+}
+
+/// Rules and a call: half the time aimed at one of the rules (its server and tool, arguments
+/// that meet its argument constraints, sometimes with one more argument, and mostly a digest,
+/// uid and identity it allows), otherwise anywhere.
+fn arb_case() -> impl Strategy<Value = Case> {
+    arb_rules().prop_flat_map(|rules| {
+        let random = || {
+            (
+                prop::sample::select(vec!["s", "t"]),
+                prop::sample::select(vec!["echo", "add"]),
+                prop::collection::btree_map(
+                    prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
+                    arb_value(),
+                    0..4,
+                ),
+            )
+        };
+        let anywhere = {
+            let rules = rules.clone();
+            (random(), arb_who())
+                .prop_map(move |((s, t, a), who)| (rules.clone(), s, t, a, who))
+                .boxed()
+        };
+        if rules.is_empty() {
+            return anywhere;
+        }
+        let aimed = (
+            any::<prop::sample::Index>(),
+            any::<bool>(),
+            arb_value(),
+            arb_who(),
+            any::<bool>(),
+        )
+            .prop_flat_map(move |(pick, extra, noise, random_who, fit)| {
+                let r = pick.get(&rules).clone();
+                let server: &'static str = if r.server.as_str() == "s" { "s" } else { "t" };
+                let tool: &'static str = if r.tool.as_str() == "echo" {
+                    "echo"
+                } else {
+                    "add"
+                };
+                let rules = rules.clone();
+                let args: BoxedStrategy<BTreeMap<String, Value>> = match &r.arguments {
+                    None => random().prop_map(|(_, _, a)| a).boxed(),
+                    Some(named) => {
+                        let parts: Vec<BoxedStrategy<(String, Value)>> = named
+                            .iter()
+                            .map(|(k, c)| {
+                                let k = k.clone();
+                                satisfying(c).prop_map(move |v| (k.clone(), v)).boxed()
+                            })
+                            .collect();
+                        parts
+                            .prop_map(move |kv| {
+                                let mut m: BTreeMap<String, Value> = kv.into_iter().collect();
+                                if extra {
+                                    m.insert("w".into(), noise.clone());
+                                }
+                                m
+                            })
+                            .boxed()
+                    }
+                };
+                let who = if fit {
+                    let dig = r
+                        .args_sha256
+                        .as_ref()
+                        .and_then(|d| DIGESTS.iter().position(|x| *x == d.as_str()))
+                        .unwrap_or(random_who.0);
+                    let uid = r.agent_uids.first().copied().unwrap_or(random_who.1);
+                    let identity = match r.agent_identities.first() {
+                        Some(i) => DIGESTS.iter().position(|x| *x == i.as_str()),
+                        None => random_who.2,
+                    };
+                    (dig, uid, identity)
+                } else {
+                    random_who
+                };
+                args.prop_map(move |a| (rules.clone(), server, tool, a, who))
+            });
+        prop_oneof![anywhere, aimed.boxed()].boxed()
+    })
+}
+
 /// The oracle: does `v` satisfy `c`? Compared through JSON values, not through `Scalar::matches`.
 fn oracle_holds(c: &Constraint, v: &Value) -> bool {
     let exact = |s: &Scalar| serde_json::to_value(s).unwrap() == *v;
@@ -592,77 +711,100 @@ fn oracle_matches(r: &Rule, call: &CallFacts<'_>, used: Used) -> bool {
         && counts_ok
 }
 
+/// Random cases the property is checked on.
+const CASES: u32 = 4096;
+
+#[test]
+fn no_rule_approves_or_denies_a_call_that_violates_one_of_its_constraints() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(CASES));
+    let strategy = (arb_case(), prop::collection::vec((0u64..5, 0u64..5), 6)).prop_map(
+        |((rules, server, tool, arguments, (dig, uid, identity)), used)| {
+            (rules, server, tool, arguments, dig, uid, identity, used)
+        },
+    );
+    let approvals = std::cell::Cell::new(0u32);
+    runner
+        .run(
+            &strategy,
+            |(rules, server, tool, arguments, dig, uid, identity, used)| {
+                let arguments: Map<String, Value> = arguments.into_iter().collect();
+                let call = CallFacts {
+                    server,
+                    tool,
+                    arguments: &arguments,
+                    args_sha256: DIGESTS[dig],
+                    uid,
+                    identity: identity.map(|i| DIGESTS[i]),
+                    now: NOW,
+                };
+                let used_of = |r: &Rule| {
+                    let i: usize = r.id.as_str()[1..].parse().unwrap();
+                    Used {
+                        run: used[i].0,
+                        session: used[i].1,
+                    }
+                };
+                let any_deny = rules
+                    .iter()
+                    .any(|r| r.effect == Effect::Deny && oracle_matches(r, &call, used_of(r)));
+                let first_allow = rules
+                    .iter()
+                    .find(|r| r.effect == Effect::Allow && oracle_matches(r, &call, used_of(r)));
+                match decide(&rules, &call, used_of) {
+                    Ruling::Approve(r) => {
+                        approvals.set(approvals.get() + 1);
+                        prop_assert_eq!(r.effect, Effect::Allow);
+                        prop_assert!(oracle_matches(r, &call, used_of(r)), "approved by {:?}", r);
+                        prop_assert!(!any_deny, "approved although a deny rule matched");
+                        prop_assert_eq!(Some(r), first_allow);
+                    }
+                    Ruling::Deny(r) => {
+                        prop_assert_eq!(r.effect, Effect::Deny);
+                        prop_assert!(oracle_matches(r, &call, used_of(r)), "denied by {:?}", r);
+                    }
+                    Ruling::Unmatched { rule, others, .. } => {
+                        prop_assert!(!any_deny && first_allow.is_none());
+                        prop_assert!(rule.covers(server, tool) && rule.effect == Effect::Allow);
+                        let covering = rules
+                            .iter()
+                            .filter(|r| r.effect == Effect::Allow && r.covers(server, tool))
+                            .count();
+                        prop_assert_eq!(others + 1, covering);
+                    }
+                    Ruling::NoRule => {
+                        prop_assert!(!any_deny && first_allow.is_none());
+                        prop_assert!(
+                            !rules
+                                .iter()
+                                .any(|r| r.effect == Effect::Allow && r.covers(server, tool))
+                        );
+                    }
+                }
+                // What `miss` reports is exactly the oracle's verdict, rule by rule.
+                for r in &rules {
+                    let u = used_of(r);
+                    if r.covers(server, tool) {
+                        prop_assert_eq!(miss(r, &call, u).is_none(), oracle_matches(r, &call, u));
+                    }
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    // The generators must reach approvals, or the property says little.
+    assert!(
+        approvals.get() > CASES / 50,
+        "{} approvals",
+        approvals.get()
+    );
+    crate::test_report::record(
+        "P15",
+        "policy/src/rules/tests.rs::no_rule_approves_or_denies_a_call_that_violates_one_of_its_constraints",
+        json!({"cases": CASES, "approvals": approvals.get()}),
+    );
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4096))]
-
-    #[test]
-    fn no_rule_approves_or_denies_a_call_that_violates_one_of_its_constraints(
-        rules in arb_rules(),
-        server in prop::sample::select(vec!["s", "t"]),
-        tool in prop::sample::select(vec!["echo", "add"]),
-        arguments in prop::collection::btree_map(
-            prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned), arb_value(), 0..4),
-        dig in 0usize..2,
-        uid in prop::sample::select(UIDS.to_vec()),
-        identity in prop::option::of(0usize..2),
-        used in prop::collection::vec((0u64..5, 0u64..5), 6),
-    ) {
-        let arguments: Map<String, Value> = arguments.into_iter().collect();
-        let call = CallFacts {
-            server,
-            tool,
-            arguments: &arguments,
-            args_sha256: DIGESTS[dig],
-            uid,
-            identity: identity.map(|i| DIGESTS[i]),
-            now: NOW,
-        };
-        let used_of = |r: &Rule| {
-            let i: usize = r.id.as_str()[1..].parse().unwrap();
-            Used { run: used[i].0, session: used[i].1 }
-        };
-        let any_deny = rules
-            .iter()
-            .any(|r| r.effect == Effect::Deny && oracle_matches(r, &call, used_of(r)));
-        let first_allow = rules
-            .iter()
-            .find(|r| r.effect == Effect::Allow && oracle_matches(r, &call, used_of(r)));
-        match decide(&rules, &call, used_of) {
-            Ruling::Approve(r) => {
-                prop_assert_eq!(r.effect, Effect::Allow);
-                prop_assert!(oracle_matches(r, &call, used_of(r)), "approved by {:?}", r);
-                prop_assert!(!any_deny, "approved although a deny rule matched");
-                prop_assert_eq!(Some(r), first_allow);
-            }
-            Ruling::Deny(r) => {
-                prop_assert_eq!(r.effect, Effect::Deny);
-                prop_assert!(oracle_matches(r, &call, used_of(r)), "denied by {:?}", r);
-            }
-            Ruling::Unmatched { rule, others, .. } => {
-                prop_assert!(!any_deny && first_allow.is_none());
-                prop_assert!(rule.covers(server, tool) && rule.effect == Effect::Allow);
-                let covering = rules
-                    .iter()
-                    .filter(|r| r.effect == Effect::Allow && r.covers(server, tool))
-                    .count();
-                prop_assert_eq!(others + 1, covering);
-            }
-            Ruling::NoRule => {
-                prop_assert!(!any_deny && first_allow.is_none());
-                prop_assert!(!rules
-                    .iter()
-                    .any(|r| r.effect == Effect::Allow && r.covers(server, tool)));
-            }
-        }
-        // What `miss` reports is exactly the oracle's verdict, rule by rule.
-        for r in &rules {
-            let u = used_of(r);
-            if r.covers(server, tool) {
-                prop_assert_eq!(miss(r, &call, u).is_none(), oracle_matches(r, &call, u));
-            }
-        }
-    }
-
     #[test]
     fn a_rule_round_trips_through_the_configuration_file(rules in arb_rules()) {
         let mut config = Config::default();
