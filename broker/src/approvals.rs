@@ -3,6 +3,12 @@
 //! the agent sends, and both fail closed: a noninteractive broker refuses at once; otherwise
 //! an unanswered item is refused when its deadline passes, and one whose requester went away
 //! (the agent disconnected, the call was cancelled) disappears from the list.
+//!
+//! Deferred approval (opt-in, `approvals.deferred_secs` in the operator's configuration): a
+//! noninteractive broker parks a call no rule approved, for that long, instead of refusing it at
+//! once. A parked call is approved only by its id *and* its argument digest, so an operator-side
+//! automation approves exactly the arguments it checked (a digest that does not match decides
+//! nothing).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -44,6 +50,31 @@ pub enum NotApproved {
     Full,
     /// The broker is stopping.
     ShuttingDown,
+}
+
+/// What became of one `decide`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// The call was approved or denied.
+    Done,
+    /// No such call is waiting.
+    NotWaiting,
+    /// The call is parked (deferred approval): approving it needs its argument digest.
+    DigestRequired,
+    /// The digest given is not the call's: nothing was decided.
+    DigestMismatch,
+}
+
+impl Decided {
+    /// The audit outcome of the operator's `decide`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Decided::Done => "ok",
+            Decided::NotWaiting => "not_found",
+            Decided::DigestRequired => "digest_required",
+            Decided::DigestMismatch => "digest_mismatch",
+        }
+    }
 }
 
 /// Why a form answer was not taken.
@@ -111,6 +142,8 @@ enum Item {
     Call {
         info: CallInfo,
         reply: oneshot::Sender<bool>,
+        /// Parked by a noninteractive broker: approving it needs the digest too.
+        deferred: bool,
     },
     Form {
         server: String,
@@ -266,13 +299,30 @@ impl Approvals {
     /// Ask the operator to approve one call; resolves when they decide, the deadline passes,
     /// or (by dropping the future) the requester gives up.
     pub async fn approve_call(&self, info: CallInfo) -> Result<(), NotApproved> {
-        if !self.interactive {
-            return Err(NotApproved::Noninteractive);
-        }
+        self.approve_or_park(info, None).await
+    }
+
+    /// Like [`Approvals::approve_call`]; a noninteractive broker given `park` (deferred
+    /// approval) parks the call for that long instead of refusing it at once, and then only
+    /// its id with its digest approves it ([`Approvals::decide_checked`]).
+    pub async fn approve_or_park(
+        &self,
+        info: CallInfo,
+        park: Option<Duration>,
+    ) -> Result<(), NotApproved> {
+        let (deadline, deferred) = match (self.interactive, park) {
+            (true, _) => (self.deadline, false),
+            (false, Some(d)) => (d, true),
+            (false, None) => return Err(NotApproved::Noninteractive),
+        };
         let (tx, rx) = oneshot::channel();
-        let id = self.enqueue(Item::Call { info, reply: tx })?;
+        let id = self.enqueue(Item::Call {
+            info,
+            reply: tx,
+            deferred,
+        })?;
         let _remove = Remove(self, id);
-        match tokio::time::timeout(self.deadline, rx).await {
+        match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(NotApproved::Denied),
             Ok(Err(_)) => Err(NotApproved::ShuttingDown),
@@ -350,9 +400,10 @@ impl Approvals {
             .map(|(id, w)| {
                 let age = w.since.elapsed().map_or(0, |d| d.as_secs());
                 match &w.item {
-                    Item::Call { info, .. } => json!({
+                    Item::Call { info, deferred, .. } => json!({
                         "id": id,
                         "kind": "call",
+                        "deferred": deferred,
                         "age_secs": age,
                         "session": info.session,
                         "peer_uid": info.peer_uid,
@@ -435,24 +486,41 @@ impl Approvals {
         }))
     }
 
-    /// Approve or deny a waiting call. `false` if there is no such call.
+    /// Approve or deny a waiting call. `false` if there is no such call (or it is parked and
+    /// needs its digest to be approved).
     pub fn decide(&self, id: u64, approve: bool) -> bool {
+        self.decide_checked(id, approve, None) == Decided::Done
+    }
+
+    /// Approve or deny a waiting call, checking `args_sha256` when it is given: a digest that
+    /// is not the call's decides nothing, and a parked call (deferred approval) is approved
+    /// only with its digest (denying one needs none).
+    pub fn decide_checked(&self, id: u64, approve: bool, args_sha256: Option<&str>) -> Decided {
         let mut items = self.lock();
-        if !matches!(
-            items.get(&id),
-            Some(Waiting {
-                item: Item::Call { .. },
-                ..
-            })
-        ) {
-            return false;
+        let Some(Waiting {
+            item: Item::Call { info, deferred, .. },
+            ..
+        }) = items.get(&id)
+        else {
+            return Decided::NotWaiting;
+        };
+        match args_sha256 {
+            Some(d) if d != info.args_sha256 => return Decided::DigestMismatch,
+            None if approve && *deferred => return Decided::DigestRequired,
+            _ => {}
         }
         match items.remove(&id) {
             Some(Waiting {
                 item: Item::Call { reply, .. },
                 ..
-            }) => reply.send(approve).is_ok(),
-            _ => false,
+            }) => {
+                if reply.send(approve).is_ok() {
+                    Decided::Done
+                } else {
+                    Decided::NotWaiting
+                }
+            }
+            _ => Decided::NotWaiting,
         }
     }
 
@@ -558,6 +626,80 @@ mod tests {
         );
         assert!(a.elicitor("srv", Arc::default()).is_none());
         assert!(a.list().is_empty());
+    }
+
+    #[test]
+    fn a_parked_call_is_approved_only_by_its_id_and_digest_within_its_time() {
+        rt().block_on(async {
+            let a = Approvals::new(false, DEFAULT_DEADLINE);
+            let digest = "ab".repeat(32);
+            let call = CallInfo {
+                args_sha256: digest.clone(),
+                ..info()
+            };
+            // Not parked: a noninteractive broker refuses at once.
+            assert_eq!(
+                a.approve_or_park(call.clone(), None).await,
+                Err(NotApproved::Noninteractive)
+            );
+            let (item, waiter) = {
+                let a2 = Arc::clone(&a);
+                let c = call.clone();
+                let w = tokio::spawn(async move {
+                    a2.approve_or_park(c, Some(Duration::from_secs(5))).await
+                });
+                settle(&a, 1).await;
+                (a.list()[0].clone(), w)
+            };
+            assert_eq!(item["deferred"], true);
+            assert_eq!(item["args_sha256"], digest.as_str());
+            let id = item["id"].as_u64().unwrap();
+            assert_eq!(a.decide_checked(id, true, None), Decided::DigestRequired);
+            assert!(!a.decide(id, true));
+            let wrong = "cd".repeat(32);
+            assert_eq!(
+                a.decide_checked(id, true, Some(&wrong)),
+                Decided::DigestMismatch
+            );
+            assert_eq!(
+                a.list().len(),
+                1,
+                "a refused decide leaves the call waiting"
+            );
+            assert_eq!(
+                a.decide_checked(id + 1, true, Some(&digest)),
+                Decided::NotWaiting
+            );
+            assert_eq!(a.decide_checked(id, true, Some(&digest)), Decided::Done);
+            assert_eq!(waiter.await.unwrap(), Ok(()));
+
+            // Denying a parked call needs no digest.
+            let a2 = Arc::clone(&a);
+            let c = call.clone();
+            let waiter =
+                tokio::spawn(
+                    async move { a2.approve_or_park(c, Some(Duration::from_secs(5))).await },
+                );
+            settle(&a, 1).await;
+            let id = a.list()[0]["id"].as_u64().unwrap();
+            assert_eq!(a.decide_checked(id, false, None), Decided::Done);
+            assert_eq!(waiter.await.unwrap(), Err(NotApproved::Denied));
+
+            // Parked for a bounded time: unanswered, it is refused and leaves the list.
+            assert_eq!(
+                a.approve_or_park(call, Some(Duration::from_millis(30)))
+                    .await,
+                Err(NotApproved::TimedOut)
+            );
+            assert!(a.list().is_empty());
+            // Forms are still refused by a noninteractive broker.
+            assert!(a.elicitor("srv", Arc::default()).is_none());
+        });
+        crate::test_report::record(
+            "P15",
+            "broker/src/approvals.rs::a_parked_call_is_approved_only_by_its_id_and_digest_within_its_time",
+            json!({}),
+        );
     }
 
     #[test]

@@ -536,7 +536,7 @@ pub fn below_reserve(free: u64) -> bool {
 /// actions, refused peers (bounded on their own), and broker start and stop are always written.
 fn limitable(e: &Event) -> bool {
     e.peer_uid.is_some()
-        && !matches!(e.decision, "approved" | "denied")
+        && !matches!(e.decision, "approved" | "denied" | "approved_by_rule")
         && e.outcome != "dispatching"
         && !e.kind.starts_with("operator_")
         && !e.kind.starts_with("connect_")
@@ -1526,6 +1526,49 @@ pub fn verify(home: &Path, expect: &[Pin]) -> Result<Verified, Tampered> {
         anchor: anchor.map(|(seq, sha256)| Pin { seq, sha256 }),
         expected: expect.len(),
     })
+}
+
+/// Verify the whole log under `home` (as [`verify`]), then hand each verified record to
+/// `visit`, oldest first, as its JSON object. Records written after the verification are not
+/// visited. Reads only.
+pub fn visit(
+    home: &Path,
+    mut visit: impl FnMut(&Map<String, Value>),
+) -> Result<Verified, Tampered> {
+    let verified = verify(home, &[])?;
+    let dir = home.join("audit");
+    let mut left = verified.records;
+    let files = if left == 0 {
+        Vec::new()
+    } else {
+        day_files(&dir).map_err(|e| Tampered {
+            file: None,
+            line: None,
+            why: e.to_string(),
+        })?
+    };
+    for path in &files {
+        if left == 0 {
+            break;
+        }
+        let bytes = read_private(path, u64::MAX)
+            .map_err(|e| Tampered {
+                file: Some(file_name(path)),
+                line: None,
+                why: e.to_string(),
+            })?
+            .unwrap_or_default();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+            if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) {
+                visit(&obj);
+            }
+        }
+    }
+    Ok(verified)
 }
 
 #[cfg(test)]

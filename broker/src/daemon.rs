@@ -282,6 +282,8 @@ struct Session {
     peer: Peer,
     /// Set for a child session bound to an agent definition.
     child: Option<Child>,
+    /// Approval rules: calls each rule approved in this session (broker/src/rules.rs).
+    rule_counts: crate::rules::SessionCounts,
 }
 
 /// A child session: a read-only ceiling, no lifecycle hooks, and the budgets the broker can
@@ -328,6 +330,8 @@ struct Broker {
     arguments: ArgumentBudget,
     /// See [`ServeOptions::idle_deadline`].
     idle_deadline: Duration,
+    /// Approval rules: calls each rule approved in this run (broker/src/rules.rs).
+    rules: crate::rules::RunCounts,
 }
 
 /// One refused peer at second `now`: whether it gets its own record, and how many refusals
@@ -516,6 +520,7 @@ pub async fn serve(
         operator_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
         arguments: ArgumentBudget::default(),
         idle_deadline: opts.idle_deadline,
+        rules: crate::rules::RunCounts::default(),
     });
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
@@ -1145,6 +1150,7 @@ fn open_session(
         id: id.clone(),
         peer,
         child,
+        rule_counts: crate::rules::SessionCounts::default(),
     });
     Ok((Some(session), result))
 }
@@ -1503,6 +1509,17 @@ async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
                                         "name": t.name,
                                         "description": secrets.scrub(&t.description),
                                         "input_schema": input_schema,
+                                        // Whether calls can be approved (broker/src/rules.rs).
+                                        "approval": crate::rules::marker(
+                                            &broker.rules,
+                                            &s.rule_counts,
+                                            &snap.config,
+                                            server.name.as_str(),
+                                            &t.name,
+                                            s.peer.uid,
+                                            s.child.as_ref().map(|c| c.def.identity.as_str()),
+                                            broker.approvals.interactive(),
+                                        ),
                                     })
                                 })
                                 .collect(),
@@ -1564,6 +1581,8 @@ struct CallRecord<'a> {
     event: Event,
     started: Instant,
     done: bool,
+    /// The approval rule that approved the call, named in each of its records.
+    rule: Option<crate::rules::RuleMark>,
 }
 
 impl<'a> CallRecord<'a> {
@@ -1589,6 +1608,7 @@ impl<'a> CallRecord<'a> {
             },
             started: Instant::now(),
             done: false,
+            rule: None,
         };
         if let Err(gate) = broker.audit.effect_gate() {
             record.finish("refused", gate.outcome(), None);
@@ -1600,9 +1620,10 @@ impl<'a> CallRecord<'a> {
 
 impl CallRecord<'_> {
     fn finish(&mut self, decision: &'static str, outcome: &'static str, detail: Option<String>) {
-        self.event.decision = decision;
+        // A rule-approved call says so, and names the rule, in every record.
+        self.event.decision = crate::rules::decision(self.rule.as_ref(), decision);
         self.event.outcome = outcome;
-        self.event.detail = detail;
+        self.event.detail = crate::rules::detail(self.rule.as_ref(), detail);
         self.event.duration_ms = elapsed_ms(self.started);
         self.broker.audit(self.event.clone());
         self.done = true;
@@ -1614,7 +1635,7 @@ impl CallRecord<'_> {
     /// (the log failed, or its disk is under the reserve).
     fn dispatching(&mut self) -> Result<(), audit::Gate> {
         let mut e = self.event.clone();
-        e.decision = "approved";
+        e.decision = crate::rules::decision(self.rule.as_ref(), "approved");
         e.outcome = "dispatching";
         e.duration_ms = elapsed_ms(self.started);
         self.broker.audit.append_effect(&e)
@@ -2147,19 +2168,53 @@ async fn before_effect(
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
-    let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
-    let approval = broker
-        .approvals
-        .approve_call(CallInfo {
-            session: s.id.clone(),
-            peer_uid: s.peer.uid,
-            peer_pid: s.peer.pid,
-            server: event.server.clone(),
-            tool: event.tool.clone(),
-            args_sha256,
-            arguments: preview,
-        })
-        .await;
+    // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
+    // of time; whatever they leave undecided goes on to the operator as before.
+    // Judged on the rules as they are now: a rule the operator removed no longer approves.
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let judged = crate::rules::judge(
+        &broker.rules,
+        &s.rule_counts,
+        &snap.config.approvals,
+        &crate::rules::Facts {
+            server: &event.server,
+            tool: &event.tool,
+            arguments: &event.arguments,
+            args_sha256: &args_sha256,
+            uid: s.peer.uid,
+            identity: s.child.as_ref().map(|c| c.def.identity.as_str()),
+        },
+    );
+    let (approval, note) = match judged {
+        crate::rules::Judged::Approved(mark) => {
+            record.event.detail = Some(mark.detail());
+            record.rule = Some(mark);
+            (Ok(()), None)
+        }
+        crate::rules::Judged::Denied(mark) => {
+            record.finish("denied_by_rule", "refused", Some(mark.detail()));
+            return Err(crate::rules::denied_refusal(&mark));
+        }
+        crate::rules::Judged::Ask { note, park } => {
+            let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
+            let info = CallInfo {
+                session: s.id.clone(),
+                peer_uid: s.peer.uid,
+                peer_pid: s.peer.pid,
+                server: event.server.clone(),
+                tool: event.tool.clone(),
+                args_sha256,
+                arguments: preview,
+            };
+            (broker.approvals.approve_or_park(info, park).await, note)
+        }
+    };
     if let Err(why) = approval {
         let (code, outcome, msg) = not_approved(why);
         record.finish(
@@ -2169,8 +2224,9 @@ async fn before_effect(
                 "refused"
             },
             outcome,
-            None,
+            note.clone(),
         );
+        let msg = crate::rules::with_note(&msg, note.as_deref());
         return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
     }
     record.event.decision = "approved";
@@ -2415,7 +2471,7 @@ fn not_approved(why: NotApproved) -> (Code, &'static str, String) {
         NotApproved::Noninteractive => (
             Code::ApprovalRequired,
             "approval_required",
-            "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
+            "this call needs an operator's approval (no approval rule approves it), and this broker is noninteractive; nothing was sent".to_owned(),
         ),
         NotApproved::Denied => (
             Code::Refused,
@@ -2547,27 +2603,51 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
         }
         Request::Decide(d) => {
             // Each call is decided — and audited — on its own, also when several are named.
+            if d.args_sha256.is_some() && (d.id.is_none() || !d.ids.is_empty()) {
+                return Err(Refusal::new(
+                    Code::Refused,
+                    "a digest names one call: give it with id, not ids",
+                ));
+            }
             let mut decided = Vec::new();
             let mut missing = Vec::new();
+            let mut last = crate::approvals::Decided::NotWaiting;
             for item in d.all() {
-                let done = broker.approvals.decide(item, d.approve);
+                // Deferred approval: a parked call is approved only with its digest.
+                last = broker
+                    .approvals
+                    .decide_checked(item, d.approve, d.args_sha256.as_deref());
                 broker.audit(Event {
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
                     kind: "operator_decide",
+                    args_sha256: d
+                        .args_sha256
+                        .clone()
+                        .filter(|x| iteron_policy::rules::Sha256Hex::parse(x).is_some()),
                     decision: if d.approve { "approved" } else { "denied" },
-                    outcome: if done { "ok" } else { "not_found" },
+                    outcome: last.outcome(),
                     detail: Some(format!("pending item {item}")),
                     ..Event::default()
                 });
-                if done {
+                if last == crate::approvals::Decided::Done {
                     decided.push(item);
                 } else {
                     missing.push(item);
                 }
             }
             if d.id.is_some() && decided.is_empty() {
-                Err(Refusal::new(Code::NotFound, "no such call is waiting"))
+                Err(match last {
+                    crate::approvals::Decided::DigestRequired => Refusal::new(
+                        Code::Refused,
+                        "this call was parked by a noninteractive broker: approve it with its args_sha256",
+                    ),
+                    crate::approvals::Decided::DigestMismatch => Refusal::new(
+                        Code::Refused,
+                        "the digest is not that of the waiting call; nothing was decided",
+                    ),
+                    _ => Refusal::new(Code::NotFound, "no such call is waiting"),
+                })
             } else {
                 Ok(json!({"decided": decided, "not_found": missing}))
             }

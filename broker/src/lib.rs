@@ -34,6 +34,8 @@ pub mod private_fs;
 #[cfg(feature = "broker")]
 pub mod registry;
 #[cfg(feature = "broker")]
+pub mod rules;
+#[cfg(feature = "broker")]
 pub mod scrub;
 #[cfg(feature = "broker")]
 pub mod servers;

@@ -190,6 +190,10 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .unwrap_or_else(|| default_operator_socket(&home));
     let interactive = !args.noninteractive;
     let config = home.load()?;
+    // A rule that can never match is said at start, not left to fail silently.
+    for line in crate::rules::start_warnings(&config) {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
     // Secrets systemd hands the unit (LoadCredential=): read once, checked, and the directory
     // denied to every child from here on.
     let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
@@ -329,8 +333,9 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
                 }
             }
         }
-        Approvals::Approve(a) => decide(&socket, &a.ids, true, out),
-        Approvals::Deny(a) => decide(&socket, &a.ids, false, out),
+        Approvals::Approve(a) => decide(&socket, &a.ids, a.sha256.as_deref(), true, out),
+        Approvals::Deny(a) => decide(&socket, &a.ids, a.sha256.as_deref(), false, out),
+        Approvals::Rules(cmd) => crate::rules::run(cmd, out),
         Approvals::Answer(a) => {
             let (action, content) = if a.decline {
                 ("decline", Map::new())
@@ -446,13 +451,33 @@ fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError
     out_line(out, &text::terminal_safe_json(&arguments, true))
 }
 
-/// Approve or deny waiting calls by id. One id that is not waiting exits 4 (as it always has);
-/// with several, those not waiting are named and the command exits 4 if any was missing.
-fn decide(socket: &Path, ids: &[u64], approve: bool, out: &mut dyn Write) -> Result<(), CliError> {
+/// Approve or deny waiting calls by id (and, for one, its argument digest). One id that is
+/// not waiting exits 4 (as it always has); with several, those not waiting are named and the
+/// command exits 4 if any was missing.
+fn decide(
+    socket: &Path,
+    ids: &[u64],
+    sha256: Option<&str>,
+    approve: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let word = if approve { "approved" } else { "denied" };
-    let params = match ids {
-        [one] => json!({"id": one, "approve": approve}),
-        many => json!({"ids": many, "approve": approve}),
+    let params = match (ids, sha256) {
+        ([one], Some(d)) => {
+            if iteron_policy::rules::Sha256Hex::parse(d).is_none() {
+                return Err(CliError::Usage(
+                    "--sha256 must be 64 lowercase hex digits".into(),
+                ));
+            }
+            json!({"id": one, "approve": approve, "args_sha256": d})
+        }
+        (_, Some(_)) => {
+            return Err(CliError::Usage(
+                "--sha256 names one call: give exactly one id with it".into(),
+            ));
+        }
+        ([one], None) => json!({"id": one, "approve": approve}),
+        (many, None) => json!({"ids": many, "approve": approve}),
     };
     let v = operator_request(socket, "decide", params)?;
     let list = |k: &str| -> Vec<u64> {
@@ -861,10 +886,16 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                     let empty = Vec::new();
                     for t in v.get("tools").and_then(Value::as_array).unwrap_or(&empty) {
                         let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
+                        // Whether calls can be approved: rule, operator, deferred,
+                        // denied_by_rule or refused_noninteractive.
+                        let approval = match s("approval") {
+                            "" => String::new(),
+                            a => format!("  [{a}]"),
+                        };
                         out_line(
                             out,
                             &text::single_line(&format!(
-                                "{}/{}  {}",
+                                "{}/{}{approval}  {}",
                                 s("server"),
                                 s("name"),
                                 s("description")
@@ -941,7 +972,10 @@ fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
 /// `iteron audit verify [--expect SEQ:SHA256]...`
 pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError> {
     use iteron_broker::audit::{MAX_PINS, Pin};
-    let Audit::Verify(f) = cmd;
+    let f = match cmd {
+        Audit::Verify(f) => f,
+        Audit::Rules(f) => return crate::rules::audit_rules(f.format, out),
+    };
     if f.expect.len() > MAX_PINS {
         return Err(CliError::Usage(format!(
             "--expect is given at most {MAX_PINS} times"

@@ -51,6 +51,15 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
 /// Connect to one server (with the operator's stored OAuth credential, if any) and list its
 /// tools, within [`PROBE_DEADLINE`].
 async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Value, String> {
+    probe_tools(home, config, server).await.map(|(v, _)| v)
+}
+
+/// [`probe`], also giving the tools themselves (names and input schemas).
+pub(crate) async fn probe_tools(
+    home: &Home,
+    config: &Config,
+    server: &ServerConfig,
+) -> Result<(Value, Vec<iteron_broker::mcp::client::Tool>), String> {
     let work = async {
         let client = servers::connect_with_credentials(
             server,
@@ -87,13 +96,14 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             }
         };
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-        Ok(json!({
+        let summary = json!({
             "protocol_version": era.version().as_str(),
             "tool_count": tools.len(),
             "tools": names,
             "server": info.map(|(n, v)| json!({"name": n, "version": v})),
             "dropped_tools": dropped.iter().map(|d| json!({"name": d.name, "reason": d.reason})).collect::<Vec<_>>(),
-        }))
+        });
+        Ok((summary, tools))
     };
     let secrets = servers::KnownSecrets::of(server, &lookup);
     match tokio::time::timeout(PROBE_DEADLINE, work).await {
@@ -439,6 +449,8 @@ pub(crate) fn doctor(
         None
     };
     let mut all_ok = true;
+    // The catalogs listed by --connect, for checking the approval rules against them.
+    let mut catalogs = std::collections::BTreeMap::new();
     for s in &config.mcp_servers {
         let mut checks = check_server(s, Some(home));
         if let Some(eff) = confinement_of(s, home, config.ceiling()) {
@@ -455,11 +467,12 @@ pub(crate) fn doctor(
             }));
         }
         if let Some(rt) = &rt {
-            let r = rt.block_on(probe(home, &config, s));
-            checks.push(match r {
-                Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
+            let r = rt.block_on(probe_tools(home, &config, s));
+            checks.push(match &r {
+                Ok((found, _)) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
                 Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
             });
+            catalogs.insert(s.name.as_str().to_owned(), r.map(|(_, tools)| tools));
         }
         all_ok &= checks.iter().all(|c| c["ok"] == Value::Bool(true));
         servers.push(
@@ -480,6 +493,9 @@ pub(crate) fn doctor(
     });
     let audit = crate::broker::audit_state(home);
     all_ok &= audit["state"] == "ok";
+    // Every approval rule that can never match is a problem, not a silent no-op.
+    let approval_rules = crate::rules::report(&config, connect.then_some(&catalogs));
+    all_ok &= approval_rules.iter().all(|r| r["ok"] == Value::Bool(true));
     let report = json!({
         "home": home.dir().display().to_string(),
         "config": "valid",
@@ -487,6 +503,7 @@ pub(crate) fn doctor(
         "network": network,
         "audit": audit,
         "servers": servers,
+        "approval_rules": approval_rules,
         "ok": all_ok,
     });
     if format == Format::Json {
@@ -534,6 +551,19 @@ pub(crate) fn doctor(
                     c["check"].as_str().unwrap_or(""),
                     text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
                 ));
+            }
+        }
+        if !approval_rules.is_empty() {
+            buf.push_str(&format!(
+                "approval rules ({})\n",
+                if connect {
+                    "checked against the servers' catalogs"
+                } else {
+                    "tools and argument names not checked against the servers: use --connect"
+                }
+            ));
+            for line in crate::rules::report_lines(&approval_rules) {
+                buf.push_str(&format!("  {line}\n"));
             }
         }
         out.write_all(buf.as_bytes()).map_err(CliError::Output)?;

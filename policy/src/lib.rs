@@ -8,6 +8,7 @@ pub mod config;
 pub mod frontmatter;
 pub mod json;
 pub mod names;
+pub mod rules;
 pub mod skill;
 pub mod text;
 pub mod url;
