@@ -692,6 +692,7 @@ fn library_call(case: &Case, sb: &Sandbox, seen: &mut Observed) {
             let ctx = iteron_broker::servers::SpawnContext {
                 home: sb.home(),
                 ceiling: config.ceiling(),
+                egress: None,
             };
             let client = iteron_broker::servers::connect(&server, &network, &lookup, opts, &ctx)
                 .await

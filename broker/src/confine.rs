@@ -10,6 +10,13 @@
 //! - **Network** (seccomp, plus Landlock TCP rules from ABI 4): no socket of any family unless
 //!   the server's admitted classes include `web_egress` (then IPv4, IPv6 and netlink only).
 //!   Unix-domain sockets are never allowed, so a child cannot reach the broker's sockets.
+//!   Every child also runs in a **network namespace of its own** where the kernel allows it
+//!   (under a broker that is not root, inside a user namespace that owns it): its only
+//!   interface is loopback, down — except for a `web_egress` server, whose loopback is up and
+//!   holds one listener, `127.0.0.1:`[`PROXY_PORT`], served by the broker ([`crate::egress`]):
+//!   the server's only way out, every destination judged by the zone rules. Where namespaces
+//!   are unavailable a `web_egress` server does not start, unless the operator set
+//!   `sandbox.network: "host"` ([`NetState::Host`], shown as unconfined).
 //! - **Identity**: under a root broker a child runs as uid and gid 65534 (`nobody`) with no
 //!   supplementary groups, unless the operator's `run_as` says `root` or names a dedicated
 //!   `UID:GID` ([`identity`]); so root-only files stay closed to it whatever Landlock grants.
@@ -30,7 +37,9 @@ use serde_json::{Value, json};
 
 use crate::sys::{self, Prepared, landlock};
 
-pub use iteron_policy::config::{NOBODY_ID, RunAs};
+pub use crate::sys::PROXY_PORT;
+pub use iteron_policy::config::{NOBODY_ID, RunAs, SandboxNetwork};
+pub use iteron_policy::egress::EgressRule;
 
 /// Directories a normal program reads (and executes from).
 pub const SYSTEM_READ: &[&str] = &[
@@ -100,6 +109,46 @@ pub struct Spec {
     pub processes: Option<u64>,
     /// Who the child runs as under a root broker (default: `nobody`).
     pub run_as: RunAs,
+    /// Where its sockets lead when `network` is set (default: its own namespace, out only
+    /// through the broker's egress path).
+    pub net_mode: SandboxNetwork,
+    /// Destinations above the public zone its egress path may reach (`sandbox.egress`).
+    pub egress: Vec<EgressRule>,
+}
+
+/// The network a child gets, as planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetState {
+    /// No socket; its own network namespace, loopback down.
+    Isolated,
+    /// No socket (seccomp); this system offers no network namespace (the reason).
+    NoNamespace(String),
+    /// `web_egress`: its own network namespace, out only through the broker's egress path.
+    Egress,
+    /// `web_egress` with `sandbox.network: "host"`: the network as the host sees it.
+    Host,
+    /// `web_egress` needs a network namespace this system does not offer (the reason): the
+    /// server is not started.
+    Refused(String),
+}
+
+impl NetState {
+    /// The plan for a child with (`network`) or without sockets in `mode`, on a system whose
+    /// namespace support is `support`.
+    pub fn plan(network: bool, mode: SandboxNetwork, support: Result<(), String>) -> NetState {
+        match (network, mode, support) {
+            (true, SandboxNetwork::Host, _) => NetState::Host,
+            (true, SandboxNetwork::Namespace, Ok(())) => NetState::Egress,
+            (true, SandboxNetwork::Namespace, Err(why)) => NetState::Refused(why),
+            (false, _, Ok(())) => NetState::Isolated,
+            (false, _, Err(why)) => NetState::NoNamespace(why),
+        }
+    }
+
+    /// Whether the child enters a namespace of its own.
+    pub fn own_namespace(&self) -> bool {
+        matches!(self, NetState::Isolated | NetState::Egress)
+    }
 }
 
 /// The uid and gid a child runs as.
@@ -176,8 +225,12 @@ pub struct Effective {
     pub writable: Vec<PathBuf>,
     /// Never reachable.
     pub denied: Vec<PathBuf>,
-    /// Network allowed.
+    /// Network allowed (sockets of IPv4, IPv6 and routing netlink).
     pub network: bool,
+    /// Where its network leads.
+    pub net: NetState,
+    /// Destinations above the public zone its egress path may reach.
+    pub egress: Vec<EgressRule>,
     /// Grants that were dropped (inside the home, or missing), with why.
     pub dropped: Vec<(PathBuf, &'static str)>,
     /// Who the child runs as, or why its `run_as` cannot be honoured (it is then not started).
@@ -200,11 +253,9 @@ impl Effective {
                 Some(abi) => format!("landlock ABI {abi}: enforced"),
                 None => "not confined: this kernel has no Landlock".to_owned(),
             },
-            "network": if self.network {
-                "allowed (web_egress admitted): IPv4, IPv6, netlink; no Unix-domain sockets"
-            } else {
-                "denied: no sockets (seccomp) and no TCP (landlock)"
-            },
+            "network": self.network_words(),
+            "network_namespace": self.net.own_namespace(),
+            "egress": self.egress.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "runs_as": self.runs_as(),
             "readable": list(&self.readable),
             "writable": list(&self.writable),
@@ -214,6 +265,31 @@ impl Effective {
                 "why": why,
             })).collect::<Vec<_>>(),
         })
+    }
+
+    /// The network the child gets, in words (`iteron mcp get`, `doctor`).
+    pub fn network_words(&self) -> String {
+        let named = match self.egress.len() {
+            0 => String::new(),
+            n => format!(" and {n} destination(s) sandbox.egress names"),
+        };
+        match &self.net {
+            NetState::Isolated => {
+                "denied: no sockets (seccomp), no TCP (landlock), its own network namespace with loopback down".to_owned()
+            }
+            NetState::NoNamespace(why) => format!(
+                "denied: no sockets (seccomp) and no TCP (landlock); no network namespace ({why})"
+            ),
+            NetState::Egress => format!(
+                "egress only through the broker: its own network namespace, an HTTP CONNECT and \
+                 plain-HTTP proxy at 127.0.0.1:{PROXY_PORT} (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) \
+                 reaching the public zone{named}; every destination judged by the zone rules"
+            ),
+            NetState::Host => "UNCONFINED (sandbox.network \"host\"): the network as the host sees it; IPv4, IPv6, netlink; no Unix-domain sockets".to_owned(),
+            NetState::Refused(why) => format!(
+                "cannot start: web_egress needs a network namespace and this system offers none ({why}); set sandbox.network \"host\" to run it unconfined"
+            ),
+        }
     }
 
     /// Who the child runs as, in words (`iteron mcp get`, `doctor`).
@@ -492,6 +568,8 @@ pub fn plan(spec: &Spec) -> Effective {
         writable,
         denied: deny,
         network: spec.network,
+        net: NetState::plan(spec.network, spec.net_mode, sys::netns_support()),
+        egress: spec.egress.clone(),
         dropped,
         identity,
         unreachable,
@@ -532,12 +610,33 @@ fn allow_if_present(
     }
 }
 
-/// Prepare the confinement of one child (in the parent: this allocates and opens files).
-pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
+/// Prepare the confinement of one child (in the parent: this allocates and opens files). For a
+/// `web_egress` server in its own namespace, also the broker's end of the channel its proxy
+/// listener arrives on ([`crate::sys::receive_proxy_listener`]).
+pub(crate) fn prepare(
+    spec: &Spec,
+) -> std::io::Result<(Prepared, Effective, Option<std::os::fd::OwnedFd>)> {
     let effective = plan(spec);
     let id = effective
         .identity
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
+    let (netns, proxy) = match &effective.net {
+        NetState::Refused(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                effective.network_words(),
+            ));
+        }
+        NetState::Isolated => (Some(sys::NetNs::for_this_process(None)), None),
+        NetState::Egress => {
+            let (broker_end, child_end) = sys::proxy_channel()?;
+            (
+                Some(sys::NetNs::for_this_process(Some(child_end))),
+                Some(broker_end),
+            )
+        }
+        NetState::NoNamespace(_) | NetState::Host => (None, None),
+    };
     let (readable, writable) = (&effective.readable, &effective.writable);
     let abi = effective.landlock_abi;
     let mut prepared = Prepared {
@@ -562,6 +661,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             (r, n.min(hard))
         })
         .collect(),
+        netns,
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;
@@ -610,7 +710,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         }
         prepared.ruleset = Some(rs);
     }
-    Ok((prepared, effective))
+    Ok((prepared, effective, proxy))
 }
 
 #[cfg(test)]

@@ -511,6 +511,13 @@ pub async fn serve(
         operator_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
         arguments: ArgumentBudget::default(),
     });
+    // Refused egress destinations are audited here (weakly held: no reference cycle).
+    let weak = Arc::downgrade(&broker);
+    broker.registry.audit_egress_with(Arc::new(move |e| {
+        if let Some(b) = weak.upgrade() {
+            b.audit(e);
+        }
+    }));
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
     broker.audit(Event {
