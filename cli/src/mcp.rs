@@ -259,6 +259,7 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
                     }
                     out
                 },
+                ..Default::default()
             },
         })
     };
