@@ -382,3 +382,134 @@ fn doctor_fails_a_command_out_of_the_childs_uid_reach() {
         "{asroot}"
     );
 }
+
+/// `mcp get` and `doctor` say where a `web_egress` server's network leads: through the
+/// broker's egress path in a namespace of its own by default (with what `sandbox.egress`
+/// names), UNCONFINED with `--sandbox-network host`; `mcp add` refuses a bad egress entry.
+#[test]
+fn get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined() {
+    let h = Home::new("egress-shown");
+    let add = |name: &str, extra: &[&str]| {
+        let mut args = vec!["mcp", "add", name, "--stdio", "/bin/cat"];
+        args.extend_from_slice(extra);
+        let out = h.run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    add(
+        "fenced",
+        &[
+            "--sandbox-egress",
+            "10.0.0.0/8",
+            "--sandbox-egress",
+            "*.corp.example",
+        ],
+    );
+    add("open", &["--sandbox-network", "host"]);
+    let bad = h.run(&[
+        "mcp",
+        "add",
+        "bad",
+        "--stdio",
+        "/bin/cat",
+        "--sandbox-egress",
+        "*.com",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--sandbox-egress") && err.lines().count() == 1,
+        "{err}"
+    );
+    // The default ceiling has no web_egress: no sockets at all.
+    let out = h.run(&["mcp", "get", "fenced", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["confinement"]["network"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied"),
+        "{v}"
+    );
+    assert_eq!(
+        v["sandbox"]["egress"],
+        serde_json::json!(["10.0.0.0/8", "*.corp.example"])
+    );
+    // Admit web_egress on this host.
+    let path = h.0.join("home").join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["host_ceiling"] = serde_json::json!(["read_only", "web_egress"]);
+    std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    let namespaces = iteron_broker::sys::netns_support().is_ok();
+    let out = h.run(&["mcp", "get", "fenced"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("confinement")).unwrap();
+    if namespaces {
+        assert!(
+            line.contains("network only through the broker's egress path")
+                && line.contains("2 destination(s) sandbox.egress names"),
+            "{line}"
+        );
+    } else {
+        assert!(line.contains("CANNOT START"), "{line}");
+    }
+    let out = h.run(&["mcp", "get", "fenced", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["confinement"]["network_namespace"], namespaces, "{v}");
+    assert_eq!(
+        v["confinement"]["egress"],
+        serde_json::json!(["10.0.0.0/8", "*.corp.example"])
+    );
+    let out = h.run(&["mcp", "get", "open"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("network UNCONFINED (sandbox.network \"host\""),
+        "{text}"
+    );
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "confinement")
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        check("open")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("UNCONFINED"),
+        "{v}"
+    );
+    assert!(
+        check("fenced")["detail"]
+            .as_str()
+            .unwrap()
+            .contains(if namespaces {
+                "egress path"
+            } else {
+                "CANNOT START"
+            }),
+        "{v}"
+    );
+    if !namespaces {
+        assert_eq!(check("fenced")["ok"], false, "{v}");
+    }
+    support::report::record(
+        "P9",
+        "tests/mcp_probe.rs::get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined",
+        serde_json::json!({"namespaces": namespaces}),
+    );
+}

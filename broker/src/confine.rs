@@ -501,6 +501,11 @@ pub fn deny_to_every_child(paths: Vec<PathBuf>) -> bool {
 /// What a confinement would enforce, without enforcing anything (diagnostics, and the first
 /// half of [`prepare`]).
 pub fn plan(spec: &Spec) -> Effective {
+    plan_with(spec, sys::netns_support())
+}
+
+/// [`plan`] on a system whose network-namespace support is `netns`.
+fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
     let identity = identity(spec.run_as);
     // The secrets of /etc (those present) are denied by Landlock to a child that could
     // otherwise open them: one that keeps uid 0 or the broker's groups. A child switched to
@@ -568,7 +573,7 @@ pub fn plan(spec: &Spec) -> Effective {
         writable,
         denied: deny,
         network: spec.network,
-        net: NetState::plan(spec.network, spec.net_mode, sys::netns_support()),
+        net: NetState::plan(spec.network, spec.net_mode, netns),
         egress: spec.egress.clone(),
         dropped,
         identity,
@@ -616,7 +621,15 @@ fn allow_if_present(
 pub(crate) fn prepare(
     spec: &Spec,
 ) -> std::io::Result<(Prepared, Effective, Option<std::os::fd::OwnedFd>)> {
-    let effective = plan(spec);
+    prepare_with(spec, sys::netns_support())
+}
+
+/// [`prepare`] on a system whose network-namespace support is `netns`.
+fn prepare_with(
+    spec: &Spec,
+    netns: Result<(), String>,
+) -> std::io::Result<(Prepared, Effective, Option<std::os::fd::OwnedFd>)> {
+    let effective = plan_with(spec, netns);
     let id = effective
         .identity
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
@@ -762,6 +775,61 @@ mod tests {
             };
             assert!(prepare(&spec).is_err());
         }
+    }
+
+    #[test]
+    fn a_web_egress_server_without_network_namespaces_starts_only_on_the_hosts_network() {
+        let none = || Err::<(), String>("unshare: Operation not permitted".to_owned());
+        let egress = Spec {
+            network: true,
+            ..Spec::default()
+        };
+        // No namespace: it is not started, and the reason says what the operator can do.
+        let e = plan_with(&egress, none());
+        assert!(matches!(e.net, NetState::Refused(_)));
+        assert!(
+            e.network_words().starts_with("cannot start")
+                && e.network_words().contains("sandbox.network \"host\""),
+            "{}",
+            e.network_words()
+        );
+        let err = prepare_with(&egress, none()).err().unwrap();
+        assert!(err.to_string().contains("cannot start"), "{err}");
+        // sandbox.network "host": it starts, unconfined, and says so.
+        let host = Spec {
+            net_mode: SandboxNetwork::Host,
+            ..egress.clone()
+        };
+        let e = plan_with(&host, none());
+        assert_eq!(e.net, NetState::Host);
+        assert!(e.network_words().starts_with("UNCONFINED"));
+        let (prepared, _, proxy) = prepare_with(&host, none()).unwrap();
+        assert!(prepared.netns.is_none() && proxy.is_none());
+        // A server without web_egress still starts: no sockets, whatever the namespaces.
+        let plain = Spec::default();
+        let e = plan_with(&plain, none());
+        assert!(matches!(e.net, NetState::NoNamespace(_)));
+        assert!(e.network_words().starts_with("denied"));
+        assert!(prepare_with(&plain, none()).unwrap().0.netns.is_none());
+        // With namespaces: its own, and for web_egress the proxy channel.
+        assert_eq!(plan_with(&plain, Ok(())).net, NetState::Isolated);
+        let (prepared, e, proxy) = prepare_with(&egress, Ok(())).unwrap();
+        assert_eq!(e.net, NetState::Egress);
+        assert!(prepared.netns.as_ref().is_some_and(|n| n.proxy.is_some()));
+        assert!(proxy.is_some());
+        let json = e.to_json();
+        assert_eq!(json["network_namespace"], true);
+        assert!(
+            json["network"]
+                .as_str()
+                .unwrap()
+                .starts_with("egress only through the broker")
+        );
+        crate::test_report::record(
+            "P9",
+            "broker/src/confine.rs::a_web_egress_server_without_network_namespaces_starts_only_on_the_hosts_network",
+            serde_json::json!({}),
+        );
     }
 
     #[test]
