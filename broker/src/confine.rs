@@ -620,7 +620,7 @@ fn allow_if_present(
 /// listener arrives on ([`crate::sys::receive_proxy_listener`]).
 pub(crate) fn prepare(
     spec: &Spec,
-) -> std::io::Result<(Prepared, Effective, Option<std::os::fd::OwnedFd>)> {
+) -> std::io::Result<(Prepared, Effective, Option<sys::ProxyListener>)> {
     prepare_with(spec, sys::netns_support())
 }
 
@@ -628,7 +628,7 @@ pub(crate) fn prepare(
 fn prepare_with(
     spec: &Spec,
     netns: Result<(), String>,
-) -> std::io::Result<(Prepared, Effective, Option<std::os::fd::OwnedFd>)> {
+) -> std::io::Result<(Prepared, Effective, Option<sys::ProxyListener>)> {
     let effective = plan_with(spec, netns);
     let id = effective
         .identity
@@ -640,14 +640,28 @@ fn prepare_with(
                 effective.network_words(),
             ));
         }
-        NetState::Isolated => (Some(sys::NetNs::for_this_process(None)), None),
-        NetState::Egress => {
-            let (broker_end, child_end) = sys::proxy_channel()?;
-            (
-                Some(sys::NetNs::for_this_process(Some(child_end))),
-                Some(broker_end),
-            )
-        }
+        // A namespace made ahead of time when one is ready (a root broker), else the child
+        // makes its own before exec.
+        NetState::Isolated => match sys::take_ready(false) {
+            Some(r) => (Some(sys::NetNs::joining(r.ns)), None),
+            None => (Some(sys::NetNs::for_this_process(None)), None),
+        },
+        NetState::Egress => match sys::take_ready(true) {
+            Some(sys::Ready {
+                ns,
+                listener: Some(l),
+            }) => (
+                Some(sys::NetNs::joining(ns)),
+                Some(sys::ProxyListener::Ready(l)),
+            ),
+            _ => {
+                let (broker_end, child_end) = sys::proxy_channel()?;
+                (
+                    Some(sys::NetNs::for_this_process(Some(child_end))),
+                    Some(sys::ProxyListener::Arrives(broker_end)),
+                )
+            }
+        },
         NetState::NoNamespace(_) | NetState::Host => (None, None),
     };
     let (readable, writable) = (&effective.readable, &effective.writable);
@@ -815,8 +829,12 @@ mod tests {
         assert_eq!(plan_with(&plain, Ok(())).net, NetState::Isolated);
         let (prepared, e, proxy) = prepare_with(&egress, Ok(())).unwrap();
         assert_eq!(e.net, NetState::Egress);
-        assert!(prepared.netns.as_ref().is_some_and(|n| n.proxy.is_some()));
-        assert!(proxy.is_some());
+        // Either a namespace made ahead of time with its listener, or the child makes both.
+        match (&prepared.netns, &proxy) {
+            (Some(n), Some(sys::ProxyListener::Ready(_))) => assert!(n.join.is_some()),
+            (Some(n), Some(sys::ProxyListener::Arrives(_))) => assert!(n.proxy.is_some()),
+            other => panic!("{other:?}"),
+        }
         let json = e.to_json();
         assert_eq!(json["network_namespace"], true);
         assert!(

@@ -52,9 +52,10 @@ pub const PROXY_URL: &str = "http://127.0.0.1:3128";
 const MAX_HOST_SHOWN: usize = 253;
 
 /// The environment variables that point a child at its egress path (upper and lower case:
-/// programs read one or the other).
+/// programs read one or the other), and `NODE_USE_ENV_PROXY=1`, without which Node's built-in
+/// `fetch` ignores them.
 pub fn proxy_env() -> Vec<(&'static str, &'static str)> {
-    [
+    let mut env: Vec<(&'static str, &'static str)> = [
         "HTTP_PROXY",
         "HTTPS_PROXY",
         "ALL_PROXY",
@@ -64,7 +65,9 @@ pub fn proxy_env() -> Vec<(&'static str, &'static str)> {
     ]
     .into_iter()
     .map(|k| (k, PROXY_URL))
-    .collect()
+    .collect();
+    env.push(("NODE_USE_ENV_PROXY", "1"));
+    env
 }
 
 /// Where refusals are audited: the daemon appends each record to its log.
@@ -379,18 +382,23 @@ fn parse_head(raw: &[u8]) -> Result<Head, Bad> {
     })
 }
 
-/// Read a request head: the bytes up to and including the blank line, and whatever followed
-/// it in the same reads. `None`: closed, too long, or too slow.
-async fn read_head(conn: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), Bad> {
+/// Read a request head: the bytes up to and including the blank line (at most
+/// [`MAX_REQUEST_HEAD`] in all), and whatever followed it in the same reads.
+async fn read_head(
+    conn: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<(Vec<u8>, Vec<u8>), Bad> {
     let mut buf = Vec::with_capacity(1024);
     let read = async {
         let mut chunk = [0u8; 4096];
         loop {
             if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+                if end + 4 > MAX_REQUEST_HEAD {
+                    return Err(Bad(431, "the request head is too large"));
+                }
                 let rest = buf.split_off(end + 4);
                 return Ok((std::mem::take(&mut buf), rest));
             }
-            if buf.len() > MAX_REQUEST_HEAD {
+            if buf.len() >= MAX_REQUEST_HEAD {
                 return Err(Bad(431, "the request head is too large"));
             }
             match conn.read(&mut chunk).await {
@@ -559,6 +567,103 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_request_head_is_bounded_at_the_limit_and_one_over() {
+        use tokio::io::AsyncWriteExt;
+        // A head of exactly MAX_REQUEST_HEAD bytes (blank line included) is read whole, with
+        // what follows it kept for the tunnel; one byte more is refused.
+        let head_of = |len: usize| {
+            let start = "CONNECT a.example:443 HTTP/1.1\r\nX: ";
+            let pad = len - start.len() - 4;
+            format!("{start}{}\r\n\r\n", "a".repeat(pad)).into_bytes()
+        };
+        for (len, ok) in [(MAX_REQUEST_HEAD, true), (MAX_REQUEST_HEAD + 1, false)] {
+            let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+            let mut bytes = head_of(len);
+            bytes.extend_from_slice(b"tls-bytes");
+            client.write_all(&bytes).await.unwrap();
+            match read_head(&mut server).await {
+                Ok((head, rest)) => {
+                    assert!(ok, "{len} bytes were accepted");
+                    assert_eq!(head.len(), len);
+                    // What followed in the same reads (the head may end at a read's end).
+                    assert!(b"tls-bytes".starts_with(&rest), "{rest:?}");
+                }
+                Err(Bad(status, _)) => {
+                    assert!(!ok, "{len} bytes were refused");
+                    assert_eq!(status, 431);
+                }
+            }
+        }
+        // No blank line within the bound: refused once the bound is reached, not read on.
+        let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+        client
+            .write_all(&vec![b'a'; MAX_REQUEST_HEAD + 100])
+            .await
+            .unwrap();
+        assert!(matches!(read_head(&mut server).await, Err(Bad(431, _))));
+        // A head that ends early.
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client
+            .write_all(b"CONNECT a.example:443 HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        drop(client);
+        assert!(matches!(read_head(&mut server).await, Err(Bad(400, _))));
+        crate::test_report::record(
+            "P9",
+            "broker/src/egress.rs::a_request_head_is_bounded_at_the_limit_and_one_over",
+            serde_json::json!({"max_request_head": MAX_REQUEST_HEAD}),
+        );
+    }
+
+    #[tokio::test]
+    async fn connections_through_one_egress_path_are_bounded_at_the_limit_and_one_over() {
+        use tokio::io::AsyncWriteExt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let observer = Arc::new(Observer::new("bounded", None));
+        let _proxy = serve(
+            l,
+            Vec::new(),
+            Route {
+                dns: Dns::Nameservers(vec!["127.0.0.1:9".parse().unwrap()]),
+                observer: Arc::clone(&observer),
+            },
+        )
+        .unwrap();
+        // MAX_EGRESS_CONNECTIONS connections that say nothing yet hold every slot.
+        let mut held = Vec::new();
+        for _ in 0..MAX_EGRESS_CONNECTIONS {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // One over: connected (the listener's queue) but not served while they are held.
+        let mut over = TcpStream::connect(addr).await.unwrap();
+        over.write_all(b"CONNECT 10.0.0.1:80 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let waited = tokio::time::timeout(Duration::from_millis(300), over.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "the connection one over the bound was served"
+        );
+        assert_eq!(observer.refused(), 0);
+        // One held connection ends: the waiting one is served (and refused: private).
+        drop(held.pop());
+        let n = tokio::time::timeout(Duration::from_secs(5), over.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 403"), "{:?}", &buf[..n]);
+        assert_eq!(observer.refused(), 1);
+        crate::test_report::record(
+            "P9",
+            "broker/src/egress.rs::connections_through_one_egress_path_are_bounded_at_the_limit_and_one_over",
+            serde_json::json!({"max_connections": MAX_EGRESS_CONNECTIONS}),
+        );
+    }
+
     #[test]
     fn request_heads_parse_to_a_judged_target_and_nothing_else() {
         let head = |s: &str| parse_head(s.as_bytes());
@@ -618,5 +723,10 @@ mod tests {
                 Err(Bad(s, _)) => assert_eq!(s, status, "{bad:?}"),
             }
         }
+        crate::test_report::record(
+            "P3",
+            "broker/src/egress.rs::request_heads_parse_to_a_judged_target_and_nothing_else",
+            serde_json::json!({}),
+        );
     }
 }

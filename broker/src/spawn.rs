@@ -524,7 +524,8 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
                 dns: crate::net::Dns::System,
                 observer: Arc::new(crate::egress::Observer::new(&shown, None)),
             });
-            match crate::sys::receive_proxy_listener(&ch)
+            match ch
+                .listener()
                 .and_then(|l| crate::egress::serve(l, rules, route))
             {
                 Ok(h) => Some(h),

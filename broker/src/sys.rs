@@ -316,6 +316,9 @@ const PROXY_BACKLOG: nix::libc::c_int = 128;
 /// How a child enters a network namespace of its own, prepared in the parent.
 #[derive(Debug, Default)]
 pub(crate) struct NetNs {
+    /// A namespace made ahead of time for this child alone ([`take_ready`]): join it (`setns`)
+    /// instead of making one; nothing else below applies.
+    pub(crate) join: Option<OwnedFd>,
     /// For a broker that is not root: a user namespace too (only it lets an unprivileged
     /// process own a network namespace), with these `uid_map` and `gid_map` lines mapping the
     /// child's own uid and gid to themselves.
@@ -330,6 +333,7 @@ impl NetNs {
     pub(crate) fn for_this_process(proxy: Option<OwnedFd>) -> NetNs {
         let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
         NetNs {
+            join: None,
             user: (!uid.is_root()).then(|| {
                 (
                     format!("{uid} {uid} 1\n").into_bytes(),
@@ -339,6 +343,133 @@ impl NetNs {
             proxy,
         }
     }
+
+    /// Join `ns`, a namespace made ahead of time for this child alone.
+    pub(crate) fn joining(ns: OwnedFd) -> NetNs {
+        NetNs {
+            join: Some(ns),
+            ..NetNs::default()
+        }
+    }
+}
+
+/// Where a `web_egress` server's proxy listener comes from.
+#[derive(Debug)]
+pub(crate) enum ProxyListener {
+    /// Made with its namespace ahead of time ([`take_ready`]).
+    Ready(std::net::TcpListener),
+    /// Sent by the child before `exec`, over the broker's end of this pair.
+    Arrives(OwnedFd),
+}
+
+impl ProxyListener {
+    /// The listener (for [`ProxyListener::Arrives`], once the spawn returned).
+    pub(crate) fn listener(self) -> std::io::Result<std::net::TcpListener> {
+        match self {
+            ProxyListener::Ready(l) => Ok(l),
+            ProxyListener::Arrives(ch) => receive_proxy_listener(&ch),
+        }
+    }
+}
+
+/// A network namespace a root broker made ahead of time for one child: making one costs more
+/// than a millisecond, joining one a system call, so a start does not wait for it.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    /// The namespace (`/proc/thread-self/ns/net` of the thread that made it).
+    pub(crate) ns: OwnedFd,
+    /// For a `web_egress` child: loopback up, and this listener on `127.0.0.1:`[`PROXY_PORT`].
+    pub(crate) listener: Option<std::net::TcpListener>,
+}
+
+/// Namespaces kept ready, of each kind (without and with the proxy listener).
+pub const READY_NAMESPACES: usize = 2;
+
+struct Pool {
+    /// `[plain, egress]`, and whether egress ones are wanted yet (after the first one taken).
+    ready: std::sync::Mutex<([Vec<Ready>; 2], bool)>,
+    low: std::sync::Condvar,
+}
+
+fn make_ready(egress: bool) -> std::io::Result<Ready> {
+    // SAFETY: unshare(2) takes a flags word; CLONE_NEWNET moves only the calling thread (the
+    // pool's own, which does nothing else) into a new network namespace.
+    if unsafe { nix::libc::unshare(nix::libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ns = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net")?);
+    let listener = if egress {
+        loopback_up()?;
+        let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, PROXY_PORT))?;
+        Some(l)
+    } else {
+        None
+    };
+    Ok(Ready { ns, listener })
+}
+
+/// The pool of a root broker (`None` otherwise, or when its thread cannot start); its thread
+/// keeps [`READY_NAMESPACES`] of each kind made, and stops at the first failure (the children
+/// then make their own, or report why they cannot).
+fn pool() -> Option<&'static Pool> {
+    static POOL: std::sync::OnceLock<Option<Pool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        std::thread::Builder::new()
+            .name("iteron-netns".into())
+            .spawn(|| {
+                let Some(p) = pool() else { return };
+                loop {
+                    let egress = {
+                        let mut g = p
+                            .ready
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        loop {
+                            let (kinds, want_egress) = &*g;
+                            if kinds[0].len() < READY_NAMESPACES {
+                                break false;
+                            }
+                            if *want_egress && kinds[1].len() < READY_NAMESPACES {
+                                break true;
+                            }
+                            g = p
+                                .low
+                                .wait(g)
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        }
+                    };
+                    let Ok(r) = make_ready(egress) else { return };
+                    p.ready
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0[usize::from(egress)]
+                    .push(r);
+                }
+            })
+            .ok()?;
+        Some(Pool {
+            ready: std::sync::Mutex::new(([Vec::new(), Vec::new()], false)),
+            low: std::sync::Condvar::new(),
+        })
+    })
+    .as_ref()
+}
+
+/// A namespace made ahead of time (with the proxy listener when `egress`), if one is ready;
+/// the pool makes another in the background.
+pub(crate) fn take_ready(egress: bool) -> Option<Ready> {
+    let p = pool()?;
+    let mut g = p
+        .ready
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    g.1 |= egress;
+    let r = g.0[usize::from(egress)].pop();
+    p.low.notify_one();
+    r
 }
 
 /// Write `bytes` to the file at `path` with plain system calls (async-signal-safe).
@@ -467,6 +598,14 @@ fn send_proxy_listener(to: nix::libc::c_int) -> std::io::Result<()> {
 /// owns it), as [`NetNs`] says. Only plain system calls on memory prepared before the fork.
 fn enter_netns(ns: &NetNs) -> std::io::Result<()> {
     use nix::libc as c;
+    if let Some(fd) = &ns.join {
+        // SAFETY: setns(2) takes a descriptor number and a flags word; the child still has
+        // CAP_SYS_ADMIN (a root broker's, dropped further on).
+        if unsafe { c::setns(fd.as_raw_fd(), c::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    }
     let flags = c::CLONE_NEWNET
         | if ns.user.is_some() {
             c::CLONE_NEWUSER
@@ -1033,6 +1172,41 @@ mod tests {
     const NATIVE: u32 = 0xc000_00b7;
     const ALLOW: u32 = 0x7fff_0000;
     const EPERM: u32 = 0x0005_0000 | nix::libc::EPERM as u32;
+
+    #[test]
+    fn a_root_brokers_namespaces_made_ahead_are_fresh_and_hold_the_proxy_listener() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() || netns_support().is_err() {
+            return; // only a root broker keeps namespaces ready
+        }
+        let ours = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        let mut seen = Vec::new();
+        for egress in [false, true, true] {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let r = loop {
+                if let Some(r) = take_ready(egress) {
+                    break r;
+                }
+                assert!(std::time::Instant::now() < deadline, "none made");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            };
+            // A namespace of its own, never handed out twice.
+            let ino = std::fs::File::from(r.ns).metadata().unwrap().ino();
+            assert_ne!(ino, ours);
+            assert!(!seen.contains(&ino));
+            seen.push(ino);
+            match r.listener {
+                Some(l) => {
+                    assert!(egress);
+                    assert_eq!(
+                        l.local_addr().unwrap(),
+                        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, PROXY_PORT))
+                    );
+                }
+                None => assert!(!egress),
+            }
+        }
+    }
 
     #[test]
     fn the_seccomp_filter_decides_as_documented() {

@@ -422,6 +422,29 @@ async fn a_web_egress_server_reaches_only_the_public_zone_and_what_sandbox_egres
         "{recs:?}"
     );
 
+    // Started again (a root broker now joins a namespace its pool made ahead of time, with the
+    // proxy listener already in it): the same judgments.
+    let again = [
+        format!("proxy|{PRIVATE}:{PORT}"),
+        format!("proxy|{PUBLIC}:{PORT}"),
+    ];
+    let seen_before = net.seen().len();
+    let v = probe(
+        &dir,
+        spec(&dir, SandboxNetwork::Namespace),
+        route.clone(),
+        &again,
+    )
+    .await;
+    assert_eq!(v[&again[0]][0], "refused", "{v}");
+    assert_eq!(
+        v[&again[1]],
+        serde_json::json!(["ok", format!("hello {PUBLIC}:{PORT}")]),
+        "{v}"
+    );
+    assert_eq!(net.seen().len(), seen_before + 1);
+    assert_eq!(observer.refused(), refused_targets.len() as u64 + 2);
+
     // The same probe with sandbox.network "host" (unconfined network): every listener is
     // reached directly, so each refusal above came from the confinement.
     let names = [
