@@ -111,14 +111,22 @@ fn probe(target: &str, via_proxy: bool) {
             let mut s = std::net::TcpStream::connect(p).unwrap();
             s.set_nodelay(true).unwrap();
             write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
-            // The status line and the blank line, then the tunnel.
+            // The status line and the blank line (as a client reads them: whole reads), then
+            // the tunnel's first byte (which may have come in the same read).
             let mut head = Vec::new();
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut byte).unwrap();
-                head.push(byte[0]);
-            }
+            let mut buf = [0u8; 256];
+            let end = loop {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the proxy closed");
+                head.extend_from_slice(&buf[..n]);
+                if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+            };
             assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
-            s.read_exact(&mut byte).unwrap();
+            if head.len() == end {
+                s.read_exact(&mut byte).unwrap();
+            }
         } else {
             let mut s = std::net::TcpStream::connect(target).unwrap();
             s.read_exact(&mut byte).unwrap();
@@ -170,52 +178,74 @@ fn main() {
     let isolated = confined(&home, false, SandboxNetwork::Namespace);
     let egress = confined(&home, true, SandboxNetwork::Namespace);
     let host = confined(&home, true, SandboxNetwork::Host);
-    // The target: one byte on every accepted connection.
-    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = target.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for mut c in target.incoming().flatten() {
-            let _ = c.write_all(b"x");
-        }
-    });
+    // The targets: one byte on every accepted connection, at once or after 1 ms (a stand-in
+    // for a destination that is not on this machine).
+    let target = |delay: Option<std::time::Duration>| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
+                let _ = c.write_all(b"x");
+            }
+        });
+        addr
+    };
+    let addr = target(None);
+    let slow = target(Some(std::time::Duration::from_millis(1)));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let (mut plain, mut own_ns, mut with_proxy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut no_ns = Vec::new();
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+    let (mut direct_slow, mut proxied_slow) = (Vec::new(), Vec::new());
     rt.block_on(async {
         for _ in 0..5 {
             start_once(&me, None).await;
             start_once(&me, Some(isolated.clone())).await;
             start_once(&me, Some(egress.clone())).await;
+            start_once(&me, Some(host.clone())).await;
         }
         for _ in 0..SPAWNS {
             plain.push(start_once(&me, None).await);
             own_ns.push(start_once(&me, Some(isolated.clone())).await);
             with_proxy.push(start_once(&me, Some(egress.clone())).await);
+            no_ns.push(start_once(&me, Some(host.clone())).await);
         }
         for _ in 0..3 {
             direct.push(connect_median(&me, &addr, host.clone(), false).await);
             proxied.push(connect_median(&me, &addr, egress.clone(), true).await);
+            direct_slow.push(connect_median(&me, &slow, host.clone(), false).await);
+            proxied_slow.push(connect_median(&me, &slow, egress.clone(), true).await);
         }
     });
     let _ = std::fs::remove_dir_all(&home);
     let (sp, sn, se) = (median(plain), median(own_ns), median(with_proxy));
+    let sh = median(no_ns);
     let (cd, cp) = (median(direct), median(proxied));
+    let (sd, spx) = (median(direct_slow), median(proxied_slow));
     let table = format!(
         "{SPAWNS} starts per side; {CONNECTS} connections per run, 3 runs per side (median of \
          the run medians); loopback target.\n\n\
          | what | unconfined | confined | ratio |\n|---|---|---|---|\n\
+         | start, `web_egress` with `sandbox.network: \"host\"` (every other confinement, no namespace) | {sp:.2} ms | {sh:.2} ms | {:.2}× |\n\
          | start, no `web_egress` (own network namespace, loopback down) | {sp:.2} ms | {sn:.2} ms | {:.2}× |\n\
          | start, `web_egress` (namespace, loopback up, proxy listener handed over and served) | {sp:.2} ms | {se:.2} ms | {:.2}× |\n\
-         | connect + first byte: direct (`sandbox.network: \"host\"`) vs through the egress path (`CONNECT`, judged) | {cd:.1} µs | {cp:.1} µs | {:.2}× (+{:.1} µs) |\n\n\
+         | connect + first byte, loopback target: direct (`sandbox.network: \"host\"`) vs through the egress path (`CONNECT`, judged) | {cd:.1} µs | {cp:.1} µs | {:.2}× (+{:.1} µs) |\n\
+         | connect + first byte, a target answering after 1 ms: direct vs through the egress path | {sd:.1} µs | {spx:.1} µs | {:.2}× (+{:.1} µs) |\n\n\
          Targets: start ≤ 1.2×; connect + first byte ≤ 1.2×.",
+        sh / sp,
         sn / sp,
         se / sp,
         cp / cd,
         cp - cd,
+        spx / sd,
+        spx - sd,
     );
     println!("{table}");
     if write_docs {

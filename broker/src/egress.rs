@@ -192,8 +192,31 @@ impl Drop for ProxyHandle {
     }
 }
 
+/// The pinned resolver of one egress path, built at its first host name (a path that only
+/// sees IP literals never reads the DNS configuration).
+pub struct LazyResolver {
+    dns: Dns,
+    cell: tokio::sync::OnceCell<PinnedResolver>,
+}
+
+impl LazyResolver {
+    /// A resolver over `dns`, judging under the loopback ceiling (every answer whole).
+    pub fn new(dns: Dns) -> LazyResolver {
+        LazyResolver {
+            dns,
+            cell: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&PinnedResolver, NetError> {
+        self.cell
+            .get_or_try_init(|| async { PinnedResolver::new(&self.dns, Zone::Loopback) })
+            .await
+    }
+}
+
 struct Ctx {
-    resolver: PinnedResolver,
+    resolver: LazyResolver,
     rules: Vec<EgressRule>,
     observer: Arc<Observer>,
 }
@@ -203,14 +226,18 @@ struct Ctx {
 /// address ([`judge_answer`] under the loopback ceiling, so nothing is missed); above the public
 /// zone only what `rules` name.
 pub async fn judge(
-    resolver: &PinnedResolver,
+    resolver: &LazyResolver,
     rules: &[EgressRule],
     host: &url::Host<String>,
 ) -> Result<Vec<IpAddr>, NetError> {
     let (shown, literal, addrs) = match host {
         url::Host::Ipv4(a) => (a.to_string(), true, vec![IpAddr::V4(*a)]),
         url::Host::Ipv6(a) => (a.to_string(), true, vec![IpAddr::V6(*a)]),
-        url::Host::Domain(d) => (d.clone(), false, resolver.resolve_checked(d).await?),
+        url::Host::Domain(d) => (
+            d.clone(),
+            false,
+            resolver.get().await?.resolve_checked(d).await?,
+        ),
     };
     let zone = judge_answer(&shown, Zone::Loopback, &addrs)?;
     if zone == Zone::Public || egress::admits(rules, &shown, literal, &addrs) {
@@ -229,10 +256,8 @@ pub fn serve(
 ) -> std::io::Result<ProxyHandle> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let resolver = PinnedResolver::new(&route.dns, Zone::Loopback)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let ctx = Arc::new(Ctx {
-        resolver,
+        resolver: LazyResolver::new(route.dns),
         rules,
         observer: route.observer,
     });
@@ -464,7 +489,7 @@ async fn handle(mut conn: TcpStream, ctx: &Ctx) {
     let target = shown_target(&head.host, head.port);
     let addrs = match judge(&ctx.resolver, &ctx.rules, &head.host).await {
         Ok(a) => a,
-        Err(e @ NetError::Resolve { .. }) => {
+        Err(e @ (NetError::Resolve { .. } | NetError::DnsConfig(_))) => {
             return answer(&mut conn, 502, &format!("{target}: {e}")).await;
         }
         Err(e) => {

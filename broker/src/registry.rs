@@ -368,9 +368,12 @@ impl Registry {
                 &move |k| lookup(k),
                 opts,
                 &self.home,
-                snap.config.ceiling(),
+                servers::SpawnContext {
+                    home: self.home.dir().to_path_buf(),
+                    ceiling: snap.config.ceiling(),
+                    egress: Some(Arc::clone(&slot.egress)),
+                },
                 &learned,
-                Some(Arc::clone(&slot.egress)),
             ),
         )
         .await;

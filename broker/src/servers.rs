@@ -521,16 +521,10 @@ pub async fn connect_with_credentials(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     home: &crate::store::Home,
-    ceiling: iteron_policy::capability::CapabilitySet,
+    ctx: SpawnContext,
     learned: &LearnedSecrets,
-    egress: Option<std::sync::Arc<crate::egress::Observer>>,
 ) -> Result<Client, ConnectError> {
     use secrecy::ExposeSecret;
-    let ctx = SpawnContext {
-        home: home.dir().to_path_buf(),
-        ceiling,
-        egress,
-    };
     let store = crate::credentials::CredentialStore::new(home);
     let stored = match &server.transport {
         Transport::Http(_) => load_stored(&store, server.name.as_str())

@@ -564,8 +564,8 @@ fn send_proxy_listener(to: nix::libc::c_int) -> std::io::Result<()> {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        // SAFETY: an all-zero cmsghdr is a valid value; its fields are set below.
         let mut control = OneFd {
+            // SAFETY: an all-zero cmsghdr is a valid value; its fields are set below.
             header: unsafe { std::mem::zeroed() },
             fd: l,
             _pad: 0,

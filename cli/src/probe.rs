@@ -58,9 +58,12 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             &lookup,
             Options::default(),
             home,
-            config.ceiling(),
+            servers::SpawnContext {
+                home: home.dir().to_path_buf(),
+                ceiling: config.ceiling(),
+                egress: None,
+            },
             &servers::LearnedSecrets::default(),
-            None,
         )
         .await
         .map_err(|e: ConnectError| match &e {
