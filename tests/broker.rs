@@ -3613,3 +3613,91 @@ fn a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind() {
         json!({"root": is_root(), "grandchildren": 2}),
     );
 }
+
+/// A `web_egress` server that tries the host's loopback and the cloud metadata address through
+/// its egress path: both refused, the loopback listener sees nothing, `iteron broker status`
+/// counts the refusals and names the last one, and the audit log records each with its host
+/// and port only.
+#[test]
+fn a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited() {
+    if iteron_broker::sys::netns_support().is_err() {
+        eprintln!("skipped: this system offers no network namespace");
+        return;
+    }
+    let area = Area::new("egress");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let lo = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let probe = area.base.join("probe.py");
+    std::fs::write(
+        &probe,
+        "import os, socket, sys\n\
+         host, port = os.environ['HTTPS_PROXY'].rsplit('/', 1)[1].rsplit(':', 1)\n\
+         for t in sys.argv[1:]:\n\
+         \x20   s = socket.create_connection((host, int(port)), timeout=10)\n\
+         \x20   s.sendall(f'CONNECT {t} HTTP/1.1\\r\\nHost: {t}\\r\\n\\r\\n'.encode())\n\
+         \x20   print(s.recv(4096).split(b'\\r\\n')[0].decode(), file=sys.stderr)\n",
+    )
+    .unwrap();
+    let fixtures = repo().join("fixtures/stdio").canonicalize().unwrap();
+    let script = format!(
+        "/usr/bin/python3 {probe} {lo} 169.254.169.254:80 && exec /usr/bin/python3 {fixture}",
+        probe = probe.display(),
+        fixture = fixtures.join("echo_server.py").display(),
+    );
+    area.write_config(&json!({
+        "schema_version": 2,
+        "host_ceiling": ["read_only", "irreversible_external", "web_egress"],
+        "mcp_servers": [{"name": "fetcher", "transport": "stdio", "command": "/bin/sh",
+                         "args": ["-c", script],
+                         "sandbox": {"readable": [fixtures.to_str().unwrap(),
+                                                  area.base.to_str().unwrap()]}}]
+    }));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = area.status();
+    let fetcher = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "fetcher")
+        .unwrap()
+        .clone();
+    assert_eq!(fetcher["phase"], "ready", "{status}");
+    assert_eq!(fetcher["egress"]["refused"], 2, "{status}");
+    let last = fetcher["egress"]["last_refused"].as_str().unwrap();
+    assert!(
+        last.starts_with("169.254.169.254:80: ") && last.contains("link_local"),
+        "{last}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the loopback listener was reached"
+    );
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let refused: Vec<Value> = area
+        .audit_records()
+        .into_iter()
+        .filter(|r| r["kind"] == "egress_refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for (r, target) in refused.iter().zip([lo.as_str(), "169.254.169.254:80"]) {
+        assert_eq!(r["server"], "fetcher");
+        assert_eq!(r["decision"], "refused");
+        let d = r["detail"].as_str().unwrap();
+        assert!(d.starts_with(&format!("{target}: refused: ")), "{d}");
+        assert!(!d.contains("Host:") && !d.contains("CONNECT"), "{d}");
+    }
+    support::report::record(
+        "P9",
+        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
+        json!({"refused": 2}),
+    );
+    support::report::record(
+        "P3",
+        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
+        json!({}),
+    );
+}

@@ -36,6 +36,7 @@ fn spec(script: &str, args: &[&str], env: Vec<(OsString, OsString)>) -> ChildSpe
         args: full,
         env: base,
         confine: None,
+        egress: None,
     }
 }
 
@@ -82,6 +83,7 @@ async fn only_named_variables_reach_the_child() {
             args: vec![fixture("echo_server.py"), probe.into()],
             env: env.clone(),
             confine: None,
+            egress: None,
         };
         let c = Client::connect_stdio(s, Options::default()).await.unwrap();
         let out = c.call_tool("echo", text_args("x")).await.unwrap();

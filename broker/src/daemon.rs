@@ -522,6 +522,13 @@ pub async fn serve(
         idle_deadline: opts.idle_deadline,
         rules: crate::rules::RunCounts::default(),
     });
+    // Refused egress destinations are audited here (weakly held: no reference cycle).
+    let weak = Arc::downgrade(&broker);
+    broker.registry.audit_egress_with(Arc::new(move |e| {
+        if let Some(b) = weak.upgrade() {
+            b.audit(e);
+        }
+    }));
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
     broker.audit(Event {

@@ -19,6 +19,8 @@ pub mod credentials;
 #[cfg(feature = "broker")]
 pub mod daemon;
 #[cfg(feature = "broker")]
+pub mod egress;
+#[cfg(feature = "broker")]
 pub mod hooks;
 pub mod ipc;
 #[cfg(feature = "broker")]

@@ -155,6 +155,8 @@ pub struct Slot {
     /// Bumped to cancel every call in flight on this server.
     cancel: watch::Sender<u64>,
     in_flight: AtomicUsize,
+    /// Destinations its egress path refused, over every start (`web_egress` stdio servers).
+    egress: Arc<crate::egress::Observer>,
     /// The approved calls running on it (what a form it asks for names).
     calls: Arc<crate::approvals::CallsInFlight>,
 }
@@ -240,6 +242,7 @@ impl Slot {
             "tools": s.catalog.as_ref().map(|c| c.len()),
             "in_flight": self.in_flight.load(Ordering::SeqCst),
             "error": s.last_error,
+            "egress": self.egress.status_json(),
         })
     }
 }
@@ -252,6 +255,8 @@ pub struct Registry {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     snapshot: Mutex<Option<Arc<Snapshot>>>,
     closed: std::sync::atomic::AtomicBool,
+    /// Where egress refusals are audited (set once by the daemon, before any slot exists).
+    egress_audit: std::sync::OnceLock<crate::egress::AuditSink>,
 }
 
 fn config_digest(c: &Config) -> String {
@@ -269,7 +274,14 @@ impl Registry {
             slots: Mutex::new(HashMap::new()),
             snapshot: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            egress_audit: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Audit every egress refusal through `sink` (the daemon's log). Only the first call
+    /// counts, and only slots made after it use it: call it before the first snapshot.
+    pub fn audit_egress_with(&self, sink: crate::egress::AuditSink) -> bool {
+        self.egress_audit.set(sink).is_ok()
     }
 
     /// The configuration for a new session: loaded from disk now; the same snapshot (and epoch)
@@ -397,6 +409,10 @@ impl Registry {
                         starting: tokio::sync::Mutex::new(()),
                         cancel,
                         in_flight: AtomicUsize::new(0),
+                        egress: Arc::new(crate::egress::Observer::new(
+                            server.name.as_str(),
+                            self.egress_audit.get().cloned(),
+                        )),
                         calls: Arc::default(),
                     })
                 }),
@@ -526,7 +542,11 @@ impl Registry {
                 &move |k| lookup(k),
                 opts,
                 &self.home,
-                snap.config.ceiling(),
+                servers::SpawnContext {
+                    home: self.home.dir().to_path_buf(),
+                    ceiling: snap.config.ceiling(),
+                    egress: Some(Arc::clone(&slot.egress)),
+                },
                 &learned,
             ),
         )

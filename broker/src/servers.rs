@@ -260,11 +260,16 @@ pub struct SpawnContext {
     pub home: std::path::PathBuf,
     /// The host ceiling.
     pub ceiling: iteron_policy::capability::CapabilitySet,
+    /// Where a `web_egress` server's refused destinations are counted and audited (`None`:
+    /// counted for that one start only).
+    pub egress: Option<std::sync::Arc<crate::egress::Observer>>,
 }
 
 /// The confinement of a stdio server: the home denied; what its `sandbox` block grants;
-/// network only when its admitted classes include `web_egress`; its limits or the defaults;
-/// its `run_as` (default `nobody` under a root broker).
+/// network only when its admitted classes include `web_egress` (through the broker's egress
+/// path unless `sandbox.network` is `host`; `sandbox.egress` names what it may reach above the
+/// public zone); its limits or the defaults; its `run_as` (default `nobody` under a root
+/// broker).
 pub fn stdio_confinement(
     server: &ServerConfig,
     st: &iteron_policy::config::StdioServer,
@@ -295,6 +300,8 @@ pub fn stdio_confinement(
             .map_or(crate::confine::DEFAULT_DATA_BYTES, |mb| mb << 20),
         processes: st.sandbox.max_processes,
         run_as: st.sandbox.run_as.unwrap_or_default(),
+        net_mode: st.sandbox.network.unwrap_or_default(),
+        egress: st.sandbox.egress.clone(),
     }
 }
 
@@ -314,6 +321,15 @@ pub async fn connect(
                 args: st.args.clone(),
                 env,
                 confine: Some(stdio_confinement(server, st, ctx)),
+                egress: Some(crate::egress::Route {
+                    dns: crate::net::Dns::of(network),
+                    observer: ctx.egress.clone().unwrap_or_else(|| {
+                        std::sync::Arc::new(crate::egress::Observer::new(
+                            server.name.as_str(),
+                            None,
+                        ))
+                    }),
+                }),
             };
             Client::connect_stdio(spec, opts)
                 .await
@@ -505,14 +521,10 @@ pub async fn connect_with_credentials(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     home: &crate::store::Home,
-    ceiling: iteron_policy::capability::CapabilitySet,
+    ctx: SpawnContext,
     learned: &LearnedSecrets,
 ) -> Result<Client, ConnectError> {
     use secrecy::ExposeSecret;
-    let ctx = SpawnContext {
-        home: home.dir().to_path_buf(),
-        ceiling,
-    };
     let store = crate::credentials::CredentialStore::new(home);
     let stored = match &server.transport {
         Transport::Http(_) => load_stored(&store, server.name.as_str())

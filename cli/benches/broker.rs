@@ -140,6 +140,7 @@ async fn direct(exe: &Path) -> (Stats, Stats) {
         args: vec!["--serve".into()],
         env,
         confine: None,
+        egress: None,
     };
     let client = Arc::new(
         Client::connect_stdio(spec, Options::default())
@@ -309,6 +310,7 @@ async fn interleaved(
             args: vec!["--serve".into()],
             env,
             confine: None,
+            egress: None,
         },
         Options::default(),
     )

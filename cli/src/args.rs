@@ -491,6 +491,16 @@ pub(crate) struct AddArgs {
     #[arg(long = "sandbox-run-as", value_name = "nobody|root|UID:GID")]
     pub(crate) sandbox_run_as: Option<String>,
 
+    /// The stdio server's network: `namespace` (its own; with web_egress, out only through the
+    /// broker's zone-judged egress path; the default) or `host` (unconfined).
+    #[arg(long = "sandbox-network", value_name = "namespace|host")]
+    pub(crate) sandbox_network: Option<String>,
+
+    /// Let the stdio server's egress path reach this destination above the public zone: a
+    /// host name, *.suffix, an IP address or a CIDR.
+    #[arg(long = "sandbox-egress", value_name = "NAME|*.SUFFIX|CIDR")]
+    pub(crate) sandbox_egress: Vec<String>,
+
     /// HTTP header whose value comes from an environment variable: HEADER=ENV_NAME.
     #[arg(long = "header-env", value_name = "HEADER=ENV_NAME")]
     pub(crate) header_env: Vec<String>,

@@ -137,6 +137,20 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
             field("tools"),
             field("in_flight"),
         );
+        if let Some(n) = s
+            .get("egress")
+            .and_then(|e| e.get("refused"))
+            .and_then(Value::as_u64)
+            .filter(|n| *n > 0)
+        {
+            let last = s
+                .get("egress")
+                .and_then(|e| e.get("last_refused"))
+                .and_then(Value::as_str)
+                .map(|l| text::single_line_capped(l, 200))
+                .unwrap_or_default();
+            line.push_str(&format!("  egress_refused={n} (last: {last})"));
+        }
         if s.get("error").is_some_and(Value::is_string) {
             line.push_str(&format!("  error: {}", field("error")));
         }

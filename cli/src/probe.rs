@@ -67,7 +67,11 @@ pub(crate) async fn probe_tools(
             &lookup,
             Options::default(),
             home,
-            config.ceiling(),
+            servers::SpawnContext {
+                home: home.dir().to_path_buf(),
+                ceiling: config.ceiling(),
+                egress: None,
+            },
             &servers::LearnedSecrets::default(),
         )
         .await
@@ -317,6 +321,7 @@ pub(crate) fn confinement_of(
     let ctx = servers::SpawnContext {
         home: home.dir().to_path_buf(),
         ceiling,
+        egress: None,
     };
     let spec = servers::stdio_confinement(s, st, &ctx);
     let program = resolve_program(st.command.as_str(), SAFE_PATH)
@@ -345,10 +350,28 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
         ),
         None => "filesystem NOT confined: this kernel has no Landlock".to_owned(),
     };
-    let net = if e.network {
-        "network allowed (web_egress)"
-    } else {
-        "network denied"
+    use iteron_broker::confine::NetState;
+    let net = match &e.net {
+        NetState::Isolated => {
+            "network denied (its own network namespace, loopback down)".to_owned()
+        }
+        NetState::NoNamespace(_) => {
+            "network denied (no network namespace on this system)".to_owned()
+        }
+        NetState::Egress => format!(
+            "network only through the broker's egress path (its own network namespace; the public zone{})",
+            match e.egress.len() {
+                0 => String::new(),
+                n => format!(" and {n} destination(s) sandbox.egress names"),
+            }
+        ),
+        NetState::Host => {
+            "network UNCONFINED (sandbox.network \"host\": the network as the host sees it)"
+                .to_owned()
+        }
+        NetState::Refused(why) => format!(
+            "network: CANNOT START (web_egress needs a network namespace, which this system does not offer: {why}; set sandbox.network \"host\" to run it unconfined)"
+        ),
     };
     let mut line = format!(
         "{fs}; {net}; no Unix sockets; no keyrings; no_new_privs; runs as {}",
@@ -460,6 +483,7 @@ pub(crate) fn doctor(
                 // (a run_as it cannot honour, a command it cannot read) would fail to start.
                 "ok": eff.landlock_abi.is_some()
                     && eff.identity.is_ok()
+                    && !matches!(eff.net, iteron_broker::confine::NetState::Refused(_))
                     && !eff.unreachable.iter().any(|(p, _)| {
                         confinement_command(s).is_some_and(|c| c == *p)
                     }),

@@ -14,6 +14,7 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
 use crate::capability::{Capability, CapabilitySet, ServerPolicy, ToolFilter};
+use crate::egress::{EgressRule, EgressRuleError, MAX_EGRESS_RULES};
 use crate::json::{self, Member, Node, Path, Pos, SyntaxError, Value};
 use crate::names::{EnvName, HeaderName, NameError, RuleId, ServerName, ToolName};
 use crate::rules::{
@@ -203,6 +204,37 @@ pub struct Sandbox {
     /// Who the child runs as under a root broker; `None` is [`RunAs::Nobody`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_as: Option<RunAs>,
+    /// Where a server admitted `web_egress` connects; `None` is
+    /// [`SandboxNetwork::Namespace`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
+    /// Destinations above the public zone its egress path may reach (at most
+    /// [`crate::egress::MAX_EGRESS_RULES`]; see [`crate::egress`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressRule>,
+}
+
+/// The network of a confined stdio server (`sandbox.network`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxNetwork {
+    /// Its own network namespace; with `web_egress`, its connections leave only through the
+    /// broker's egress path, judged by the zone rules (the default).
+    #[default]
+    Namespace,
+    /// The network as the host sees it (with `web_egress`): unconfined, shown as such.
+    Host,
+}
+
+impl SandboxNetwork {
+    /// Parse `namespace` or `host`.
+    pub fn parse(s: &str) -> Result<SandboxNetwork, ValueError> {
+        match s {
+            "namespace" => Ok(SandboxNetwork::Namespace),
+            "host" => Ok(SandboxNetwork::Host),
+            _ => Err(ValueError::BadSandboxNetwork),
+        }
+    }
 }
 
 /// The largest uid or gid `run_as` accepts: `(uid_t)-1` means "no change" to the kernel.
@@ -613,6 +645,10 @@ pub enum ValueError {
     BadDigest,
     /// Not a `YYYY-MM-DDTHH:MM:SSZ` time from 1970 on.
     BadTime,
+    /// Not `namespace` or `host`.
+    BadSandboxNetwork,
+    /// Not a `sandbox.egress` entry.
+    Egress(EgressRuleError),
 }
 
 impl fmt::Display for ValueError {
@@ -646,6 +682,8 @@ impl fmt::Display for ValueError {
             ValueError::BadTime => {
                 f.write_str("must be a UTC time written YYYY-MM-DDTHH:MM:SSZ (1970 or later)")
             }
+            ValueError::BadSandboxNetwork => f.write_str("must be \"namespace\" or \"host\""),
+            ValueError::Egress(e) => e.fmt(f),
         }
     }
 }
@@ -1147,6 +1185,8 @@ const SANDBOX_KEYS: &[&str] = &[
     "max_memory_mb",
     "max_processes",
     "run_as",
+    "network",
+    "egress",
 ];
 
 fn ranged(range: (u64, u64)) -> impl Fn(&Node, &Path) -> Result2<u64> {
@@ -1184,6 +1224,13 @@ fn decode_sandbox(node: &Node, path: &Path) -> Result2<Sandbox> {
         max_memory_mb: optional(&f, "max_memory_mb", ranged(MEMORY_MB_RANGE))?,
         max_processes: optional(&f, "max_processes", ranged(PROCESSES_RANGE))?,
         run_as: optional(&f, "run_as", parsed(RunAs::parse))?,
+        network: optional(&f, "network", parsed(SandboxNetwork::parse))?,
+        egress: match f.get("egress") {
+            None => Vec::new(),
+            Some((n, p)) => string_list(n, &p, MAX_EGRESS_RULES, |s| {
+                EgressRule::parse(s).map_err(ValueError::Egress)
+            })?,
+        },
     })
 }
 const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];

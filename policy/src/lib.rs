@@ -5,6 +5,7 @@
 pub mod agentdef;
 pub mod capability;
 pub mod config;
+pub mod egress;
 pub mod frontmatter;
 pub mod json;
 pub mod names;

@@ -1606,3 +1606,86 @@ fn approval_rule_bounds_hold_at_the_limit_and_one_over() {
         }),
     );
 }
+
+#[test]
+fn sandbox_network_and_egress_parse_strictly_within_bounds_one_over() {
+    let with = |fragment: &str| stdio_with(&format!(r#", "sandbox": {{{fragment}}}"#));
+    let sandbox = |fragment: &str| match parse(&with(fragment)).unwrap().mcp_servers[0]
+        .transport
+        .clone()
+    {
+        Transport::Stdio(st) => st.sandbox,
+        Transport::Http(_) => unreachable!(),
+    };
+    assert_eq!(sandbox("").network, None);
+    assert_eq!(
+        sandbox(r#""network": "host""#).network,
+        Some(SandboxNetwork::Host)
+    );
+    assert_eq!(
+        sandbox(r#""network": "namespace""#).network,
+        Some(SandboxNetwork::Namespace)
+    );
+    for bad in ["Host", "none", ""] {
+        assert_eq!(
+            error(&with(&format!(r#""network": "{bad}""#))).kind,
+            ConfigErrorKind::Value(ValueError::BadSandboxNetwork),
+            "{bad:?}"
+        );
+    }
+    let rules = sandbox(r#""egress": ["intranet.example", "*.corp.example", "10.0.0.0/8"]"#).egress;
+    assert_eq!(
+        rules,
+        vec![
+            EgressRule::Name("intranet.example".into()),
+            EgressRule::Suffix("corp.example".into()),
+            EgressRule::Cidr {
+                net: "10.0.0.0".parse().unwrap(),
+                len: 8
+            },
+        ]
+    );
+    // The list's bound at the limit and one over; duplicates and bad entries are errors.
+    let list = |n: usize| {
+        format!(
+            r#""egress": [{}]"#,
+            quoted_list(n, |i| format!("h{i}.example"))
+        )
+    };
+    assert_eq!(
+        sandbox(&list(MAX_EGRESS_RULES)).egress.len(),
+        MAX_EGRESS_RULES
+    );
+    assert!(matches!(
+        error(&with(&list(MAX_EGRESS_RULES + 1))).kind,
+        ConfigErrorKind::TooMany { .. }
+    ));
+    assert!(matches!(
+        error(&with(r#""egress": ["a.example", "A.example"]"#)).kind,
+        ConfigErrorKind::Duplicate { .. }
+    ));
+    for (bad, why) in [
+        ("*.com", EgressRuleError::TooWide),
+        ("10.0.0.1/8", EgressRuleError::BadCidr),
+        ("http://a.example/", EgressRuleError::Grammar),
+    ] {
+        let e = error(&with(&format!(r#""egress": ["{bad}"]"#)));
+        assert_eq!(
+            e.kind,
+            ConfigErrorKind::Value(ValueError::Egress(why)),
+            "{bad}"
+        );
+        assert_eq!(e.path.to_string(), "$.mcp_servers[0].sandbox.egress[0]");
+    }
+    // Written back, it reads the same.
+    let c = parse(&with(
+        r#""network": "host", "egress": ["*.corp.example", "fd00::/8"]"#,
+    ))
+    .unwrap();
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    crate::test_report::record(
+        "P9",
+        "policy/src/config/tests.rs::sandbox_network_and_egress_parse_strictly_within_bounds_one_over",
+        serde_json::json!({"max_egress_rules": MAX_EGRESS_RULES}),
+    );
+}
