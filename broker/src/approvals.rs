@@ -149,9 +149,71 @@ enum Item {
         server: String,
         message: String,
         schema: Value,
+        /// The approved calls on that server the form came during (the operator sees them).
+        calls: Vec<CallContext>,
         reply: oneshot::Sender<FormAnswer>,
     },
 }
+
+/// An approved call running on a server, as a form asked during it names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallContext {
+    /// Session id.
+    pub session: String,
+    /// The agent's uid.
+    pub peer_uid: u32,
+    /// The tool (or `resources/read`, `prompts/get`).
+    pub tool: String,
+}
+
+/// The approved calls running on one server right now. A server may ask the operator for
+/// input only while one runs: a form is shown with the calls it came during, never unprompted.
+#[derive(Default)]
+pub struct CallsInFlight(Mutex<Vec<(u64, CallContext)>>);
+
+/// Removes a call from [`CallsInFlight`] when it ends however it ends.
+pub struct RunningCall {
+    calls: Arc<CallsInFlight>,
+    token: u64,
+}
+
+impl CallsInFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, CallContext)>> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Count `ctx` as running until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>, ctx: CallContext) -> RunningCall {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let token = NEXT.fetch_add(1, Ordering::SeqCst);
+        self.lock().push((token, ctx));
+        RunningCall {
+            calls: Arc::clone(self),
+            token,
+        }
+    }
+
+    /// The calls running now (at most [`MAX_FORM_CALLS`] are named).
+    pub fn now(&self) -> Vec<CallContext> {
+        self.lock()
+            .iter()
+            .take(MAX_FORM_CALLS)
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+}
+
+impl Drop for RunningCall {
+    fn drop(&mut self) {
+        self.calls.lock().retain(|(t, _)| *t != self.token);
+    }
+}
+
+/// Most running calls a form names.
+pub const MAX_FORM_CALLS: usize = 16;
 
 struct Waiting {
     item: Item,
@@ -268,8 +330,19 @@ impl Approvals {
         }
     }
 
-    async fn ask_form(&self, server: String, request: FormRequest) -> FormAnswer {
+    async fn ask_form(
+        &self,
+        server: String,
+        calls: &CallsInFlight,
+        request: FormRequest,
+    ) -> FormAnswer {
         if !self.interactive {
+            return FormAnswer::Decline;
+        }
+        // Never unprompted: a form reaches the operator only during an approved call on that
+        // server, and names it.
+        let running = calls.now();
+        if running.is_empty() {
             return FormAnswer::Decline;
         }
         let (tx, rx) = oneshot::channel();
@@ -277,6 +350,7 @@ impl Approvals {
             server,
             message: request.message,
             schema: request.schema,
+            calls: running,
             reply: tx,
         }) else {
             return FormAnswer::Cancel;
@@ -290,13 +364,18 @@ impl Approvals {
 
     /// An elicitor for one server's client: its forms go to this queue. `None` for a
     /// noninteractive broker, so the client advertises no form support and fails closed.
-    pub fn elicitor(self: &Arc<Self>, server: &str) -> Option<Arc<dyn Elicitor>> {
+    pub fn elicitor(
+        self: &Arc<Self>,
+        server: &str,
+        calls: Arc<CallsInFlight>,
+    ) -> Option<Arc<dyn Elicitor>> {
         if !self.interactive {
             return None;
         }
         Some(Arc::new(OperatorForms {
             approvals: Arc::clone(self),
             server: server.to_owned(),
+            calls,
         }))
     }
 
@@ -343,8 +422,14 @@ impl Approvals {
                         server,
                         message,
                         schema,
+                        calls,
                         ..
                     } => json!({
+                        "during": calls.iter().map(|c| json!({
+                            "session": c.session,
+                            "peer_uid": c.peer_uid,
+                            "tool": c.tool,
+                        })).collect::<Vec<_>>(),
                         "id": id,
                         "kind": "form",
                         "age_secs": age,
@@ -475,13 +560,15 @@ impl Approvals {
 struct OperatorForms {
     approvals: Arc<Approvals>,
     server: String,
+    calls: Arc<CallsInFlight>,
 }
 
 impl Elicitor for OperatorForms {
     fn ask(&self, request: FormRequest) -> Pin<Box<dyn Future<Output = FormAnswer> + Send>> {
         let approvals = Arc::clone(&self.approvals);
         let server = self.server.clone();
-        Box::pin(async move { approvals.ask_form(server, request).await })
+        let calls = Arc::clone(&self.calls);
+        Box::pin(async move { approvals.ask_form(server, &calls, request).await })
     }
 }
 
@@ -537,7 +624,7 @@ mod tests {
             rt().block_on(a.approve_call(info())),
             Err(NotApproved::Noninteractive)
         );
-        assert!(a.elicitor("srv").is_none());
+        assert!(a.elicitor("srv", Arc::default()).is_none());
         assert!(a.list().is_empty());
     }
 
@@ -606,7 +693,7 @@ mod tests {
             );
             assert!(a.list().is_empty());
             // Forms are still refused by a noninteractive broker.
-            assert!(a.elicitor("srv").is_none());
+            assert!(a.elicitor("srv", Arc::default()).is_none());
         });
         crate::test_report::record(
             "P15",
@@ -829,7 +916,9 @@ mod tests {
     fn forms_have_their_own_smaller_share() {
         rt().block_on(async {
             let a = Approvals::new(true, Duration::from_secs(5));
-            let el = a.elicitor("srv").unwrap();
+            let calls = Arc::new(CallsInFlight::default());
+            let _running = calls.begin(context());
+            let el = a.elicitor("srv", calls).unwrap();
             let schema = json!({"type":"object","properties":{}});
             let mut asks = Vec::new();
             for _ in 0..MAX_PENDING_FORMS {
@@ -862,7 +951,9 @@ mod tests {
     fn forms_are_checked_against_their_schema() {
         rt().block_on(async {
             let a = Approvals::new(true, Duration::from_secs(5));
-            let el = a.elicitor("srv").unwrap();
+            let calls = Arc::new(CallsInFlight::default());
+            let _running = calls.begin(context());
+            let el = a.elicitor("srv", calls).unwrap();
             let schema = json!({"type":"object","properties":{"name":{"type":"string"}},"required":["name"]});
             let ask = tokio::spawn(el.ask(FormRequest {
                 message: "who?\u{202e}".into(),
@@ -871,6 +962,10 @@ mod tests {
             settle(&a, 1).await;
             let listed = a.list();
             assert_eq!(listed[0]["kind"], "form");
+            assert_eq!(
+                listed[0]["during"],
+                json!([{"session": "s1", "peer_uid": 1000, "tool": "t"}])
+            );
             assert!(!listed[0]["message"].as_str().unwrap().contains('\u{202e}'));
             let id = listed[0]["id"].as_u64().unwrap();
             let mut wrong = Map::new();
@@ -881,5 +976,47 @@ mod tests {
             a.answer(id, FormAnswer::Accept(right.clone())).unwrap();
             assert_eq!(ask.await.unwrap(), FormAnswer::Accept(right));
         });
+    }
+
+    fn context() -> CallContext {
+        CallContext {
+            session: "s1".into(),
+            peer_uid: 1000,
+            tool: "t".into(),
+        }
+    }
+
+    /// A form that comes while no approved call runs on its server never reaches the operator
+    /// (declined at once); one that comes during a call names it, and is not asked once the
+    /// call has ended.
+    #[test]
+    fn a_form_reaches_the_operator_only_during_a_call_it_names() {
+        rt().block_on(async {
+            let a = Approvals::new(true, Duration::from_secs(5));
+            let calls = Arc::new(CallsInFlight::default());
+            let el = a.elicitor("srv", Arc::clone(&calls)).unwrap();
+            let form = || FormRequest {
+                message: "m".into(),
+                schema: json!({"type":"object","properties":{}}),
+            };
+            assert_eq!(el.ask(form()).await, FormAnswer::Decline);
+            assert!(a.list().is_empty(), "never shown");
+            let running = calls.begin(context());
+            let ask = tokio::spawn(el.ask(form()));
+            settle(&a, 1).await;
+            assert_eq!(a.list()[0]["during"][0]["tool"], "t");
+            let id = a.list()[0]["id"].as_u64().unwrap();
+            a.answer(id, FormAnswer::Decline).unwrap();
+            assert_eq!(ask.await.unwrap(), FormAnswer::Decline);
+            drop(running);
+            assert!(calls.now().is_empty());
+            assert_eq!(el.ask(form()).await, FormAnswer::Decline);
+            assert!(a.list().is_empty());
+        });
+        crate::test_report::record(
+            "P14",
+            "broker/src/approvals.rs::a_form_reaches_the_operator_only_during_a_call_it_names",
+            serde_json::json!({}),
+        );
     }
 }

@@ -60,12 +60,60 @@ fn us(d: Duration) -> f64 {
 }
 
 fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:` for the peak).
+fn status_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+/// The worst legal load: `AGENTS` agents each send one call whose arguments hold as many JSON
+/// nodes as a frame may carry, and nobody approves. Returns how many were refused `busy` (the
+/// argument budget) once all have been answered or are waiting; the connections stay open
+/// until the returned handles are dropped.
+async fn heavy_calls(socket: &Path) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
+    let pad = vec![json!({}); iteron_broker::ipc::proto::MAX_NODES - 16];
+    let args = json!({"text": "x", "pad": pad});
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for _ in 0..AGENTS {
+        let s = socket.to_path_buf();
+        let args = args.clone();
+        let busy = Arc::clone(&busy);
+        // One after the other, as in the end-to-end test: each frame is decoded before the next.
+        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+        held.push(tokio::spawn(async move {
+            let mut c = Connection::connect(&s).await.unwrap();
+            c.hello("bench-heavy").await.unwrap();
+            let call = c.request(
+                "call_tool",
+                json!({"server": "bench", "tool": "echo", "arguments": args}),
+            );
+            tokio::pin!(call);
+            let answered = tokio::time::timeout(Duration::from_millis(500), &mut call).await;
+            let _ = sent_tx.send(());
+            match answered {
+                Ok(Err(iteron_broker::ipc::client::ClientError::Refused { code, .. }))
+                    if code == "busy" =>
+                {
+                    busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(other) => panic!("unexpected answer: {other:?}"),
+                // Waiting for an approval that never comes: hold it open.
+                Err(_) => {
+                    let _ = call.await;
+                }
+            }
+        }));
+        let _ = sent_rx.await;
+    }
+    (busy.load(std::sync::atomic::Ordering::SeqCst), held)
 }
 
 fn args(text: &str) -> Map<String, Value> {
@@ -501,6 +549,18 @@ fn main() {
     rt.block_on(async {
         let _ = tokio::time::timeout(Duration::from_secs(2), op).await;
     });
+    // Nobody approves from here on: the worst legal load waits.
+    let rss_before_heavy = rss_kib(broker.id());
+    let (heavy_busy, heavy_rss, heavy_peak) = rt.block_on(async {
+        let (busy, held) = heavy_calls(&agent_socket).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rss = rss_kib(broker.id());
+        let peak = status_kib(broker.id(), "VmHWM:");
+        for h in held {
+            h.abort();
+        }
+        (busy, rss, peak)
+    });
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(broker.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -598,11 +658,24 @@ fn main() {
          call): added at p50 with one agent **{ruled_added:.1} µs**, **{:.2} ×** the bare round \
          trip of {:.1} µs (target ≤ 1.5 ×); interleaved, **{ruled_med:.1} µs** (median of the \
          rounds; range {ruled_min:.1}–{ruled_max:.1}), **{:.2} ×** the median bare round trip of \
-         {bare_med:.1} µs. With 64 agents: **{:.0} calls/s** (target ≥ 50,000).",
+         {bare_med:.1} µs. With 64 agents: **{:.0} calls/s** (target ≥ 50,000).\n\n",
         ruled_added / us(floor.p50),
         us(floor.p50),
         ruled_med / bare_med,
         ruled_many.per_sec,
+    ));
+    table.push_str(&format!(
+        "Worst legal load: 64 agents each send one call whose arguments hold {} JSON nodes (the \
+         bound), and nobody approves: {} wait, {} are refused `busy` by the argument budget \
+         (32 MiB per uid, 96 MiB in all). Broker RSS **{:.1} MiB** with them waiting (from \
+         {:.1} MiB just before), peak over the whole run **{:.1} MiB** (target: under 128 MiB; \
+         before calls kept bytes instead of trees, 64 such 1 MiB calls took it to 3.2 GB).",
+        iteron_broker::ipc::proto::MAX_NODES - 16 + 3,
+        AGENTS - heavy_busy,
+        heavy_busy,
+        heavy_rss as f64 / 1024.0,
+        rss_before_heavy as f64 / 1024.0,
+        heavy_peak as f64 / 1024.0,
     ));
     println!("{table}");
     if write_docs {

@@ -87,6 +87,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) approval_timeout: u64,
+    /// Seconds a connection may sit with nothing in flight before it is closed (1-86400).
+    #[arg(long, value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub(crate) idle_timeout: u64,
 }
 
 #[derive(Debug, Args)]

@@ -220,6 +220,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         allow_uids: allow,
         interactive,
         approval_deadline: Duration::from_secs(args.approval_timeout),
+        idle_deadline: Duration::from_secs(args.idle_timeout),
     };
     let mut err = std::io::stderr();
     if let Some(u) = &unit {
@@ -518,9 +519,28 @@ fn describe_item(item: &Value) -> String {
     };
     let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
     if s("kind") != "call" {
+        let during: Vec<String> = item
+            .get("during")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                format!(
+                    "{} for uid {} (session {})",
+                    c.get("tool").and_then(Value::as_str).unwrap_or("-"),
+                    c.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
+                    c.get("session").and_then(Value::as_str).unwrap_or("-"),
+                )
+            })
+            .collect();
         let line = format!(
-            "[{id}] form from {}: {} (schema {})",
+            "[{id}] form from {} during {}: {} (schema {})",
             s("server"),
+            if during.is_empty() {
+                "no call".to_owned()
+            } else {
+                during.join(", ")
+            },
             s("message"),
             item.get("schema").map(Value::to_string).unwrap_or_default()
         );
@@ -663,6 +683,11 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             };
             match rt.block_on(conn.request(method, params)) {
                 Ok(_) => out_line(out, "sent")?,
+                // An answer that does not fit the form leaves it waiting: ask it again.
+                Err(e @ ClientError::Refused { .. }) if method == "answer" => {
+                    out_line(out, &text::single_line(&format!("not sent: {e}")))?;
+                    asked.remove(&id);
+                }
                 Err(e) => out_line(out, &text::single_line(&format!("not sent: {e}")))?,
             }
         }
@@ -888,6 +913,12 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                                 "{}: unavailable",
                                 u.as_str().unwrap_or("")
                             )),
+                        )?;
+                    }
+                    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
+                        out_line(
+                            out,
+                            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
                         )?;
                     }
                     Ok(())
