@@ -453,6 +453,28 @@ fn parse_head(bytes: &[u8]) -> Option<(u64, String)> {
 }
 
 /// Read a private file (never following a symlink, never blocking on a FIFO); `None` if missing.
+/// Open (creating 0600 if needed, never through a symlink) a file of the log for writing —
+/// appending, or in place for the head — and check it is private, ours and not linked twice.
+fn open_private_for_write(path: &Path, append: bool) -> Result<File, AuditError> {
+    let mut o = OpenOptions::new();
+    if append {
+        o.append(true);
+    } else {
+        o.write(true).truncate(false);
+    }
+    let file = o
+        .create(true)
+        .mode(0o600)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .map_err(private_fs::io_err("open", path))?;
+    let meta = file
+        .metadata()
+        .map_err(private_fs::io_err("inspect", path))?;
+    private_fs::check_private(path, &meta, false)?;
+    Ok(file)
+}
+
 fn read_private(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FsError> {
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
     let file = match OpenOptions::new()
@@ -1121,39 +1143,12 @@ impl AuditLog {
         let (time, day) = utc(SystemTime::now());
         if chain.day != day || chain.file.is_none() {
             let path = dir.join(format!("{day}.jsonl"));
-            let file = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(
-                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                )
-                .open(&path)
-                .map_err(private_fs::io_err("open", &path))?;
-            let meta = file
-                .metadata()
-                .map_err(private_fs::io_err("inspect", &path))?;
-            private_fs::check_private(&path, &meta, false)?;
-            chain.file = Some(file);
+            chain.file = Some(open_private_for_write(&path, true)?);
             chain.day = day;
         }
         let head = dir.join(HEAD);
         if chain.head.is_none() {
-            let hf = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(
-                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                )
-                .open(&head)
-                .map_err(private_fs::io_err("open", &head))?;
-            let meta = hf
-                .metadata()
-                .map_err(private_fs::io_err("inspect", &head))?;
-            private_fs::check_private(&head, &meta, false)?;
-            chain.head = Some(hf);
+            chain.head = Some(open_private_for_write(&head, false)?);
         }
         let detail = event
             .detail
