@@ -880,3 +880,55 @@ fn add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader() {
         serde_json::json!({"refused_adds": refused, "refused_files": bad.len()}),
     );
 }
+
+/// Issue 14.6: a bearer token the operator supplies with `--header-env Authorization=VAR` is
+/// Iteron's to forward, not to hold: `auth status`, `mcp status` and `doctor` call the
+/// credential `external` (naming the variable, never its value), like `oauth.access_token_env`.
+#[test]
+fn a_bearer_from_header_env_authorization_shows_as_external() {
+    let sb = Sandbox::new();
+    sb.ok(&[
+        "mcp",
+        "add",
+        "bearer",
+        "--url",
+        "https://mcp.example/mcp",
+        "--header-env",
+        "Authorization=ITERON_TEST_SECRET",
+    ]);
+    sb.ok(&[
+        "mcp",
+        "add",
+        "tenant",
+        "--url",
+        "https://mcp.example/mcp",
+        "--header-env",
+        "x-tenant=ITERON_TEST_SECRET",
+    ]);
+    let status = json(&sb.ok(&["mcp", "auth", "status", "bearer", "--format", "json"]));
+    assert_eq!(status["state"], "external", "{status}");
+    assert!(
+        sb.ok(&["mcp", "auth", "status", "bearer"])
+            .starts_with("bearer: external")
+    );
+    // Another header is not a bearer: that server is logged out.
+    let other = json(&sb.ok(&["mcp", "auth", "status", "tenant", "--format", "json"]));
+    assert_eq!(other["state"], "logged_out", "{other}");
+    let listed = json(&sb.ok(&["mcp", "status", "--format", "json"]));
+    assert_eq!(listed["servers"][0]["credential"], "external", "{listed}");
+    assert_eq!(listed["servers"][1]["credential"], "logged_out", "{listed}");
+    let out = sb.run(&["mcp", "doctor", "--format", "json"]);
+    let doctor: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let credential = doctor["servers"][0]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "credential")
+        .unwrap()
+        .clone();
+    assert_eq!(credential["ok"], true, "{credential}");
+    assert_eq!(
+        credential["detail"], "external (bearer token from $ITERON_TEST_SECRET)",
+        "{credential}"
+    );
+}

@@ -399,12 +399,8 @@ fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
                     "detail": if set { "set (value not shown)" } else { "not set: connecting will fail" },
                 }));
             }
-            if h.oauth
-                .as_ref()
-                .and_then(|o| o.access_token_env.as_ref())
-                .is_some()
-            {
-                checks.push(json!({"check": "credential", "ok": true, "detail": "external (bearer token from the environment)"}));
+            if let Some(var) = crate::auth::external_bearer(h) {
+                checks.push(json!({"check": "credential", "ok": true, "detail": format!("external (bearer token from ${var})")}));
             } else if let Some(home) = home {
                 let cred = CredentialStore::new(home).load(s.name.as_str());
                 let (ok, detail) = match &cred {
