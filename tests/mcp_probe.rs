@@ -382,3 +382,55 @@ fn doctor_fails_a_command_out_of_the_childs_uid_reach() {
         "{asroot}"
     );
 }
+
+/// Issue 14.19: a `--repo` that names no directory is a usage error (it used to offer nothing,
+/// silently), and a broker socket nothing answers on is named, with the remedy.
+#[test]
+fn a_missing_repo_is_an_error_and_socket_errors_name_the_path_and_the_remedy() {
+    let h = Home::new("repo");
+    let missing = h.0.join("no-such-repo");
+    let file = h.0.join("a-file");
+    fs::write(&file, "not a directory").unwrap();
+    for args in [
+        vec!["skills", "--repo", missing.to_str().unwrap()],
+        vec!["agents", "--repo", file.to_str().unwrap()],
+        vec!["broker", "serve", "--repo", missing.to_str().unwrap()],
+    ] {
+        let out = h.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("--repo names no directory"), "{args:?}: {err}");
+    }
+    assert!(!h.0.join("home").join("run").exists(), "no broker started");
+    // The repository that exists is still fine.
+    assert!(
+        h.run(&["skills", "--repo", h.0.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let operator = h.0.join("home").join("run").join("operator.sock");
+    let agent = h.0.join("agent.sock");
+    for (args, socket) in [
+        (vec!["broker", "status"], operator.clone()),
+        (vec!["approvals", "list"], operator.clone()),
+        (
+            vec!["approvals", "list", "--operator-socket", agent.to_str().unwrap()],
+            agent.clone(),
+        ),
+        (
+            vec!["agent", "--socket", agent.to_str().unwrap(), "tools"],
+            agent.clone(),
+        ),
+    ] {
+        let out = h.run(&args);
+        assert_eq!(out.status.code(), Some(11), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("no broker answers on {}", socket.display())),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("start it with iteron broker serve"), "{err}");
+    }
+}

@@ -151,12 +151,36 @@ async fn operator_connect(socket: &Path) -> Result<Connection, ClientError> {
     Connection::connect_as(socket, nix::unistd::geteuid().as_raw()).await
 }
 
+/// A broker error as the operator reads it: a socket that cannot be reached is named, with
+/// what to do about it; anything else is the broker's own answer.
+fn via(socket: &Path) -> impl Fn(ClientError) -> CliError + '_ {
+    move |e| match e {
+        ClientError::Connect(kind) => CliError::NoBroker {
+            socket: socket.to_path_buf(),
+            kind,
+        },
+        other => CliError::Broker(other),
+    }
+}
+
 fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
     crate::rt::current_thread()?.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
         c.request(method, params).await.map_err(CliError::Broker)
     })
+}
+
+/// `--repo` must name a directory that exists: a mistyped path would otherwise offer nothing
+/// and say nothing. The path is not repeated (it is the operator's input).
+fn check_repo(repo: Option<&Path>) -> Result<(), CliError> {
+    match repo {
+        Some(p) if !p.is_dir() => Err(CliError::Usage(
+            "--repo names no directory (it does not exist, is not a directory, or cannot be reached)"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
@@ -164,6 +188,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     // loader/proxy/TLS variables.
     let hardened = iteron_broker::sys::harden_self()
         .map_err(|e| CliError::Serve(format!("cannot harden the broker process: {e}")))?;
+    check_repo(args.repo.as_deref())?;
     let home = home()?;
     let own = nix::unistd::geteuid().as_raw();
     let allow = if args.allow_uid.is_empty() {
@@ -368,7 +393,7 @@ const MAX_SHOWN_ARGUMENTS: usize = 16 << 20;
 fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let broken = || CliError::Broker(ClientError::Malformed);
     let (head, full) = crate::rt::current_thread()?.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
         let mut full = String::new();
         loop {
@@ -600,7 +625,7 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     }
     let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-approvals")
             .await
             .map_err(CliError::Broker)?;
@@ -698,7 +723,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             let mut c = agent_session(&socket, child).await?;
             c.request(method, params).await
         })
-        .map_err(CliError::Broker)
+        .map_err(via(&socket))
     };
     let prompts = matches!(args.action, Agent::Prompts(_));
     match args.action {
@@ -854,7 +879,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                 let mut c = agent_session(&socket, child).await?;
                 c.request("list_tools", json!({})).await
             });
-            let v = v.map_err(CliError::Broker)?;
+            let v = v.map_err(via(&socket))?;
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -906,7 +931,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                     )
                     .await
                 })
-                .map_err(CliError::Broker)?;
+                .map_err(via(&socket))?;
             let is_error = v.get("is_error").and_then(Value::as_bool) == Some(true);
             match c.format {
                 Format::Json => json_out(out, &v)?,
@@ -1048,6 +1073,7 @@ pub(crate) fn audit_state(home: &Home) -> Value {
 /// repository it was started with; otherwise a discovery made now. The second value says which.
 fn catalog_view(args: &CatalogArgs) -> Result<(Value, &'static str), CliError> {
     use std::os::unix::ffi::OsStrExt;
+    check_repo(args.repo.as_deref())?;
     let home = home()?;
     let socket = default_operator_socket(&home);
     if let Some(v) = broker_catalog(&socket) {
