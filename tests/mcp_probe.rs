@@ -434,3 +434,52 @@ fn a_missing_repo_is_an_error_and_socket_errors_name_the_path_and_the_remedy() {
         assert!(err.contains("start it with iteron broker serve"), "{err}");
     }
 }
+
+/// Issue 14.17: `audit verify` on a home where no broker has run says there is no log yet and
+/// exits 0 (text and JSON); a failure under `--format json` is a JSON object too (with the one
+/// line on stderr and exit 10).
+#[test]
+fn audit_verify_says_when_there_is_no_log_yet_and_fails_in_json() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("audit");
+    for prepared in [false, true] {
+        if prepared {
+            // A home with its configuration, still without a log.
+            assert!(
+                h.run(&["mcp", "add", "x", "--stdio", "/bin/true"])
+                    .status
+                    .success()
+            );
+        }
+        let out = h.run(&["audit", "verify"]);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with("no audit log yet:"), "{text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let out = h.run(&["audit", "verify", "--format", "json"]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["log"], "none", "{v}");
+        assert_eq!(v["records"], 0);
+    }
+    // A record the log must hold is not "no log": it is missing.
+    let pin = format!("0:{}", "a".repeat(64));
+    let out = h.run(&["audit", "verify", "--expect", &pin, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(10));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    // A log directory others can read is refused, as JSON under --format json.
+    let audit = h.0.join("home").join("audit");
+    fs::create_dir(&audit).unwrap();
+    fs::set_permissions(&audit, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = h.run(&["audit", "verify", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(10));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    let out = h.run(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(10));
+    assert!(out.stdout.is_empty());
+}

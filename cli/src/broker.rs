@@ -978,14 +978,33 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
         .map(|p| Pin::parse(p).map_err(|why| CliError::Usage(format!("--expect: {why}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let home = home()?;
-    let v = iteron_broker::audit::verify(home.dir(), &pins)
-        .map_err(|t| CliError::Audit(t.to_string()))?;
+    let v = match iteron_broker::audit::verify(home.dir(), &pins) {
+        Ok(v) => v,
+        Err(t) => {
+            // JSON callers get the failure as JSON too (and the one line on stderr, exit 10).
+            if f.format == Format::Json {
+                json_out(
+                    out,
+                    &json!({
+                        "ok": false,
+                        "error": text::single_line_capped(&t.why, 400),
+                        "file": t.file,
+                        "line": t.line,
+                    }),
+                )?;
+            }
+            return Err(CliError::Audit(t.to_string()));
+        }
+    };
     let pin = |p: &Option<Pin>| p.as_ref().map(Pin::to_string);
+    // Nothing written yet and no anchor naming a record: no broker has run with this home.
+    let no_log = v.files == 0 && v.records == 0 && v.anchor.is_none() && v.expected == 0;
     if f.format == Format::Json {
         return json_out(
             out,
             &json!({
                 "ok": true,
+                "log": if no_log { "none" } else { "present" },
                 "records": v.records,
                 "files": v.files,
                 "head": v.newest.as_ref().map_or(iteron_broker::audit::GENESIS, |p| p.sha256.as_str()),
@@ -996,6 +1015,12 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
                 "anchor": pin(&v.anchor),
                 "expected": v.expected,
             }),
+        );
+    }
+    if no_log {
+        return out_line(
+            out,
+            "no audit log yet: no broker has run with this home, so there is nothing to verify (a log removed together with its audit-anchor would look the same: pin records with --expect)",
         );
     }
     out_line(
