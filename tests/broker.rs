@@ -237,11 +237,13 @@ impl Broker {
     }
 
     /// SIGTERM, wait (bounded), and return the exit code and stderr.
-    fn finish(mut self) -> (Option<i32>, String) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid()),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+    fn finish(self) -> (Option<i32>, String) {
+        self.finish_with(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// `signal`, wait (bounded), and return the exit code and stderr.
+    fn finish_with(mut self, signal: nix::sys::signal::Signal) -> (Option<i32>, String) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal);
         let deadline = Instant::now() + Duration::from_secs(20);
         let code = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -250,7 +252,7 @@ impl Broker {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("the broker did not stop within 20 s of SIGTERM");
+                panic!("the broker did not stop within 20 s of {signal}");
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -860,6 +862,21 @@ fn sigterm_answers_in_flight_calls_and_reaps_every_child() {
     assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
     let records = area.audit_records();
     assert_eq!(records.last().unwrap()["kind"], "broker_stop");
+    assert!(area.run(&["audit", "verify"]).status.success());
+}
+
+/// Issue 14.18: SIGHUP (the terminal the broker ran in closed) stops it like SIGTERM: exit 0,
+/// a `broker_stop` record, both sockets removed, a log that verifies.
+#[test]
+fn sighup_stops_the_broker_cleanly() {
+    let area = Area::new("sighup");
+    area.config(json!([]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let (code, err) = broker.finish_with(nix::sys::signal::Signal::SIGHUP);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
+    let records = area.audit_records();
+    assert_eq!(records.last().unwrap()["kind"], "broker_stop", "{records:?}");
     assert!(area.run(&["audit", "verify"]).status.success());
 }
 

@@ -53,7 +53,7 @@ pub(crate) struct CatalogArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Broker {
-    /// Run the broker in the foreground until SIGTERM or SIGINT.
+    /// Run the broker in the foreground until SIGTERM, SIGINT or SIGHUP.
     Serve(ServeArgs),
     /// Each server's phase, generation, version and catalog size (starts nothing).
     Status(BrokerStatusArgs),

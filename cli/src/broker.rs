@@ -279,15 +279,18 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let rt = crate::rt::current_thread()?;
     rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        // Without signal handling the broker could not stop cleanly: refuse to run.
-        let (mut term, mut int) = match (
+        // Without signal handling the broker could not stop cleanly: refuse to run. SIGHUP
+        // (the terminal it ran in went away) stops it the same way: the default action would
+        // kill it without its broker_stop record and leave both sockets behind.
+        let (mut term, mut int, mut hup) = match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
         ) {
-            (Ok(t), Ok(i)) => (t, i),
+            (Ok(t), Ok(i), Ok(h)) => (t, i, h),
             _ => {
                 return Err(CliError::Serve(
-                    "cannot install the SIGTERM/SIGINT handlers".into(),
+                    "cannot install the SIGTERM/SIGINT/SIGHUP handlers".into(),
                 ));
             }
         };
@@ -295,6 +298,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             tokio::select! {
                 _ = term.recv() => {},
                 _ = int.recv() => {},
+                _ = hup.recv() => {},
             }
         };
         daemon::serve(
