@@ -617,6 +617,53 @@ fn discard_type_ahead(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), CliError> {
         .map_err(|e| CliError::Output(std::io::Error::from(e)))
 }
 
+/// How often `watch`, while nothing new waits, looks whether the input has ended.
+const WATCH_INPUT_POLL: Duration = Duration::from_millis(250);
+
+/// Whether the terminal's input ended while nothing was being asked (`Ctrl-D` on an empty
+/// line, or the terminal hung up), waiting at most `wait` for it. A line typed meanwhile
+/// answers nothing: it is read and dropped here (it would be discarded before the next prompt
+/// anyway).
+fn input_ended(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> Result<bool, CliError> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+        Ok(_) => {}
+        Err(e) => return Err(CliError::Output(std::io::Error::from(e))),
+    }
+    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+    if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+        && !revents.contains(PollFlags::POLLIN)
+    {
+        return Ok(true);
+    }
+    let mut buf = [0u8; 4096];
+    match nix::unistd::read(fd, &mut buf) {
+        Ok(0) | Err(nix::errno::Errno::EIO) => Ok(true),
+        Ok(_) | Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => Ok(false),
+        Err(e) => Err(CliError::Output(std::io::Error::from(e))),
+    }
+}
+
+/// What `watch` says when the input ends: nothing is decided on the operator's behalf, and
+/// what it leaves waiting is named.
+fn watch_ended(out: &mut dyn Write, left: &[u64]) -> Result<(), CliError> {
+    out_line(out, "")?;
+    if left.is_empty() {
+        return out_line(out, "end of input: stopped; nothing was left half-decided");
+    }
+    let ids: Vec<String> = left.iter().map(u64::to_string).collect();
+    out_line(
+        out,
+        &format!(
+            "end of input: stopped; left waiting, undecided: {} (iteron approvals list)",
+            ids.join(", ")
+        ),
+    )
+}
+
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     let stdin = std::io::stdin();
     let fd = stdin.as_fd();
@@ -643,15 +690,22 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             .map_err(CliError::Broker)?;
         let empty = Vec::new();
         let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
-        if items.iter().all(|i| {
+        let nothing_new = items.iter().all(|i| {
             i.get("id")
                 .and_then(Value::as_u64)
                 .is_none_or(|id| asked.contains(&id))
-        }) {
-            // Nothing new (only items already answered or skipped): do not spin.
-            std::thread::sleep(Duration::from_millis(250));
+        });
+        // While nothing new waits, the end of input is noticed here (not only at a prompt);
+        // without anything new, this wait is also what keeps the loop from spinning.
+        let wait = if nothing_new {
+            WATCH_INPUT_POLL
+        } else {
+            Duration::ZERO
+        };
+        if input_ended(fd, wait)? {
+            return watch_ended(out, &[]);
         }
-        for item in items {
+        for (n, item) in items.iter().enumerate() {
             let Some(id) = item.get("id").and_then(Value::as_u64) else {
                 continue;
             };
@@ -670,7 +724,13 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             // The item and its prompt are on the screen: only what is typed from now on answers.
             discard_type_ahead(fd)?;
             let Some(line) = read_answer(fd)? else {
-                return Ok(());
+                // Nothing is sent for this item or any after it: each stays waiting, whole.
+                let left: Vec<u64> = items[n..]
+                    .iter()
+                    .filter_map(|i| i.get("id").and_then(Value::as_u64))
+                    .filter(|i| *i == id || !asked.contains(i))
+                    .collect();
+                return watch_ended(out, &left);
             };
             let line = line.trim();
             let (method, params) = if form {
