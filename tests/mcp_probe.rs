@@ -483,3 +483,94 @@ fn audit_verify_says_when_there_is_no_log_yet_and_fails_in_json() {
     assert_eq!(out.status.code(), Some(10));
     assert!(out.stdout.is_empty());
 }
+
+/// Issue 14.12: a hook that cannot run is visible: `doctor` checks every hook command (exists,
+/// a regular executable file, outside the home hooks are denied, reachable by their uid) and
+/// fails on a broken one; the broker names it in a warning at start.
+#[test]
+fn a_broken_hook_fails_doctor_and_the_broker_warns_at_start() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("hooks");
+    assert!(
+        h.run(&["mcp", "add", "x", "--stdio", "/bin/true"])
+            .status
+            .success()
+    );
+    let missing = h.0.join("no-such-hook");
+    let plain = h.0.join("not-executable");
+    fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&plain, fs::Permissions::from_mode(0o644)).unwrap();
+    let inside = h.0.join("home").join("hook.sh");
+    fs::write(&inside, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&inside, fs::Permissions::from_mode(0o700)).unwrap();
+    let config_path = h.0.join("home").join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
+    config["hooks"] = serde_json::json!({
+        "PreToolUse": [missing.to_str().unwrap(), "/bin/true"],
+        "Stop": [plain.to_str().unwrap(), inside.to_str().unwrap()],
+    });
+    fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(8), "a broken hook fails doctor");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hooks = v["hooks"].as_array().unwrap();
+    let by = |cmd: &str| hooks.iter().find(|x| x["command"] == cmd).unwrap().clone();
+    let m = by(missing.to_str().unwrap());
+    assert_eq!((m["event"].as_str(), m["ok"].as_bool()), (Some("PreToolUse"), Some(false)));
+    assert_eq!(m["detail"], "it does not exist");
+    assert_eq!(by("/bin/true")["ok"], true);
+    assert_eq!(by(plain.to_str().unwrap())["detail"], "it is not executable (no x bit)");
+    assert_eq!(
+        by(inside.to_str().unwrap())["detail"],
+        "it lies inside $ITERON_HOME, which hooks are denied"
+    );
+    assert_eq!(v["ok"], false);
+    let text = String::from_utf8(h.run(&["mcp", "doctor"]).stdout).unwrap();
+    assert!(
+        text.contains(&format!(
+            "hook        FAIL PreToolUse {}: it does not exist",
+            missing.display()
+        )),
+        "{text}"
+    );
+
+    // The broker warns at start, one line per broken hook, and runs.
+    let mut broker = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["broker", "serve", "--noninteractive"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("ITERON_HOME", h.0.join("home"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut err = std::io::BufReader::new(broker.stderr.take().unwrap());
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 || line.contains("ready;") {
+            lines.push(line);
+            break;
+        }
+        lines.push(line);
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert!(broker.wait().unwrap().success());
+    let warnings: Vec<&String> = lines.iter().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 3, "{lines:?}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "iteron broker: warning: the PreToolUse hook {} cannot run: it does not exist",
+            missing.display()
+        )),
+        "{warnings:?}"
+    );
+    assert!(lines.last().unwrap().contains("ready;"), "{lines:?}");
+}

@@ -228,12 +228,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         home.dir(),
         args.repo.as_deref(),
     ));
-    let hooks = Arc::new(
-        iteron_broker::hooks::HookRunner::new(config.hooks.clone())
-            .with_home(home.dir())
-            .with_writable(&config.hooks_writable)
-            .with_run_as(config.hooks_run_as.unwrap_or_default()),
-    );
+    let hooks = Arc::new(hook_runner(&home, &config));
     let opts = ServeOptions {
         catalog,
         agent_socket,
@@ -244,6 +239,19 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         idle_deadline: Duration::from_secs(args.idle_timeout),
     };
     let mut err = std::io::stderr();
+    // A hook that cannot run has no opinion on every event, silently: say so now.
+    for p in hooks.problems() {
+        let _ = writeln!(
+            err,
+            "{}",
+            text::single_line(&format!(
+                "iteron broker: warning: the {} hook {} cannot run: {} (it will have no opinion; see iteron mcp doctor)",
+                p.event.as_str(),
+                p.command,
+                p.why
+            ))
+        );
+    }
     if let Some(u) = &unit {
         let names: Vec<&str> = u.names().collect();
         let _ = writeln!(
@@ -331,6 +339,18 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| CliError::Serve(e.to_string()))
     })
+}
+
+/// The hooks of `config` as the broker runs them (home denied, `hooks_writable`,
+/// `hooks_run_as`).
+pub(crate) fn hook_runner(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+) -> iteron_broker::hooks::HookRunner {
+    iteron_broker::hooks::HookRunner::new(config.hooks.clone())
+        .with_home(home.dir())
+        .with_writable(&config.hooks_writable)
+        .with_run_as(config.hooks_run_as.unwrap_or_default())
 }
 
 /// `iteron approvals …`

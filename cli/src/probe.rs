@@ -476,12 +476,31 @@ pub(crate) fn doctor(
     });
     let audit = crate::broker::audit_state(home);
     all_ok &= audit["state"] == "ok";
+    // Every configured hook command, as the broker would run it.
+    let problems = crate::broker::hook_runner(home, &config).problems();
+    let mut hooks = Vec::new();
+    for (event, commands) in &config.hooks {
+        for cmd in commands {
+            let shown = text::single_line_capped(cmd.as_str(), 200);
+            let problem = problems
+                .iter()
+                .find(|p| p.event == *event && p.command == shown);
+            all_ok &= problem.is_none();
+            hooks.push(json!({
+                "event": event.as_str(),
+                "command": shown,
+                "ok": problem.is_none(),
+                "detail": problem.map_or_else(|| "found and executable".to_owned(), |p| p.why.clone()),
+            }));
+        }
+    }
     let report = json!({
         "home": home.dir().display().to_string(),
         "config": "valid",
         "permissions": "private (0700 directory, 0600 file)",
         "network": network,
         "audit": audit,
+        "hooks": hooks,
         "servers": servers,
         "ok": all_ok,
     });
@@ -513,6 +532,19 @@ pub(crate) fn doctor(
             text::single_line_capped(report["audit"]["detail"].as_str().unwrap_or("-"), 400),
             report["audit"]["source"].as_str().unwrap_or("")
         ));
+        for h in &hooks {
+            buf.push_str(&format!(
+                "hook        {} {} {}: {}\n",
+                if h["ok"] == Value::Bool(true) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                },
+                h["event"].as_str().unwrap_or(""),
+                h["command"].as_str().unwrap_or(""),
+                h["detail"].as_str().unwrap_or("")
+            ));
+        }
         for s in &servers {
             buf.push_str(&format!(
                 "{} ({})\n",
