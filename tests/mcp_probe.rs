@@ -574,3 +574,28 @@ fn a_broken_hook_fails_doctor_and_the_broker_warns_at_start() {
     );
     assert!(lines.last().unwrap().contains("ready;"), "{lines:?}");
 }
+
+/// Issue 14.16: a server that exits as it starts is reported at once with its last words —
+/// never as a server that did not answer in time (its stdout could end between the client's
+/// check and the registration of its first request, which then waited out the deadline).
+#[test]
+fn a_server_that_exits_at_start_is_reported_at_once_every_time() {
+    let h = Home::new("exits");
+    assert!(
+        h.run(&[
+            "mcp", "add", "gone", "--stdio", "/bin/sh", "--", "-c",
+            "echo 'license file missing' >&2; exit 7"
+        ])
+        .status
+        .success()
+    );
+    for round in 0..20 {
+        let started = std::time::Instant::now();
+        let out = h.run(&["mcp", "test", "gone"]);
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(8), "round {round}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("license file missing"), "round {round}: {err}");
+        assert!(took < std::time::Duration::from_secs(10), "round {round}: {took:?} {err}");
+    }
+}

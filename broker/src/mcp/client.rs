@@ -461,6 +461,10 @@ pub struct Client {
     session_lost: AtomicBool,
     /// Serializes restarts: two requests that both find the server dead start it once.
     revive_lock: tokio::sync::Mutex<()>,
+    /// Set while a restart negotiates with the fresh process: a request of that negotiation
+    /// that finds the fresh process dead too fails at once instead of waiting for the
+    /// restart lock its own caller holds (which would wait out the caller's whole deadline).
+    reviving: AtomicBool,
 }
 
 /// Counts a request as in flight for exactly as long as it lives (also when its future is
@@ -625,9 +629,11 @@ impl Client {
             VersionPolicy::Pin(v) => Era::Legacy(v),
             VersionPolicy::Auto => Era::Modern(Version::LATEST),
         };
-        let client = Client {
+        // A server is restarted only once it has been negotiated with: one that dies while
+        // starting is reported (with its last stderr lines), not started again and again.
+        let mut client = Client {
             transport: Mutex::new(Arc::new(transport)),
-            restart,
+            restart: None,
             era: Mutex::new(start),
             next_id: AtomicU64::new(1),
             opts,
@@ -639,12 +645,14 @@ impl Client {
             in_flight: AtomicUsize::new(0),
             session_lost: AtomicBool::new(false),
             revive_lock: tokio::sync::Mutex::new(()),
+            reviving: AtomicBool::new(false),
         };
         match (client.opts.version, start) {
             (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
             (VersionPolicy::Pin(_), Era::Modern(_)) => {}
             (VersionPolicy::Auto, _) => client.negotiate().await?,
         }
+        client.restart = restart;
         Ok(client)
     }
 
@@ -661,6 +669,7 @@ impl Client {
     /// resent.
     async fn revive(&self) -> Result<(), McpError> {
         if !self.opts.auto_restart
+            || self.reviving.load(Ordering::SeqCst)
             || !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
         {
             return Ok(());
@@ -700,6 +709,15 @@ impl Client {
         if let Ok(mut c) = self.cache.lock() {
             c.clear();
         }
+        // Reset however the negotiation ends, a dropped future included.
+        struct Reviving<'a>(&'a AtomicBool);
+        impl Drop for Reviving<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        self.reviving.store(true, Ordering::SeqCst);
+        let _reviving = Reviving(&self.reviving);
         match self.opts.version {
             VersionPolicy::Pin(v) if !v.is_modern() => self.initialize(v).await,
             VersionPolicy::Pin(v) => {
