@@ -22,12 +22,18 @@ impl Home {
     }
 
     fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    /// [`Home::run`] with more variables.
+    fn run_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
         let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
             .args(args)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("ITERON_HOME", self.0.join("home"))
             .env("PROBE_SECRET", CANARY)
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         for s in [&out.stdout, &out.stderr] {
@@ -573,6 +579,79 @@ fn a_broken_hook_fails_doctor_and_the_broker_warns_at_start() {
         "{warnings:?}"
     );
     assert!(lines.last().unwrap().contains("ready;"), "{lines:?}");
+}
+
+/// Issue 14.15: `mcp test` and `doctor` read `$CREDENTIALS_DIRECTORY` as the broker does: a
+/// credential named like a forwarded variable supplies it (and wins over the environment), its
+/// value is never shown, and a directory the broker would refuse is refused here too.
+#[test]
+fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("creds");
+    let creds = h.0.join("creds");
+    fs::create_dir(&creds).unwrap();
+    fs::set_permissions(&creds, fs::Permissions::from_mode(0o700)).unwrap();
+    let value = h.0.join("creds").join("PROBE_CRED");
+    fs::write(&value, format!("{CANARY}-from-the-directory\n")).unwrap();
+    fs::set_permissions(&value, fs::Permissions::from_mode(0o400)).unwrap();
+    // The server starts only when it received the variable, and proves it got the directory's
+    // value (not the environment's) without printing it.
+    let echo = fixture("echo_server.py");
+    let script = format!(
+        "case \"$PROBE_CRED\" in *-from-the-directory) exec /usr/bin/python3 {echo} ;; esac; \
+         echo 'PROBE_CRED missing or from the environment' >&2; exit 7"
+    );
+    let fixtures = std::path::Path::new(&echo).parent().unwrap().to_str().unwrap();
+    assert!(
+        h.run(&[
+            "mcp", "add", "cred", "--stdio", "/bin/sh", "--env", "PROBE_CRED",
+            "--sandbox-readable", fixtures, "--", "-c", &script
+        ])
+        .status
+        .success()
+    );
+    let dir = [("CREDENTIALS_DIRECTORY", creds.as_os_str())];
+    let env_too = [
+        ("CREDENTIALS_DIRECTORY", creds.as_os_str()),
+        ("PROBE_CRED", std::ffi::OsStr::new("CANARY-from-env")),
+    ];
+    let out = h.run_env(&["mcp", "test", "cred", "--format", "json"], &env_too);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tool_count"], 1, "{v}");
+    // Without the directory the variable is missing: the same server fails.
+    let out = h.run(&["mcp", "test", "cred"]);
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PROBE_CRED missing"), "{err}");
+    // doctor says where the variable comes from, never its value.
+    let out = h.run_env(&["mcp", "doctor", "--format", "json"], &dir);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = v["servers"][0]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "env PROBE_CRED")
+        .unwrap()
+        .clone();
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(check["detail"], "set by the credentials directory (value not shown)");
+    assert_eq!(v["credentials_directory"]["ok"], true, "{v}");
+    assert!(
+        v["credentials_directory"]["detail"].as_str().unwrap().ends_with("supplies PROBE_CRED"),
+        "{v}"
+    );
+    // A directory the broker would refuse is refused by test and failed by doctor.
+    fs::set_permissions(&value, fs::Permissions::from_mode(0o620)).unwrap();
+    let out = h.run_env(&["mcp", "test", "cred"], &dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("credentials directory: writable by group or others"), "{err}");
+    let out = h.run_env(&["mcp", "doctor", "--format", "json"], &dir);
+    assert_eq!(out.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["credentials_directory"]["ok"], false, "{v}");
 }
 
 /// Issue 14.16: a server that exits as it starts is reported at once with its last words —

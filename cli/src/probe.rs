@@ -24,8 +24,43 @@ use crate::error::CliError;
 /// Deadline of one probe (connect + negotiate + list).
 pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
 
-fn lookup(name: &str) -> Option<OsString> {
-    std::env::var_os(name)
+/// Where probes read the variables a server names, as the broker does: a credential of
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`) first, then the environment. The
+/// directory is read once, checked like the broker checks it, and denied to every child.
+pub(crate) struct Vars {
+    unit: Option<iteron_broker::unit_secrets::UnitSecrets>,
+}
+
+impl Vars {
+    /// Read `$CREDENTIALS_DIRECTORY` when it is set; a directory the broker would refuse is
+    /// refused here too (one line naming the file, never a value).
+    pub(crate) fn load() -> Result<Vars, CliError> {
+        let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
+            .map_err(|e| CliError::Serve(e.to_string()))?;
+        if let Some(u) = &unit {
+            iteron_broker::confine::deny_to_every_child(vec![u.dir().to_path_buf()]);
+        }
+        Ok(Vars { unit })
+    }
+
+    /// The value of `name`: the credentials directory's, else the environment's.
+    pub(crate) fn get(&self, name: &str) -> Option<OsString> {
+        self.unit
+            .as_ref()
+            .and_then(|u| u.get(name))
+            .or_else(|| std::env::var_os(name))
+    }
+
+    /// Where `name` is set, in words (never its value), or `None`.
+    fn source(&self, name: &str) -> Option<&'static str> {
+        if self.unit.as_ref().is_some_and(|u| u.get(name).is_some()) {
+            Some("set by the credentials directory (value not shown)")
+        } else if std::env::var_os(name).is_some() {
+            Some("set (value not shown)")
+        } else {
+            None
+        }
+    }
 }
 
 /// The result of probing one server, as shown.
@@ -50,7 +85,13 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
 
 /// Connect to one server (with the operator's stored OAuth credential, if any) and list its
 /// tools, within [`PROBE_DEADLINE`].
-async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Value, String> {
+async fn probe(
+    home: &Home,
+    config: &Config,
+    server: &ServerConfig,
+    vars: &Vars,
+) -> Result<Value, String> {
+    let lookup = |k: &str| vars.get(k);
     let work = async {
         let client = servers::connect_with_credentials(
             server,
@@ -180,7 +221,7 @@ pub(crate) fn test(
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server));
+    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -236,9 +277,10 @@ pub(crate) fn status(
     };
     let mut rows = Vec::new();
     if connect {
+        let vars = Vars::load()?;
         let rt = crate::rt::multi_thread()?;
         for s in &chosen {
-            let r = rt.block_on(probe(home, &config, s));
+            let r = rt.block_on(probe(home, &config, s, &vars));
             let mut v = probe_json(s, r.clone());
             if let Some(obj) = v.as_object_mut() {
                 obj.insert(
@@ -358,7 +400,7 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
 }
 
 /// Static checks of one server (no network, no process).
-fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
+fn check_server(s: &ServerConfig, home: Option<&Home>, vars: &Vars) -> Vec<Value> {
     let mut checks = Vec::new();
     match &s.transport {
         Transport::Stdio(st) => {
@@ -375,28 +417,28 @@ fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
                 "detail": if ok { "found and executable".to_owned() } else { format!("{} is not an executable file on the server PATH ({SAFE_PATH})", st.command.as_str()) },
             }));
             for var in &st.env {
-                let set = std::env::var_os(var.as_str()).is_some();
+                let set = vars.source(var.as_str());
                 checks.push(json!({
                     "check": format!("env {var}"),
-                    "ok": set,
-                    "detail": if set { "set (value not shown)" } else { "not set in this environment: the server will not receive it" },
+                    "ok": set.is_some(),
+                    "detail": set.unwrap_or("not set in this environment: the server will not receive it"),
                 }));
             }
         }
         Transport::Http(h) => {
             let scheme = h.url.as_url().scheme();
             checks.push(json!({"check": "url", "ok": true, "detail": format!("{scheme} endpoint {}", h.url.origin_display())}));
-            let vars = h.header_env.values().map(|v| v.as_str().to_owned()).chain(
+            let names = h.header_env.values().map(|v| v.as_str().to_owned()).chain(
                 h.oauth
                     .iter()
                     .flat_map(|o| o.access_token_env.iter().map(|v| v.as_str().to_owned())),
             );
-            for var in vars {
-                let set = std::env::var_os(&var).is_some();
+            for var in names {
+                let set = vars.source(&var);
                 checks.push(json!({
                     "check": format!("env {var}"),
-                    "ok": set,
-                    "detail": if set { "set (value not shown)" } else { "not set: connecting will fail" },
+                    "ok": set.is_some(),
+                    "detail": set.unwrap_or("not set: connecting will fail"),
                 }));
             }
             if let Some(var) = crate::auth::external_bearer(h) {
@@ -435,8 +477,33 @@ pub(crate) fn doctor(
         None
     };
     let mut all_ok = true;
+    // The credentials directory the broker would read; one it would refuse is a failed check
+    // (and the rest is checked without it).
+    let (vars, credentials_directory) = match Vars::load() {
+        Ok(v) => {
+            let shown = match &v.unit {
+                None => json!({"ok": true, "detail": "not set ($CREDENTIALS_DIRECTORY)"}),
+                Some(u) => json!({
+                    "ok": true,
+                    "detail": text::single_line_capped(&format!(
+                        "{}: supplies {}",
+                        u.dir().display(),
+                        u.names().collect::<Vec<_>>().join(", ")
+                    ), 400),
+                }),
+            };
+            (v, shown)
+        }
+        Err(e) => {
+            all_ok = false;
+            (
+                Vars { unit: None },
+                json!({"ok": false, "detail": text::single_line_capped(&e.to_string(), 400)}),
+            )
+        }
+    };
     for s in &config.mcp_servers {
-        let mut checks = check_server(s, Some(home));
+        let mut checks = check_server(s, Some(home), &vars);
         if let Some(eff) = confinement_of(s, home, config.ceiling()) {
             checks.push(json!({
                 "check": "confinement",
@@ -451,7 +518,7 @@ pub(crate) fn doctor(
             }));
         }
         if let Some(rt) = &rt {
-            let r = rt.block_on(probe(home, &config, s));
+            let r = rt.block_on(probe(home, &config, s, &vars));
             checks.push(match r {
                 Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
                 Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
@@ -500,6 +567,7 @@ pub(crate) fn doctor(
         "permissions": "private (0700 directory, 0600 file)",
         "network": network,
         "audit": audit,
+        "credentials_directory": credentials_directory,
         "hooks": hooks,
         "servers": servers,
         "ok": all_ok,
@@ -531,6 +599,15 @@ pub(crate) fn doctor(
             report["audit"]["state"].as_str().unwrap_or(""),
             text::single_line_capped(report["audit"]["detail"].as_str().unwrap_or("-"), 400),
             report["audit"]["source"].as_str().unwrap_or("")
+        ));
+        buf.push_str(&format!(
+            "credentials {} {}\n",
+            if report["credentials_directory"]["ok"] == Value::Bool(true) {
+                "ok  "
+            } else {
+                "FAIL"
+            },
+            report["credentials_directory"]["detail"].as_str().unwrap_or("")
         ));
         for h in &hooks {
             buf.push_str(&format!(
