@@ -678,3 +678,161 @@ fn a_server_that_exits_at_start_is_reported_at_once_every_time() {
         assert!(took < std::time::Duration::from_secs(10), "round {round}: {took:?} {err}");
     }
 }
+
+/// Issue 14.16: a server that never gets through its start is stopped at the start's deadline
+/// and reported with its last stderr lines and the confinement hint (an outer deadline used to
+/// lose both: "no answer within 30 s").
+#[test]
+fn a_server_that_hangs_at_start_is_reported_with_its_stderr_and_the_hint() {
+    let h = Home::new("hangs");
+    assert!(
+        h.run(&[
+            "mcp", "add", "stuck", "--stdio", "/bin/sh", "--", "-c",
+            "echo 'waiting for the license server' >&2; exec sleep 60"
+        ])
+        .status
+        .success()
+    );
+    let started = std::time::Instant::now();
+    let out = h.run(&["mcp", "test", "stuck", "--timeout", "3"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no answer within 2.5 s of starting"), "{err}");
+    assert!(err.contains("its stderr ends: waiting for the license server"), "{err}");
+    assert!(err.contains("the server runs confined"), "{err}");
+    assert!(took < std::time::Duration::from_secs(8), "{took:?}");
+    // The bound of --timeout is checked: 2 to 300 s.
+    for bad in ["1", "301"] {
+        assert_eq!(h.run(&["mcp", "test", "stuck", "--timeout", bad]).status.code(), Some(2));
+    }
+}
+
+/// Issue 14.11: `status --connect` and `doctor --connect` probe the servers at once, at most
+/// eight at a time (at the limit: one timeout for eight hanging servers; one over: the ninth
+/// waits for a slot), within a bound on the whole run; text shows each result as it arrives,
+/// a progress line appears only on a terminal, and any failed server makes the command exit 8.
+#[test]
+fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
+    use std::time::{Duration, Instant};
+    let h = Home::new("parallel");
+    let echo = fixture("echo_server.py");
+    let add_hang = |name: &str| {
+        assert!(
+            h.run(&["mcp", "add", name, "--stdio", "/bin/sleep", "--", "60"])
+                .status
+                .success()
+        );
+    };
+    add_hang("hang0");
+    assert!(
+        h.run(&["mcp", "add", "echo", "--stdio", "/usr/bin/python3", "--", &echo])
+            .status
+            .success()
+    );
+    // Each result as it arrives: the quick server before the one configured first.
+    let out = h.run(&["mcp", "status", "--connect", "--timeout", "3"]);
+    assert_eq!(out.status.code(), Some(8), "a failed server fails the command");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("echo  stdio  reachable"), "{text}");
+    assert!(lines[1].starts_with("hang0  stdio  failed"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("probing"), "no progress line off a terminal: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("1 of 2 server(s) failed"), "{err}");
+    // All reachable: exit 0.
+    let out = h.run(&["mcp", "status", "echo", "--connect"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // On a terminal, a progress line on stderr.
+    let pty = nix::pty::openpty(None::<&nix::pty::Winsize>, None::<&nix::sys::termios::Termios>)
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["mcp", "status", "--connect", "--timeout", "2"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("ITERON_HOME", h.0.join("home"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(std::fs::File::from(pty.slave)))
+        .spawn()
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(8));
+    let mut master = std::fs::File::from(pty.master);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Everything the child wrote is buffered in the terminal; the read ends with EIO.
+    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains("probing: 0/2 done"), "{seen:?}");
+    assert!(seen.contains("probing: 1/2 done"), "{seen:?}");
+
+    // At the limit: eight hanging servers cost one timeout, not eight. (A probe of 2 s gives
+    // the start 1.5 s: a hanging stdio server is reported then.)
+    let _ = h.run(&["mcp", "remove", "echo"]);
+    for i in 1..8 {
+        add_hang(&format!("hang{i}"));
+    }
+    let started = Instant::now();
+    let out = h.run(&["mcp", "status", "--connect", "--timeout", "2", "--format", "json"]);
+    let eight = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["servers"].as_array().unwrap().len(), 8);
+    assert!(eight < Duration::from_millis(2900), "{eight:?}");
+    // One over: the ninth waits for a slot, so the run takes two start timeouts.
+    add_hang("hang8");
+    let started = Instant::now();
+    let out = h.run(&["mcp", "doctor", "--connect", "--timeout", "2", "--format", "json"]);
+    let nine = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(nine >= Duration::from_secs(3), "{nine:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let connect = |i: usize| {
+        v["servers"][i]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "connect")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(connect(8)["ok"], false);
+    // The whole run is bounded: the ninth is cut at the run's bound and named.
+    let started = Instant::now();
+    let out = h.run(&[
+        "mcp", "status", "--connect", "--timeout", "2", "--run-timeout", "2", "--format", "json",
+    ]);
+    let bounded = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(bounded < Duration::from_millis(2900), "{bounded:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cut: Vec<&serde_json::Value> = v["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("not finished within the run's bound of 2 s"))
+        })
+        .collect();
+    assert_eq!(cut.len(), 1, "{v}");
+    support::report::record(
+        "P5",
+        "tests/mcp_probe.rs::probes_run_in_parallel_bounded_per_run_and_fail_the_command",
+        serde_json::json!({
+            "max_parallel_probes": 8,
+            "eight_hanging_ms": eight.as_millis() as u64,
+            "nine_hanging_ms": nine.as_millis() as u64,
+            "run_bound_ms": bounded.as_millis() as u64,
+        }),
+    );
+}

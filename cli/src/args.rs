@@ -310,7 +310,7 @@ pub(crate) enum Mcp {
     /// Remove one server.
     Remove(NameArg),
     /// Connect, negotiate and list tools (never calls a tool).
-    Test(NameFormat),
+    Test(TestArgs),
     /// Show servers; with --connect, probe each (bounded) for version and tool count.
     Status(StatusArgs),
     /// Check configuration, files, commands, variables and network settings.
@@ -357,13 +357,47 @@ pub(crate) struct LoginArgs {
     pub(crate) no_browser: bool,
 }
 
+/// Seconds one probe may take (connect, negotiate, list tools).
+#[derive(Debug, Args)]
+pub(crate) struct ProbeTimeout {
+    /// Seconds one server's probe may take: start or connect, negotiate, list (2-300).
+    #[arg(long, value_name = "SECS", default_value_t = crate::probe::PROBE_DEADLINE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(2..=300))]
+    pub(crate) timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TestArgs {
+    /// Server name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) timeout: ProbeTimeout,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+/// How a run of probes over several servers is bounded.
+#[derive(Debug, Args)]
+pub(crate) struct ProbeBounds {
+    #[command(flatten)]
+    pub(crate) each: ProbeTimeout,
+    /// Seconds the whole run may take; probes still running then are stopped and reported as
+    /// failed (1-3600).
+    #[arg(long, value_name = "SECS", default_value_t = crate::probe::RUN_DEADLINE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) run_timeout: u64,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     /// Only this server.
     pub(crate) name: Option<String>,
-    /// Probe the servers (starts stdio servers, contacts HTTP servers).
+    /// Probe the servers, several at once (starts stdio servers, contacts HTTP servers).
     #[arg(long)]
     pub(crate) connect: bool,
+    #[command(flatten)]
+    pub(crate) bounds: ProbeBounds,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub(crate) format: Format,
@@ -371,9 +405,11 @@ pub(crate) struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
-    /// Also probe every server.
+    /// Also probe every server, several at once.
     #[arg(long)]
     pub(crate) connect: bool,
+    #[command(flatten)]
+    pub(crate) bounds: ProbeBounds,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub(crate) format: Format,

@@ -33,9 +33,21 @@ pub(crate) fn run(
         Mcp::List(f) => list(home, f.format, out),
         Mcp::Get(g) => get(home, &g.name, g.format, out),
         Mcp::Remove(r) => remove(home, &r.name, out),
-        Mcp::Test(t) => crate::probe::test(home, &t.name, t.format, out),
-        Mcp::Status(s) => crate::probe::status(home, s.name.as_deref(), s.connect, s.format, out),
-        Mcp::Doctor(d) => crate::probe::doctor(home, d.connect, d.format, out),
+        Mcp::Test(t) => crate::probe::test(
+            home,
+            &t.name,
+            std::time::Duration::from_secs(t.timeout.timeout),
+            t.format,
+            out,
+        ),
+        Mcp::Status(s) => {
+            let bounds = s.connect.then(|| crate::probe::Bounds::from(&s.bounds));
+            crate::probe::status(home, s.name.as_deref(), bounds, s.format, out)
+        }
+        Mcp::Doctor(d) => {
+            let bounds = d.connect.then(|| crate::probe::Bounds::from(&d.bounds));
+            crate::probe::doctor(home, bounds, d.format, out)
+        }
         Mcp::Auth(crate::args::Auth::Login(a)) => crate::auth::login(home, a, out, warn),
         Mcp::Auth(crate::args::Auth::Status(s)) => {
             crate::auth::status(home, &s.name, s.format, out)

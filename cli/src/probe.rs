@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use iteron_broker::credentials::CredentialStore;
@@ -21,8 +22,17 @@ use serde_json::{Value, json};
 use crate::args::Format;
 use crate::error::CliError;
 
-/// Deadline of one probe (connect + negotiate + list).
+/// Default deadline of one probe (connect + negotiate + list); `--timeout` sets another.
 pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
+/// Default bound of a whole `status --connect` or `doctor --connect` run; `--run-timeout`
+/// sets another. Probes still running then are stopped and reported as not finished.
+pub(crate) const RUN_DEADLINE: Duration = Duration::from_secs(120);
+/// Most servers probed at once; the others wait for a free slot (their own deadline starts
+/// when they get one).
+pub(crate) const MAX_PARALLEL_PROBES: usize = 8;
+/// Of a probe's deadline, the part kept back from the stdio start, so the start reports its
+/// own timeout (with the server's last stderr lines) before the probe's bound ends it.
+const START_MARGIN: Duration = Duration::from_millis(500);
 
 /// Where probes read the variables a server names, as the broker does: a credential of
 /// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`) first, then the environment. The
@@ -84,20 +94,27 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
 }
 
 /// Connect to one server (with the operator's stored OAuth credential, if any) and list its
-/// tools, within [`PROBE_DEADLINE`].
+/// tools, within `deadline`.
 async fn probe(
     home: &Home,
     config: &Config,
     server: &ServerConfig,
     vars: &Vars,
+    deadline: Duration,
 ) -> Result<Value, String> {
     let lookup = |k: &str| vars.get(k);
+    let opts = Options {
+        start_deadline: deadline
+            .saturating_sub(START_MARGIN)
+            .max(Duration::from_secs(1)),
+        ..Options::default()
+    };
     let work = async {
         let client = servers::connect_with_credentials(
             server,
             &config.network,
             &lookup,
-            Options::default(),
+            opts,
             home,
             config.ceiling(),
             &servers::LearnedSecrets::default(),
@@ -137,10 +154,129 @@ async fn probe(
         }))
     };
     let secrets = servers::KnownSecrets::of(server, &lookup);
-    match tokio::time::timeout(PROBE_DEADLINE, work).await {
+    match tokio::time::timeout(deadline, work).await {
         Ok(r) => r.map_err(|e| text::single_line_capped(&secrets.scrub(&e), 400)),
-        Err(_) => Err(format!("no answer within {} s", PROBE_DEADLINE.as_secs())),
+        Err(_) => Err(format!("no answer within {} s", deadline.as_secs())),
     }
+}
+
+/// How a run of several probes is bounded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Deadline of each probe.
+    pub(crate) each: Duration,
+    /// Bound of the whole run.
+    pub(crate) run: Duration,
+}
+
+impl From<&crate::args::ProbeBounds> for Bounds {
+    fn from(b: &crate::args::ProbeBounds) -> Bounds {
+        Bounds {
+            each: Duration::from_secs(b.each.timeout),
+            run: Duration::from_secs(b.run_timeout),
+        }
+    }
+}
+
+/// A progress line on stderr, kept only when stderr is a terminal (never in a pipe or a
+/// file); it is cleared before each result line and at the end.
+struct Progress {
+    on: bool,
+    total: usize,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        let on = total > 0 && nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
+        Progress { on, total }
+    }
+
+    fn clear(&self) {
+        if self.on {
+            let mut e = std::io::stderr();
+            let _ = write!(e, "\r\x1b[K");
+            let _ = e.flush();
+        }
+    }
+
+    fn show(&self, done: usize) {
+        if self.on {
+            let mut e = std::io::stderr();
+            let _ = write!(
+                e,
+                "\r\x1b[Kprobing: {done}/{} done, {} running or waiting",
+                self.total,
+                self.total - done
+            );
+            let _ = e.flush();
+        }
+    }
+}
+
+/// Probe `chosen` at once, at most [`MAX_PARALLEL_PROBES`] at a time, each within
+/// `bounds.each` and all within `bounds.run`; `arrived(index, result)` is called as each
+/// result arrives (with the progress line out of the way). Returns every result in the
+/// order of `chosen`; a probe the run's bound cut short is an error saying so.
+fn probe_all(
+    home: &Home,
+    config: &Config,
+    chosen: &[&ServerConfig],
+    vars: Arc<Vars>,
+    bounds: Bounds,
+    mut arrived: impl FnMut(usize, &Result<Value, String>) -> Result<(), CliError>,
+) -> Result<Vec<Result<Value, String>>, CliError> {
+    let rt = crate::rt::multi_thread()?;
+    let progress = Progress::new(chosen.len());
+    let mut results: Vec<Option<Result<Value, String>>> = vec![None; chosen.len()];
+    let outcome = rt.block_on(async {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PARALLEL_PROBES));
+        let mut set = tokio::task::JoinSet::new();
+        for (i, s) in chosen.iter().enumerate() {
+            let (home, config, server) = (home.clone(), config.clone(), (*s).clone());
+            let (vars, slots) = (Arc::clone(&vars), Arc::clone(&slots));
+            set.spawn(async move {
+                // Never closed: acquiring only waits for a free slot.
+                let _slot = slots.acquire_owned().await;
+                (i, probe(&home, &config, &server, &vars, bounds.each).await)
+            });
+        }
+        progress.show(0);
+        let end = tokio::time::Instant::now() + bounds.run;
+        let mut done = 0;
+        while let Ok(Some(joined)) = tokio::time::timeout_at(end, set.join_next()).await {
+            let Ok((i, r)) = joined else { continue };
+            done += 1;
+            progress.clear();
+            let shown = arrived(i, &r);
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+            shown?;
+            progress.show(done);
+        }
+        // Whatever is still running is stopped (its children are killed as it is dropped).
+        set.abort_all();
+        while set.join_next().await.is_some() {}
+        Ok::<(), CliError>(())
+    });
+    progress.clear();
+    outcome?;
+    let mut all = Vec::with_capacity(results.len());
+    for (i, r) in results.into_iter().enumerate() {
+        let r = match r {
+            Some(r) => r,
+            None => {
+                let cut: Result<Value, String> = Err(format!(
+                    "not finished within the run's bound of {} s (see --run-timeout)",
+                    bounds.run.as_secs()
+                ));
+                arrived(i, &cut)?;
+                cut
+            }
+        };
+        all.push(r);
+    }
+    Ok(all)
 }
 
 /// An error as the operator should read it. A valid `403 insufficient_scope` challenge is its
@@ -216,12 +352,13 @@ fn print(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
 pub(crate) fn test(
     home: &Home,
     raw: &str,
+    timeout: Duration,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?));
+    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?, timeout));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -266,7 +403,7 @@ pub(crate) fn test(
 pub(crate) fn status(
     home: &Home,
     name: Option<&str>,
-    connect: bool,
+    connect: Option<Bounds>,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -275,33 +412,26 @@ pub(crate) fn status(
         Some(n) => vec![find(&config, n)?],
         None => config.mcp_servers.iter().collect(),
     };
-    let mut rows = Vec::new();
-    if connect {
-        let vars = Vars::load()?;
-        let rt = crate::rt::multi_thread()?;
-        for s in &chosen {
-            let r = rt.block_on(probe(home, &config, s, &vars));
-            let mut v = probe_json(s, r.clone());
-            if let Some(obj) = v.as_object_mut() {
-                obj.insert(
-                    "state".into(),
-                    Value::from(if r.is_ok() { "reachable" } else { "failed" }),
-                );
-                obj.remove("tools");
-                obj.remove("dropped_tools");
-            }
-            rows.push(v);
-        }
-    } else {
-        for s in &chosen {
-            rows.push(json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}));
-        }
-    }
-    // The credential state of HTTP servers (read from the local store; no network).
     let store = CredentialStore::new(home);
-    for (row, s) in rows.iter_mut().zip(&chosen) {
+    // One row: the probe's result (or not probed), and the credential state of an HTTP
+    // server (read from the local store; no network).
+    let row = |s: &ServerConfig, r: Option<&Result<Value, String>>| {
+        let mut v = match r {
+            None => json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}),
+            Some(r) => {
+                let mut v = probe_json(s, r.clone());
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert(
+                        "state".into(),
+                        Value::from(if r.is_ok() { "reachable" } else { "failed" }),
+                    );
+                    obj.remove("dropped_tools");
+                }
+                v
+            }
+        };
         if matches!(s.transport, Transport::Http(_))
-            && let Some(obj) = row.as_object_mut()
+            && let Some(obj) = v.as_object_mut()
         {
             let cred = store.load(s.name.as_str()).ok().flatten();
             obj.insert(
@@ -309,32 +439,64 @@ pub(crate) fn status(
                 crate::auth::state_of(s, cred.as_ref()).into(),
             );
         }
-    }
-    if format == Format::Json {
-        return print(out, &json!({"servers": rows}));
-    }
-    if rows.is_empty() {
+        v
+    };
+    if format == Format::Text && chosen.is_empty() {
         return writeln!(out, "No MCP servers configured.").map_err(CliError::Output);
     }
-    for r in &rows {
-        let mut line = format!(
-            "{}  {}  {}",
-            r["name"].as_str().unwrap_or(""),
-            r["transport"].as_str().unwrap_or(""),
-            r["state"].as_str().unwrap_or("")
-        );
-        if let Some(v) = r["protocol_version"].as_str() {
-            line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
+    let rows: Vec<Value> = match connect {
+        None => chosen.iter().map(|s| row(s, None)).collect(),
+        Some(bounds) => {
+            let vars = Arc::new(Vars::load()?);
+            // Text: each line as its probe ends; JSON: one document at the end.
+            let results = probe_all(home, &config, &chosen, vars, bounds, |i, r| {
+                match (format, chosen.get(i)) {
+                    (Format::Text, Some(s)) => status_line(out, &row(s, Some(r))),
+                    _ => Ok(()),
+                }
+            })?;
+            chosen
+                .iter()
+                .zip(&results)
+                .map(|(s, r)| row(s, Some(r)))
+                .collect()
         }
-        if let Some(c) = r["credential"].as_str() {
-            line.push_str(&format!("  credential {c}"));
+    };
+    let failed = rows.iter().filter(|r| r["state"] == "failed").count();
+    if format == Format::Json {
+        print(out, &json!({"servers": rows}))?;
+    } else if connect.is_none() {
+        for r in &rows {
+            status_line(out, r)?;
         }
-        if let Some(e) = r["error"].as_str() {
-            line.push_str(&format!("  {e}"));
-        }
-        writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)?;
+    }
+    if failed > 0 {
+        return Err(CliError::Server(format!(
+            "{failed} of {} server(s) failed (see above)",
+            rows.len()
+        )));
     }
     Ok(())
+}
+
+fn status_line(out: &mut dyn Write, r: &Value) -> Result<(), CliError> {
+    let mut line = format!(
+        "{}  {}  {}",
+        r["name"].as_str().unwrap_or(""),
+        r["transport"].as_str().unwrap_or(""),
+        r["state"].as_str().unwrap_or("")
+    );
+    if let Some(v) = r["protocol_version"].as_str() {
+        line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
+    }
+    if let Some(c) = r["credential"].as_str() {
+        line.push_str(&format!("  credential {c}"));
+    }
+    if let Some(e) = r["error"].as_str() {
+        line.push_str(&format!("  {e}"));
+    }
+    writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)?;
+    out.flush().map_err(CliError::Output)
 }
 
 /// What a stdio server's confinement would enforce if it started now (`None` for HTTP).
@@ -465,17 +627,12 @@ fn check_server(s: &ServerConfig, home: Option<&Home>, vars: &Vars) -> Vec<Value
 /// `iteron mcp doctor [--connect]`.
 pub(crate) fn doctor(
     home: &Home,
-    connect: bool,
+    connect: Option<Bounds>,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let mut servers = Vec::new();
-    let rt = if connect {
-        Some(crate::rt::multi_thread()?)
-    } else {
-        None
-    };
     let mut all_ok = true;
     // The credentials directory the broker would read; one it would refuse is a failed check
     // (and the rest is checked without it).
@@ -516,13 +673,6 @@ pub(crate) fn doctor(
                     }),
                 "detail": confinement_line(&eff),
             }));
-        }
-        if let Some(rt) = &rt {
-            let r = rt.block_on(probe(home, &config, s, &vars));
-            checks.push(match r {
-                Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
-                Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
-            });
         }
         all_ok &= checks.iter().all(|c| c["ok"] == Value::Bool(true));
         servers.push(
@@ -572,9 +722,7 @@ pub(crate) fn doctor(
         "servers": servers,
         "ok": all_ok,
     });
-    if format == Format::Json {
-        print(out, &report)?;
-    } else {
+    if format == Format::Text {
         let mut buf = String::new();
         buf.push_str(&format!(
             "home        {}\nconfig      valid, private\n",
@@ -642,6 +790,42 @@ pub(crate) fn doctor(
             }
         }
         out.write_all(buf.as_bytes()).map_err(CliError::Output)?;
+        out.flush().map_err(CliError::Output)?;
+    }
+    let mut report = report;
+    if let Some(bounds) = connect {
+        // Every server at once (bounded); in text, each result as it ends.
+        let chosen: Vec<&ServerConfig> = config.mcp_servers.iter().collect();
+        let check = |r: &Result<Value, String>| match r {
+            Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
+            Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
+        };
+        let results = probe_all(home, &config, &chosen, Arc::new(vars), bounds, |i, r| {
+            let (Format::Text, Some(s)) = (format, chosen.get(i)) else {
+                return Ok(());
+            };
+            let c = check(r);
+            writeln!(
+                out,
+                "connect     {} {}: {}",
+                if c["ok"] == Value::Bool(true) { "ok  " } else { "FAIL" },
+                s.name,
+                text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
+            )
+            .map_err(CliError::Output)?;
+            out.flush().map_err(CliError::Output)
+        })?;
+        for (i, r) in results.iter().enumerate() {
+            let c = check(r);
+            all_ok &= c["ok"] == Value::Bool(true);
+            if let Some(checks) = report["servers"][i]["checks"].as_array_mut() {
+                checks.push(c);
+            }
+        }
+        report["ok"] = Value::Bool(all_ok);
+    }
+    if format == Format::Json {
+        print(out, &report)?;
     }
     if all_ok {
         Ok(())

@@ -231,7 +231,15 @@ pub struct Options {
     /// request. The broker turns this off: its registry starts a new generation instead, so a
     /// call approved for one process never runs on another.
     pub auto_restart: bool,
+    /// How long a stdio server may take from its start to a negotiated version. A server that
+    /// takes longer is stopped and reported with its last stderr lines and, when confined, the
+    /// confinement hint (an outer deadline around the connect would lose both).
+    pub start_deadline: Duration,
 }
+
+/// The default [`Options::start_deadline`]: within the broker's and the CLI's 30 s connect
+/// deadlines, so the start's own report is the one the operator sees.
+pub const START_DEADLINE: Duration = Duration::from_secs(20);
 
 impl Default for Options {
     fn default() -> Self {
@@ -246,6 +254,7 @@ impl Default for Options {
             token: None,
             scrub: None,
             auto_restart: true,
+            start_deadline: START_DEADLINE,
         }
     }
 }
@@ -574,7 +583,32 @@ impl Client {
             done: AtomicUsize::new(0),
         };
         let t = StdioTransport::start(child, handler);
-        match Client::connect(Transport::Stdio(Box::new(t)), opts, Some(restart)).await {
+        let start_deadline = opts.start_deadline;
+        let hint = |reason: &mut String, lines: Vec<String>| {
+            if !lines.is_empty() {
+                reason.push_str("; its stderr ends: ");
+                reason.push_str(&lines.join(" | "));
+            }
+            if confined {
+                reason.push_str(
+                    "; the server runs confined (see iteron mcp get: filesystem, network); grant more with sandbox.readable/writable, or web_egress for the network",
+                );
+            }
+        };
+        let connecting = Client::connect(Transport::Stdio(Box::new(t)), opts, Some(restart));
+        let Ok(connected) = tokio::time::timeout(start_deadline, connecting).await else {
+            // The connect future (and with it the child) is dropped: the spawner stops it.
+            let mut reason = format!(
+                "no answer within {} s of starting",
+                start_deadline.as_secs_f64()
+            );
+            hint(&mut reason, stderr.lines_with(3, opts_scrub.as_deref()));
+            return Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::NoStart(reason),
+                certainty: Certainty::NotSent,
+            }));
+        };
+        match connected {
             Ok(c) => Ok(c),
             Err(McpError::Transport(TransportError {
                 kind: TransportErrorKind::Closed(reason),
@@ -583,17 +617,8 @@ impl Client {
                 // The server died while starting: its last words say why (a confined server
                 // that was denied a file or a socket usually names it).
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let lines = stderr.lines_with(3, opts_scrub.as_deref());
                 let mut reason = reason;
-                if !lines.is_empty() {
-                    reason.push_str("; its stderr ends: ");
-                    reason.push_str(&lines.join(" | "));
-                }
-                if confined {
-                    reason.push_str(
-                        "; the server runs confined (see iteron mcp get: filesystem, network); grant more with sandbox.readable/writable, or web_egress for the network",
-                    );
-                }
+                hint(&mut reason, stderr.lines_with(3, opts_scrub.as_deref()));
                 Err(McpError::Transport(TransportError {
                     kind: TransportErrorKind::Closed(reason),
                     certainty,
