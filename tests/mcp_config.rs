@@ -812,6 +812,19 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         .and_then(|l| l.split("ITERON_HOME=").nth(1))
         .unwrap();
     assert!(!Path::new(demo_home).exists(), "demo home removed");
+    // Issue 14.14: the fixture server is the binary's own copy, written into the throwaway
+    // directory: an installed binary needs no source tree.
+    let demo_dir = Path::new(demo_home).parent().unwrap();
+    let registered = text
+        .lines()
+        .find(|l| l.starts_with("$ iteron mcp add demo-echo"))
+        .and_then(|l| l.split(" -- ").nth(1))
+        .unwrap();
+    assert_eq!(
+        Path::new(registered),
+        demo_dir.join("fixture").join("demo_server.py"),
+        "{text}"
+    );
     support::report::record(
         "P1",
         "tests/mcp_config.rs::demo_runs_in_a_throwaway_home_and_never_touches_the_real_one",
