@@ -945,3 +945,41 @@ fn a_bearer_from_header_env_authorization_shows_as_external() {
         "{credential}"
     );
 }
+
+/// Issue 14.21: shell completions and man pages come from the clap definitions: every command
+/// has a page, every flag of a command is on its page and in the completions, and a command or
+/// shell that does not exist is a usage error.
+#[test]
+fn completions_and_man_pages_are_generated_from_the_command_line_grammar() {
+    let sb = Sandbox::new();
+    let bash = sb.ok(&["completions", "bash"]);
+    assert!(bash.contains("_iteron()"), "{bash}");
+    let zsh = sb.ok(&["completions", "zsh"]);
+    assert!(zsh.starts_with("#compdef iteron"), "{zsh}");
+    let fish = sb.ok(&["completions", "fish"]);
+    assert!(fish.contains("complete -c iteron"), "{fish}");
+    sb.fails(&["completions", "cmd.exe"], 2);
+    let top = sb.ok(&["man"]);
+    assert!(top.contains(".TH iteron 1"), "{top}");
+    for cmd in [
+        "mcp", "demo", "broker", "approvals", "agent", "audit", "skills", "agents", "completions",
+        "man",
+    ] {
+        assert!(top.contains(cmd), "iteron(1) lists {cmd}");
+        let page = sb.ok(&["man", cmd]);
+        assert!(page.contains(&format!(".TH iteron-{cmd} 1")), "{cmd}: {page}");
+    }
+    let add = sb.ok(&["man", "mcp", "add"]);
+    for flag in [
+        "--stdio", "--url", "--env", "--header-env", "--sandbox-readable", "--sandbox-writable",
+        "--sandbox-run-as", "--oauth-resource", "--oauth-scopes", "--oauth-client-registration",
+        "--oauth-client-id", "--oauth-client-secret-env", "--oauth-issuer",
+        "--oauth-credential-store",
+    ] {
+        let roff = flag.replace('-', "\\-");
+        assert!(add.contains(&roff), "iteron-mcp-add(1) lacks {flag}");
+        assert!(bash.contains(flag), "bash completion lacks {flag}");
+    }
+    let err = sb.fails(&["man", "mcp", "no-such-command"], 2);
+    assert!(!err.contains("no-such-command"), "{err}");
+}

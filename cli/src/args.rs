@@ -39,6 +39,24 @@ pub(crate) enum Top {
     Skills(CatalogArgs),
     /// The agent definitions discovered in ~/.iteron/agents and <repo>/.iteron/agents.
     Agents(CatalogArgs),
+    /// Print a shell completion script (e.g. `iteron completions bash > ~/.local/share/bash-completion/completions/iteron`).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) of iteron, or of one command (`iteron man mcp add`).
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {
+    /// The command whose page to print (default: iteron itself).
+    #[arg(value_name = "COMMAND", num_args = 0..=4)]
+    pub(crate) command: Vec<String>,
 }
 
 #[derive(Debug, Args)]
