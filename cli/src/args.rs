@@ -333,9 +333,35 @@ pub(crate) enum Mcp {
     Status(StatusArgs),
     /// Check configuration, files, commands, variables and network settings.
     Doctor(DoctorArgs),
+    /// Add the servers of another tool's MCP configuration (Claude Code, Codex, Claude Desktop):
+    /// values become variable names to provide, never stored or shown.
+    Import(ImportArgs),
     /// OAuth login, status and logout for an HTTP server.
     #[command(subcommand)]
     Auth(Auth),
+}
+
+/// Whose configuration `mcp import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ImportFrom {
+    /// Claude Code: `.mcp.json` or `~/.claude.json` (`mcpServers`).
+    Claude,
+    /// Codex: `~/.codex/config.toml` (`[mcp_servers.NAME]`).
+    Codex,
+    /// Claude Desktop: `claude_desktop_config.json` (`mcpServers`).
+    ClaudeDesktop,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// Which tool's format the file is in.
+    #[arg(long, value_enum)]
+    pub(crate) from: ImportFrom,
+    /// The file to read.
+    pub(crate) file: std::path::PathBuf,
+    /// Show what would be imported and refused, and change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -462,7 +488,7 @@ pub(crate) struct NameFormat {
     pub(crate) format: Format,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(group(clap::ArgGroup::new("transport").required(true).args(["url", "stdio"])))]
 pub(crate) struct AddArgs {
     /// Server name: 1-64 ASCII letters, digits, '.', '_', '-'.

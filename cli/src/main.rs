@@ -6,6 +6,7 @@ mod auth;
 mod broker;
 mod demo;
 mod error;
+mod import;
 mod mcp;
 mod output;
 mod probe;
