@@ -347,7 +347,15 @@ fn a_noninteractive_broker_hides_unexposed_tools_and_refuses_every_call() {
     let st = area.status();
     assert_eq!(st["servers"][0]["phase"], "ready");
     assert_eq!(st["servers"][0]["generation"], 1);
-    assert!(st["servers"][0]["tools"].as_u64().unwrap() >= 10);
+    // Issue 14.20: the vocabulary of every JSON output (`protocol_version`, `tool_count` and
+    // `tools` names, `schema_version` on the top-level object); `version` is kept.
+    assert_eq!(st["schema_version"], 2);
+    let count = st["servers"][0]["tool_count"].as_u64().unwrap();
+    assert!(count >= 10);
+    let names = st["servers"][0]["tools"].as_array().unwrap();
+    assert_eq!(names.len() as u64, count);
+    assert!(names.iter().any(|n| n == "echo"), "{st}");
+    assert_eq!(st["servers"][0]["protocol_version"], "2025-11-25");
     assert_eq!(st["servers"][0]["version"], "2025-11-25");
 
     let (code, _) = broker.finish();

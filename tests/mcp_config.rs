@@ -184,7 +184,10 @@ fn add_list_get_remove_round_trip_in_text_and_json() {
     let file = json(&fs::read_to_string(sb.config()).unwrap());
     assert_eq!(file["mcp_servers"], listed["servers"]);
 
-    let got = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    // `get` prints that entry, with the `schema_version` every top-level JSON output carries.
+    let mut got = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    assert_eq!(got["schema_version"], 2);
+    got.as_object_mut().unwrap().remove("schema_version");
     assert_eq!(got, servers[1]);
     let text = sb.ok(&["mcp", "get", "files"]);
     assert!(

@@ -836,3 +836,56 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
         }),
     );
 }
+
+/// Issue 14.20: every `--format json` output is a top-level object carrying `schema_version`,
+/// and the probes speak one vocabulary: `protocol_version`, `phase`, `tool_count` with the
+/// `tools` names (`state` is kept beside `phase` in `mcp status`).
+#[test]
+fn every_json_output_carries_schema_version_and_one_vocabulary() {
+    let h = Home::new("vocabulary");
+    let echo = fixture("echo_server.py");
+    assert!(
+        h.run(&["mcp", "add", "echo", "--stdio", "/usr/bin/python3", "--", &echo])
+            .status
+            .success()
+    );
+    assert!(
+        h.run(&["mcp", "add", "web", "--url", "https://mcp.example/mcp"])
+            .status
+            .success()
+    );
+    let outputs: &[&[&str]] = &[
+        &["mcp", "list"],
+        &["mcp", "get", "echo"],
+        &["mcp", "test", "echo"],
+        &["mcp", "status"],
+        &["mcp", "status", "echo", "--connect"],
+        &["mcp", "doctor"],
+        &["mcp", "auth", "status", "web"],
+        &["audit", "verify"],
+        &["skills"],
+        &["agents"],
+    ];
+    let mut seen = Vec::new();
+    for args in outputs {
+        let mut full = args.to_vec();
+        full.extend(["--format", "json"]);
+        let out = h.run(&full);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{full:?}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(v["schema_version"], 2, "{full:?}: {v}");
+        seen.push(v);
+    }
+    let test = &seen[2];
+    assert_eq!(test["protocol_version"], "2025-11-25");
+    assert_eq!(test["tool_count"], 1);
+    assert_eq!(test["tools"], serde_json::json!(["echo"]));
+    let listed = &seen[3]["servers"];
+    assert_eq!(listed[0]["phase"], "not_probed", "{listed}");
+    let probed = &seen[4]["servers"][0];
+    assert_eq!(probed["phase"], "reachable", "{probed}");
+    assert_eq!(probed["state"], "reachable");
+    assert_eq!(probed["protocol_version"], "2025-11-25");
+    assert_eq!(probed["tool_count"], 1);
+    assert_eq!(probed["tools"], serde_json::json!(["echo"]));
+}

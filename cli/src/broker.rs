@@ -133,8 +133,8 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
             field("transport"),
             field("phase"),
             field("generation"),
-            field("version"),
-            field("tools"),
+            field("protocol_version"),
+            field("tool_count"),
             field("in_flight"),
         );
         if s.get("error").is_some_and(Value::is_string) {

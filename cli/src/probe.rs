@@ -417,14 +417,14 @@ pub(crate) fn status(
     // server (read from the local store; no network).
     let row = |s: &ServerConfig, r: Option<&Result<Value, String>>| {
         let mut v = match r {
-            None => json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}),
+            None => json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "phase": "not_probed", "state": "not_probed"}),
             Some(r) => {
                 let mut v = probe_json(s, r.clone());
                 if let Some(obj) = v.as_object_mut() {
-                    obj.insert(
-                        "state".into(),
-                        Value::from(if r.is_ok() { "reachable" } else { "failed" }),
-                    );
+                    let phase = Value::from(if r.is_ok() { "reachable" } else { "failed" });
+                    obj.insert("phase".into(), phase.clone());
+                    // The name the row had before `phase` (kept for its readers).
+                    obj.insert("state".into(), phase);
                     obj.remove("dropped_tools");
                 }
                 v
@@ -462,7 +462,7 @@ pub(crate) fn status(
                 .collect()
         }
     };
-    let failed = rows.iter().filter(|r| r["state"] == "failed").count();
+    let failed = rows.iter().filter(|r| r["phase"] == "failed").count();
     if format == Format::Json {
         print(out, &json!({"servers": rows}))?;
     } else if connect.is_none() {
@@ -484,7 +484,7 @@ fn status_line(out: &mut dyn Write, r: &Value) -> Result<(), CliError> {
         "{}  {}  {}",
         r["name"].as_str().unwrap_or(""),
         r["transport"].as_str().unwrap_or(""),
-        r["state"].as_str().unwrap_or("")
+        r["phase"].as_str().unwrap_or("")
     );
     if let Some(v) = r["protocol_version"].as_str() {
         line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
