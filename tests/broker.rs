@@ -884,7 +884,11 @@ fn sighup_stops_the_broker_cleanly() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
     let records = area.audit_records();
-    assert_eq!(records.last().unwrap()["kind"], "broker_stop", "{records:?}");
+    assert_eq!(
+        records.last().unwrap()["kind"],
+        "broker_stop",
+        "{records:?}"
+    );
     assert!(area.run(&["audit", "verify"]).status.success());
 }
 

@@ -965,18 +965,39 @@ fn completions_and_man_pages_are_generated_from_the_command_line_grammar() {
     let top = sb.ok(&["man"]);
     assert!(top.contains(".TH iteron 1"), "{top}");
     for cmd in [
-        "mcp", "demo", "broker", "approvals", "agent", "audit", "skills", "agents", "completions",
+        "mcp",
+        "demo",
+        "broker",
+        "approvals",
+        "agent",
+        "audit",
+        "skills",
+        "agents",
+        "completions",
         "man",
     ] {
         assert!(top.contains(cmd), "iteron(1) lists {cmd}");
         let page = sb.ok(&["man", cmd]);
-        assert!(page.contains(&format!(".TH iteron-{cmd} 1")), "{cmd}: {page}");
+        assert!(
+            page.contains(&format!(".TH iteron-{cmd} 1")),
+            "{cmd}: {page}"
+        );
     }
     let add = sb.ok(&["man", "mcp", "add"]);
     for flag in [
-        "--stdio", "--url", "--env", "--header-env", "--sandbox-readable", "--sandbox-writable",
-        "--sandbox-run-as", "--oauth-resource", "--oauth-scopes", "--oauth-client-registration",
-        "--oauth-client-id", "--oauth-client-secret-env", "--oauth-issuer",
+        "--stdio",
+        "--url",
+        "--env",
+        "--header-env",
+        "--sandbox-readable",
+        "--sandbox-writable",
+        "--sandbox-run-as",
+        "--oauth-resource",
+        "--oauth-scopes",
+        "--oauth-client-registration",
+        "--oauth-client-id",
+        "--oauth-client-secret-env",
+        "--oauth-issuer",
         "--oauth-credential-store",
     ] {
         let roff = flag.replace('-', "\\-");
@@ -1016,12 +1037,25 @@ fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
     .unwrap();
     let before = fs::read(sb.config()).unwrap();
     // --dry-run says the same and changes nothing.
-    let out = sb.run(&["mcp", "import", "--from", "claude", claude.to_str().unwrap(), "--dry-run"]);
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude",
+        claude.to_str().unwrap(),
+        "--dry-run",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stdout).contains("would import stdio MCP server files"));
     assert_eq!(fs::read(sb.config()).unwrap(), before);
 
-    let out = sb.run(&["mcp", "import", "--from", "claude", claude.to_str().unwrap()]);
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude",
+        claude.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2), "some entries were refused");
     let text = String::from_utf8(out.stdout).unwrap();
     let err = String::from_utf8(out.stderr).unwrap();
@@ -1041,15 +1075,24 @@ fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
-    assert!(!text.contains("HOME_DIR  for"), "a ${{NAME}} of its own name needs nothing new");
+    assert!(
+        !text.contains("HOME_DIR  for"),
+        "a ${{NAME}} of its own name needs nothing new"
+    );
     let config = fs::read_to_string(sb.config()).unwrap();
-    assert!(!config.contains("CANARY"), "a value reached the configuration");
+    assert!(
+        !config.contains("CANARY"),
+        "a value reached the configuration"
+    );
     assert_eq!(
         fs::metadata(sb.config()).unwrap().permissions().mode() & 0o777,
         0o600
     );
     let files = json(&sb.ok(&["mcp", "get", "files", "--format", "json"]));
-    assert_eq!(files["env"], serde_json::json!(["API_KEY", "HOME_DIR", "OTHER"]));
+    assert_eq!(
+        files["env"],
+        serde_json::json!(["API_KEY", "HOME_DIR", "OTHER"])
+    );
     assert_eq!(files["args"], serde_json::json!(["/srv/server.py"]));
     let remote = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
     assert_eq!(
@@ -1122,7 +1165,13 @@ cwd = "/srv"
         format!(r#"{{"mcpServers": {{"desk": {{"command": "/bin/true", "env": {{"K": "{CANARY}"}}}}}}}}"#),
     )
     .unwrap();
-    let text = sb.ok(&["mcp", "import", "--from", "claude-desktop", desktop.to_str().unwrap()]);
+    let text = sb.ok(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude-desktop",
+        desktop.to_str().unwrap(),
+    ]);
     assert!(text.contains("imported stdio MCP server desk"), "{text}");
     assert!(text.contains("  K  for desk"), "{text}");
     fs::write(
@@ -1130,16 +1179,42 @@ cwd = "/srv"
         r#"{"mcpServers": {"web": {"url": "https://x.example/mcp"}}}"#,
     )
     .unwrap();
-    let out = sb.run(&["mcp", "import", "--from", "claude-desktop", desktop.to_str().unwrap()]);
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude-desktop",
+        desktop.to_str().unwrap(),
+    ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("refused web: unknown key url"));
 
     // A broken file: one line, by position, no value; nothing changes.
     let before = fs::read(sb.config()).unwrap();
-    fs::write(&claude, format!(r#"{{"mcpServers": {{"a": {{"env": {{"K": "{CANARY}"#)).unwrap();
-    let err = sb.fails(&["mcp", "import", "--from", "claude", claude.to_str().unwrap()], 2);
+    fs::write(
+        &claude,
+        format!(r#"{{"mcpServers": {{"a": {{"env": {{"K": "{CANARY}"#),
+    )
+    .unwrap();
+    let err = sb.fails(
+        &[
+            "mcp",
+            "import",
+            "--from",
+            "claude",
+            claude.to_str().unwrap(),
+        ],
+        2,
+    );
     assert!(err.contains("is not valid JSON (line 1"), "{err}");
-    fs::write(&codex, format!("[mcp_servers.a]\nenv = {{ K = \"{CANARY}\" \n")).unwrap();
-    let err = sb.fails(&["mcp", "import", "--from", "codex", codex.to_str().unwrap()], 2);
+    fs::write(
+        &codex,
+        format!("[mcp_servers.a]\nenv = {{ K = \"{CANARY}\" \n"),
+    )
+    .unwrap();
+    let err = sb.fails(
+        &["mcp", "import", "--from", "codex", codex.to_str().unwrap()],
+        2,
+    );
     assert!(err.contains("is not valid TOML"), "{err}");
     assert_eq!(fs::read(sb.config()).unwrap(), before);
     assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));

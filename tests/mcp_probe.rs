@@ -421,7 +421,12 @@ fn a_missing_repo_is_an_error_and_socket_errors_name_the_path_and_the_remedy() {
         (vec!["broker", "status"], operator.clone()),
         (vec!["approvals", "list"], operator.clone()),
         (
-            vec!["approvals", "list", "--operator-socket", agent.to_str().unwrap()],
+            vec![
+                "approvals",
+                "list",
+                "--operator-socket",
+                agent.to_str().unwrap(),
+            ],
             agent.clone(),
         ),
         (
@@ -525,10 +530,16 @@ fn a_broken_hook_fails_doctor_and_the_broker_warns_at_start() {
     let hooks = v["hooks"].as_array().unwrap();
     let by = |cmd: &str| hooks.iter().find(|x| x["command"] == cmd).unwrap().clone();
     let m = by(missing.to_str().unwrap());
-    assert_eq!((m["event"].as_str(), m["ok"].as_bool()), (Some("PreToolUse"), Some(false)));
+    assert_eq!(
+        (m["event"].as_str(), m["ok"].as_bool()),
+        (Some("PreToolUse"), Some(false))
+    );
     assert_eq!(m["detail"], "it does not exist");
     assert_eq!(by("/bin/true")["ok"], true);
-    assert_eq!(by(plain.to_str().unwrap())["detail"], "it is not executable (no x bit)");
+    assert_eq!(
+        by(plain.to_str().unwrap())["detail"],
+        "it is not executable (no x bit)"
+    );
     assert_eq!(
         by(inside.to_str().unwrap())["detail"],
         "it lies inside $ITERON_HOME, which hooks are denied"
@@ -601,11 +612,25 @@ fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
         "case \"$PROBE_CRED\" in *-from-the-directory) exec /usr/bin/python3 {echo} ;; esac; \
          echo 'PROBE_CRED missing or from the environment' >&2; exit 7"
     );
-    let fixtures = std::path::Path::new(&echo).parent().unwrap().to_str().unwrap();
+    let fixtures = std::path::Path::new(&echo)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap();
     assert!(
         h.run(&[
-            "mcp", "add", "cred", "--stdio", "/bin/sh", "--env", "PROBE_CRED",
-            "--sandbox-readable", fixtures, "--", "-c", &script
+            "mcp",
+            "add",
+            "cred",
+            "--stdio",
+            "/bin/sh",
+            "--env",
+            "PROBE_CRED",
+            "--sandbox-readable",
+            fixtures,
+            "--",
+            "-c",
+            &script
         ])
         .status
         .success()
@@ -616,7 +641,11 @@ fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
         ("PROBE_CRED", std::ffi::OsStr::new("CANARY-from-env")),
     ];
     let out = h.run_env(&["mcp", "test", "cred", "--format", "json"], &env_too);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["tool_count"], 1, "{v}");
     // Without the directory the variable is missing: the same server fails.
@@ -635,10 +664,16 @@ fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
         .unwrap()
         .clone();
     assert_eq!(check["ok"], true, "{check}");
-    assert_eq!(check["detail"], "set by the credentials directory (value not shown)");
+    assert_eq!(
+        check["detail"],
+        "set by the credentials directory (value not shown)"
+    );
     assert_eq!(v["credentials_directory"]["ok"], true, "{v}");
     assert!(
-        v["credentials_directory"]["detail"].as_str().unwrap().ends_with("supplies PROBE_CRED"),
+        v["credentials_directory"]["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("supplies PROBE_CRED"),
         "{v}"
     );
     // A directory the broker would refuse is refused by test and failed by doctor.
@@ -647,7 +682,10 @@ fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("credentials directory: writable by group or others"), "{err}");
+    assert!(
+        err.contains("credentials directory: writable by group or others"),
+        "{err}"
+    );
     let out = h.run_env(&["mcp", "doctor", "--format", "json"], &dir);
     assert_eq!(out.status.code(), Some(8));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -662,7 +700,13 @@ fn a_server_that_exits_at_start_is_reported_at_once_every_time() {
     let h = Home::new("exits");
     assert!(
         h.run(&[
-            "mcp", "add", "gone", "--stdio", "/bin/sh", "--", "-c",
+            "mcp",
+            "add",
+            "gone",
+            "--stdio",
+            "/bin/sh",
+            "--",
+            "-c",
             "echo 'license file missing' >&2; exit 7"
         ])
         .status
@@ -675,7 +719,10 @@ fn a_server_that_exits_at_start_is_reported_at_once_every_time() {
         assert_eq!(out.status.code(), Some(8), "round {round}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("license file missing"), "round {round}: {err}");
-        assert!(took < std::time::Duration::from_secs(10), "round {round}: {took:?} {err}");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "round {round}: {took:?} {err}"
+        );
     }
 }
 
@@ -687,7 +734,13 @@ fn a_server_that_hangs_at_start_is_reported_with_its_stderr_and_the_hint() {
     let h = Home::new("hangs");
     assert!(
         h.run(&[
-            "mcp", "add", "stuck", "--stdio", "/bin/sh", "--", "-c",
+            "mcp",
+            "add",
+            "stuck",
+            "--stdio",
+            "/bin/sh",
+            "--",
+            "-c",
             "echo 'waiting for the license server' >&2; exec sleep 60"
         ])
         .status
@@ -700,12 +753,20 @@ fn a_server_that_hangs_at_start_is_reported_with_its_stderr_and_the_hint() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("no answer within 2.5 s of starting"), "{err}");
-    assert!(err.contains("its stderr ends: waiting for the license server"), "{err}");
+    assert!(
+        err.contains("its stderr ends: waiting for the license server"),
+        "{err}"
+    );
     assert!(err.contains("the server runs confined"), "{err}");
     assert!(took < std::time::Duration::from_secs(8), "{took:?}");
     // The bound of --timeout is checked: 2 to 300 s.
     for bad in ["1", "301"] {
-        assert_eq!(h.run(&["mcp", "test", "stuck", "--timeout", bad]).status.code(), Some(2));
+        assert_eq!(
+            h.run(&["mcp", "test", "stuck", "--timeout", bad])
+                .status
+                .code(),
+            Some(2)
+        );
     }
 }
 
@@ -727,29 +788,51 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
     };
     add_hang("hang0");
     assert!(
-        h.run(&["mcp", "add", "echo", "--stdio", "/usr/bin/python3", "--", &echo])
-            .status
-            .success()
+        h.run(&[
+            "mcp",
+            "add",
+            "echo",
+            "--stdio",
+            "/usr/bin/python3",
+            "--",
+            &echo
+        ])
+        .status
+        .success()
     );
     // Each result as it arrives: the quick server before the one configured first.
     let out = h.run(&["mcp", "status", "--connect", "--timeout", "3"]);
-    assert_eq!(out.status.code(), Some(8), "a failed server fails the command");
+    assert_eq!(
+        out.status.code(),
+        Some(8),
+        "a failed server fails the command"
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].starts_with("echo  stdio  reachable"), "{text}");
     assert!(lines[1].starts_with("hang0  stdio  failed"), "{text}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("probing"), "no progress line off a terminal: {err}");
+    assert!(
+        !err.contains("probing"),
+        "no progress line off a terminal: {err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("1 of 2 server(s) failed"), "{err}");
     // All reachable: exit 0.
     let out = h.run(&["mcp", "status", "echo", "--connect"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // On a terminal, a progress line on stderr.
-    let pty = nix::pty::openpty(None::<&nix::pty::Winsize>, None::<&nix::sys::termios::Termios>)
-        .unwrap();
+    let pty = nix::pty::openpty(
+        None::<&nix::pty::Winsize>,
+        None::<&nix::sys::termios::Termios>,
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_iteron"))
         .args(["mcp", "status", "--connect", "--timeout", "2"])
         .env_clear()
@@ -781,7 +864,15 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
         add_hang(&format!("hang{i}"));
     }
     let started = Instant::now();
-    let out = h.run(&["mcp", "status", "--connect", "--timeout", "2", "--format", "json"]);
+    let out = h.run(&[
+        "mcp",
+        "status",
+        "--connect",
+        "--timeout",
+        "2",
+        "--format",
+        "json",
+    ]);
     let eight = started.elapsed();
     assert_eq!(out.status.code(), Some(8));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -790,7 +881,15 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
     // One over: the ninth waits for a slot, so the run takes two start timeouts.
     add_hang("hang8");
     let started = Instant::now();
-    let out = h.run(&["mcp", "doctor", "--connect", "--timeout", "2", "--format", "json"]);
+    let out = h.run(&[
+        "mcp",
+        "doctor",
+        "--connect",
+        "--timeout",
+        "2",
+        "--format",
+        "json",
+    ]);
     let nine = started.elapsed();
     assert_eq!(out.status.code(), Some(8));
     assert!(nine >= Duration::from_secs(3), "{nine:?}");
@@ -808,7 +907,15 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
     // The whole run is bounded: the ninth is cut at the run's bound and named.
     let started = Instant::now();
     let out = h.run(&[
-        "mcp", "status", "--connect", "--timeout", "2", "--run-timeout", "2", "--format", "json",
+        "mcp",
+        "status",
+        "--connect",
+        "--timeout",
+        "2",
+        "--run-timeout",
+        "2",
+        "--format",
+        "json",
     ]);
     let bounded = started.elapsed();
     assert_eq!(out.status.code(), Some(8));
@@ -845,9 +952,17 @@ fn every_json_output_carries_schema_version_and_one_vocabulary() {
     let h = Home::new("vocabulary");
     let echo = fixture("echo_server.py");
     assert!(
-        h.run(&["mcp", "add", "echo", "--stdio", "/usr/bin/python3", "--", &echo])
-            .status
-            .success()
+        h.run(&[
+            "mcp",
+            "add",
+            "echo",
+            "--stdio",
+            "/usr/bin/python3",
+            "--",
+            &echo
+        ])
+        .status
+        .success()
     );
     assert!(
         h.run(&["mcp", "add", "web", "--url", "https://mcp.example/mcp"])

@@ -98,7 +98,10 @@ fn the_documented_systemd_unit_is_hardened_and_keeps_what_the_broker_needs() {
             !lines.iter().any(|l| l.starts_with(absent)),
             "{absent} would break the broker"
         );
-        assert!(doc.contains(&format!("`{absent}`")), "the doc says why {absent} is left out");
+        assert!(
+            doc.contains(&format!("`{absent}`")),
+            "the doc says why {absent} is left out"
+        );
     }
     let analyze = Path::new("/usr/bin/systemd-analyze");
     if !analyze.exists() {
@@ -118,7 +121,10 @@ fn the_documented_systemd_unit_is_hardened_and_keeps_what_the_broker_needs() {
     let text = String::from_utf8_lossy(&out.stdout);
     let rating: f64 = text
         .lines()
-        .find_map(|l| l.split("Overall exposure level for iteron.service: ").nth(1))
+        .find_map(|l| {
+            l.split("Overall exposure level for iteron.service: ")
+                .nth(1)
+        })
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no rating in: {text}"));

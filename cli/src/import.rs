@@ -81,7 +81,11 @@ pub(crate) fn run(
             e.outcome = Err(why);
         }
     }
-    let verb = if a.dry_run { "would import" } else { "imported" };
+    let verb = if a.dry_run {
+        "would import"
+    } else {
+        "imported"
+    };
     let mut provide: BTreeSet<(String, String)> = BTreeSet::new();
     let mut refused = 0;
     for e in &entries {
@@ -144,7 +148,9 @@ fn read(from: ImportFrom, file: &std::path::Path) -> Result<Vec<(String, Value)>
         .read_to_end(&mut bytes)
         .map_err(|e| unreadable(&format!("cannot be read: {e}")))?;
     if bytes.len() as u64 > MAX_IMPORT_BYTES {
-        return Err(unreadable(&format!("is larger than {MAX_IMPORT_BYTES} bytes")));
+        return Err(unreadable(&format!(
+            "is larger than {MAX_IMPORT_BYTES} bytes"
+        )));
     }
     let text = std::str::from_utf8(&bytes).map_err(|_| unreadable("is not UTF-8"))?;
     // Parse errors are reported by position only: the file holds secrets.
@@ -175,7 +181,9 @@ fn read(from: ImportFrom, file: &std::path::Path) -> Result<Vec<(String, Value)>
     match doc.get(key) {
         None => Ok(Vec::new()),
         Some(Value::Object(m)) => Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-        Some(_) => Err(unreadable(&format!("has a {key} that is not a table of servers"))),
+        Some(_) => Err(unreadable(&format!(
+            "has a {key} that is not a table of servers"
+        ))),
     }
 }
 
@@ -384,8 +392,8 @@ fn convert(from: ImportFrom, name: &str, v: &Value) -> Result<Imported, String> 
             _ => table(m.get("headers"), "headers")?,
         };
         for (h, val) in headers {
-            let header = HeaderName::parse(h)
-                .map_err(|e| format!("a header name is refused: {e}"))?;
+            let header =
+                HeaderName::parse(h).map_err(|e| format!("a header name is refused: {e}"))?;
             if header.as_str() == "authorization" {
                 // `Bearer <token>`: the token comes from a variable (Iteron adds the scheme).
                 let Some(token) = val.strip_prefix("Bearer ") else {
@@ -399,7 +407,8 @@ fn convert(from: ImportFrom, name: &str, v: &Value) -> Result<Imported, String> 
                         var
                     }
                 };
-                bearer = Some(EnvName::parse(&var).map_err(|_| "a derived variable name is refused")?);
+                bearer =
+                    Some(EnvName::parse(&var).map_err(|_| "a derived variable name is refused")?);
                 continue;
             }
             let var = match reference(val) {
@@ -419,38 +428,44 @@ fn convert(from: ImportFrom, name: &str, v: &Value) -> Result<Imported, String> 
         }
         if from == ImportFrom::Codex {
             for (h, var) in table(m.get("env_http_headers"), "env_http_headers")? {
-                let header = HeaderName::parse(h)
-                    .map_err(|e| format!("a header name is refused: {e}"))?;
+                let header =
+                    HeaderName::parse(h).map_err(|e| format!("a header name is refused: {e}"))?;
                 header_env.push((header, var.to_owned()));
             }
             if let Some(var) = m.get("bearer_token_env_var") {
-                let var = var.as_str().ok_or("bearer_token_env_var must be a string")?;
+                let var = var
+                    .as_str()
+                    .ok_or("bearer_token_env_var must be a string")?;
                 bearer = Some(
-                    EnvName::parse(var).map_err(|_| "bearer_token_env_var is not a variable name")?,
+                    EnvName::parse(var)
+                        .map_err(|_| "bearer_token_env_var is not a variable name")?,
                 );
             }
             if m.contains_key("bearer_token") {
                 let var = derived(name, "token");
                 provide.push((var.clone(), "its bearer_token held a token".into()));
-                bearer = Some(EnvName::parse(&var).map_err(|_| "a derived variable name is refused")?);
+                bearer =
+                    Some(EnvName::parse(&var).map_err(|_| "a derived variable name is refused")?);
             }
         }
-        a.header_env = header_env
-            .iter()
-            .map(|(h, v)| format!("{h}={v}"))
-            .collect();
+        a.header_env = header_env.iter().map(|(h, v)| format!("{h}={v}")).collect();
     } else {
         return Err("it has neither a command nor a url".into());
     }
     // The same checks as `mcp add`, with its one-line, value-free errors.
     let mut server = crate::mcp::build_server(&a).map_err(|e| e.to_string())?;
     if let (Some(var), Transport::Http(h)) = (bearer, &mut server.transport) {
-        h.oauth.get_or_insert_with(Default::default).access_token_env = Some(var);
+        h.oauth
+            .get_or_insert_with(Default::default)
+            .access_token_env = Some(var);
     }
     let tools = |key: &str| -> Result<Vec<ToolName>, String> {
         strings(m.get(key), key)?
             .iter()
-            .map(|t| ToolName::parse(t).map_err(|_| format!("{key} names a tool that is not a valid tool name")))
+            .map(|t| {
+                ToolName::parse(t)
+                    .map_err(|_| format!("{key} names a tool that is not a valid tool name"))
+            })
             .collect()
     };
     server.tools.allow = tools("enabled_tools")?;

@@ -276,7 +276,10 @@ pub(crate) fn check_entry(server: &ServerConfig) -> Result<(), CliError> {
 
 /// Where a stored value looks like a credential, say so: it is stored as typed (the operator's
 /// own 0600 file) and redacted from every listing, but secrets belong in the environment.
-pub(crate) fn warn_credentials(server: &ServerConfig, warn: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn warn_credentials(
+    server: &ServerConfig,
+    warn: &mut dyn Write,
+) -> Result<(), CliError> {
     let view = server_json(server);
     let raw = serde_json::to_value(server).unwrap_or(serde_json::Value::Null);
     if view != raw {

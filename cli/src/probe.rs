@@ -358,7 +358,8 @@ pub(crate) fn test(
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?, timeout));
+    let result =
+        crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?, timeout));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -417,7 +418,9 @@ pub(crate) fn status(
     // server (read from the local store; no network).
     let row = |s: &ServerConfig, r: Option<&Result<Value, String>>| {
         let mut v = match r {
-            None => json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "phase": "not_probed", "state": "not_probed"}),
+            None => {
+                json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "phase": "not_probed", "state": "not_probed"})
+            }
             Some(r) => {
                 let mut v = probe_json(s, r.clone());
                 if let Some(obj) = v.as_object_mut() {
@@ -755,7 +758,9 @@ pub(crate) fn doctor(
             } else {
                 "FAIL"
             },
-            report["credentials_directory"]["detail"].as_str().unwrap_or("")
+            report["credentials_directory"]["detail"]
+                .as_str()
+                .unwrap_or("")
         ));
         for h in &hooks {
             buf.push_str(&format!(
@@ -797,7 +802,9 @@ pub(crate) fn doctor(
         // Every server at once (bounded); in text, each result as it ends.
         let chosen: Vec<&ServerConfig> = config.mcp_servers.iter().collect();
         let check = |r: &Result<Value, String>| match r {
-            Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
+            Ok(found) => {
+                json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])})
+            }
             Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
         };
         let results = probe_all(home, &config, &chosen, Arc::new(vars), bounds, |i, r| {
@@ -808,7 +815,11 @@ pub(crate) fn doctor(
             writeln!(
                 out,
                 "connect     {} {}: {}",
-                if c["ok"] == Value::Bool(true) { "ok  " } else { "FAIL" },
+                if c["ok"] == Value::Bool(true) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                },
                 s.name,
                 text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
             )

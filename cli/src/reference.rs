@@ -9,7 +9,10 @@ use crate::args::Cli;
 use crate::error::CliError;
 
 /// Print the completion script of `shell` for the whole command tree.
-pub(crate) fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn completions(
+    shell: clap_complete::Shell,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "iteron", &mut buf);
