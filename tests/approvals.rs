@@ -567,6 +567,81 @@ fn watch_discards_type_ahead_and_takes_answers_only_after_the_prompt() {
     );
 }
 
+/// `iteron approvals watch` on a fresh pseudo-terminal: the child, what it shows, and the keys.
+fn watch_on_pty(area: &Area) -> (Child, Screen, std::fs::File) {
+    let pty = nix::pty::openpty(
+        None::<&nix::pty::Winsize>,
+        None::<&nix::sys::termios::Termios>,
+    )
+    .unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let watch = area
+        .iteron(&["approvals", "watch"])
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let master = std::fs::File::from(pty.master);
+    let keys = master.try_clone().unwrap();
+    (watch, Screen::new(master), keys)
+}
+
+/// Wait (at most `within`) for a child to exit; its exit code.
+fn exits_within(c: &mut Child, within: Duration) -> Option<i32> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s.code();
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("still running {within:?} after the end of input");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 14.13: `watch` ends promptly at the end of input (Ctrl-D on an empty line) whether or
+/// not anything is being asked, and decides nothing on the way out: the call it was asking
+/// about stays waiting, whole, and is named.
+#[test]
+fn watch_ends_promptly_at_end_of_input_and_leaves_nothing_half_decided() {
+    const EOT: &[u8] = b"\x04";
+    let area = Area::new("watch-eof", "legacy");
+    let _broker = area.broker();
+
+    // Nothing waits: the end of input is noticed without an item to ask about.
+    let (mut watch, screen, mut keys) = watch_on_pty(&area);
+    screen.wait_for("waiting for calls and forms", 1);
+    let asked = Instant::now();
+    keys.write_all(EOT).unwrap();
+    assert_eq!(exits_within(&mut watch, Duration::from_secs(5)), Some(0));
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    screen.wait_for("end of input: stopped; nothing was left half-decided", 1);
+
+    // At a prompt: nothing is sent, the call stays waiting and is named.
+    let (mut watch, screen, mut keys) = watch_on_pty(&area);
+    screen.wait_for("waiting for calls and forms", 1);
+    let call = area.call(&json!({"text": "left waiting"}), "text");
+    screen.wait_for("approve? [y/N] ", 1);
+    let id = area.pending()[0]["id"].as_u64().unwrap();
+    keys.write_all(EOT).unwrap();
+    assert_eq!(exits_within(&mut watch, Duration::from_secs(5)), Some(0));
+    screen.wait_for(&format!("left waiting, undecided: {id}"), 1);
+    assert!(!screen.text().contains("sent"), "{}", screen.text());
+    let p = area.pending();
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["id"].as_u64(), Some(id));
+    assert!(
+        area.run(&["approvals", "deny", &id.to_string()])
+            .status
+            .success()
+    );
+    assert_eq!(wait_child(call).status.code(), Some(9));
+}
+
 /// 17.10: a server's bidi controls, C1 controls and DEL reach `--format json` outputs only as
 /// `\u` escapes (they parse back to the very characters), whether they came in a tool's
 /// description, its schema, a name the broker dropped, or a call's result.

@@ -237,11 +237,13 @@ impl Broker {
     }
 
     /// SIGTERM, wait (bounded), and return the exit code and stderr.
-    fn finish(mut self) -> (Option<i32>, String) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid()),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+    fn finish(self) -> (Option<i32>, String) {
+        self.finish_with(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// `signal`, wait (bounded), and return the exit code and stderr.
+    fn finish_with(mut self, signal: nix::sys::signal::Signal) -> (Option<i32>, String) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal);
         let deadline = Instant::now() + Duration::from_secs(20);
         let code = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -250,7 +252,7 @@ impl Broker {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("the broker did not stop within 20 s of SIGTERM");
+                panic!("the broker did not stop within 20 s of {signal}");
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -345,7 +347,15 @@ fn a_noninteractive_broker_hides_unexposed_tools_and_refuses_every_call() {
     let st = area.status();
     assert_eq!(st["servers"][0]["phase"], "ready");
     assert_eq!(st["servers"][0]["generation"], 1);
-    assert!(st["servers"][0]["tools"].as_u64().unwrap() >= 10);
+    // Issue 14.20: the vocabulary of every JSON output (`protocol_version`, `tool_count` and
+    // `tools` names, `schema_version` on the top-level object); `version` is kept.
+    assert_eq!(st["schema_version"], 2);
+    let count = st["servers"][0]["tool_count"].as_u64().unwrap();
+    assert!(count >= 10);
+    let names = st["servers"][0]["tools"].as_array().unwrap();
+    assert_eq!(names.len() as u64, count);
+    assert!(names.iter().any(|n| n == "echo"), "{st}");
+    assert_eq!(st["servers"][0]["protocol_version"], "2025-11-25");
     assert_eq!(st["servers"][0]["version"], "2025-11-25");
 
     let (code, _) = broker.finish();
@@ -860,6 +870,25 @@ fn sigterm_answers_in_flight_calls_and_reaps_every_child() {
     assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
     let records = area.audit_records();
     assert_eq!(records.last().unwrap()["kind"], "broker_stop");
+    assert!(area.run(&["audit", "verify"]).status.success());
+}
+
+/// Issue 14.18: SIGHUP (the terminal the broker ran in closed) stops it like SIGTERM: exit 0,
+/// a `broker_stop` record, both sockets removed, a log that verifies.
+#[test]
+fn sighup_stops_the_broker_cleanly() {
+    let area = Area::new("sighup");
+    area.config(json!([]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let (code, err) = broker.finish_with(nix::sys::signal::Signal::SIGHUP);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!area.agent_socket().exists() && !area.operator_socket().exists());
+    let records = area.audit_records();
+    assert_eq!(
+        records.last().unwrap()["kind"],
+        "broker_stop",
+        "{records:?}"
+    );
     assert!(area.run(&["audit", "verify"]).status.success());
 }
 

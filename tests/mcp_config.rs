@@ -184,7 +184,10 @@ fn add_list_get_remove_round_trip_in_text_and_json() {
     let file = json(&fs::read_to_string(sb.config()).unwrap());
     assert_eq!(file["mcp_servers"], listed["servers"]);
 
-    let got = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    // `get` prints that entry, with the `schema_version` every top-level JSON output carries.
+    let mut got = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    assert_eq!(got["schema_version"], 2);
+    got.as_object_mut().unwrap().remove("schema_version");
     assert_eq!(got, servers[1]);
     let text = sb.ok(&["mcp", "get", "files"]);
     assert!(
@@ -812,6 +815,19 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         .and_then(|l| l.split("ITERON_HOME=").nth(1))
         .unwrap();
     assert!(!Path::new(demo_home).exists(), "demo home removed");
+    // Issue 14.14: the fixture server is the binary's own copy, written into the throwaway
+    // directory: an installed binary needs no source tree.
+    let demo_dir = Path::new(demo_home).parent().unwrap();
+    let registered = text
+        .lines()
+        .find(|l| l.starts_with("$ iteron mcp add demo-echo"))
+        .and_then(|l| l.split(" -- ").nth(1))
+        .unwrap();
+    assert_eq!(
+        Path::new(registered),
+        demo_dir.join("fixture").join("demo_server.py"),
+        "{text}"
+    );
     support::report::record(
         "P1",
         "tests/mcp_config.rs::demo_runs_in_a_throwaway_home_and_never_touches_the_real_one",
@@ -879,4 +895,327 @@ fn add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader() {
         "tests/mcp_config.rs::add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader",
         serde_json::json!({"refused_adds": refused, "refused_files": bad.len()}),
     );
+}
+
+/// Issue 14.6: a bearer token the operator supplies with `--header-env Authorization=VAR` is
+/// Iteron's to forward, not to hold: `auth status`, `mcp status` and `doctor` call the
+/// credential `external` (naming the variable, never its value), like `oauth.access_token_env`.
+#[test]
+fn a_bearer_from_header_env_authorization_shows_as_external() {
+    let sb = Sandbox::new();
+    sb.ok(&[
+        "mcp",
+        "add",
+        "bearer",
+        "--url",
+        "https://mcp.example/mcp",
+        "--header-env",
+        "Authorization=ITERON_TEST_SECRET",
+    ]);
+    sb.ok(&[
+        "mcp",
+        "add",
+        "tenant",
+        "--url",
+        "https://mcp.example/mcp",
+        "--header-env",
+        "x-tenant=ITERON_TEST_SECRET",
+    ]);
+    let status = json(&sb.ok(&["mcp", "auth", "status", "bearer", "--format", "json"]));
+    assert_eq!(status["state"], "external", "{status}");
+    assert!(
+        sb.ok(&["mcp", "auth", "status", "bearer"])
+            .starts_with("bearer: external")
+    );
+    // Another header is not a bearer: that server is logged out.
+    let other = json(&sb.ok(&["mcp", "auth", "status", "tenant", "--format", "json"]));
+    assert_eq!(other["state"], "logged_out", "{other}");
+    let listed = json(&sb.ok(&["mcp", "status", "--format", "json"]));
+    assert_eq!(listed["servers"][0]["credential"], "external", "{listed}");
+    assert_eq!(listed["servers"][1]["credential"], "logged_out", "{listed}");
+    let out = sb.run(&["mcp", "doctor", "--format", "json"]);
+    let doctor: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let credential = doctor["servers"][0]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "credential")
+        .unwrap()
+        .clone();
+    assert_eq!(credential["ok"], true, "{credential}");
+    assert_eq!(
+        credential["detail"], "external (bearer token from $ITERON_TEST_SECRET)",
+        "{credential}"
+    );
+}
+
+/// Issue 14.21: shell completions and man pages come from the clap definitions: every command
+/// has a page, every flag of a command is on its page and in the completions, and a command or
+/// shell that does not exist is a usage error.
+#[test]
+fn completions_and_man_pages_are_generated_from_the_command_line_grammar() {
+    let sb = Sandbox::new();
+    let bash = sb.ok(&["completions", "bash"]);
+    assert!(bash.contains("_iteron()"), "{bash}");
+    let zsh = sb.ok(&["completions", "zsh"]);
+    assert!(zsh.starts_with("#compdef iteron"), "{zsh}");
+    let fish = sb.ok(&["completions", "fish"]);
+    assert!(fish.contains("complete -c iteron"), "{fish}");
+    sb.fails(&["completions", "cmd.exe"], 2);
+    let top = sb.ok(&["man"]);
+    assert!(top.contains(".TH iteron 1"), "{top}");
+    for cmd in [
+        "mcp",
+        "demo",
+        "broker",
+        "approvals",
+        "agent",
+        "audit",
+        "skills",
+        "agents",
+        "completions",
+        "man",
+    ] {
+        assert!(top.contains(cmd), "iteron(1) lists {cmd}");
+        let page = sb.ok(&["man", cmd]);
+        assert!(
+            page.contains(&format!(".TH iteron-{cmd} 1")),
+            "{cmd}: {page}"
+        );
+    }
+    let add = sb.ok(&["man", "mcp", "add"]);
+    for flag in [
+        "--stdio",
+        "--url",
+        "--env",
+        "--header-env",
+        "--sandbox-readable",
+        "--sandbox-writable",
+        "--sandbox-run-as",
+        "--oauth-resource",
+        "--oauth-scopes",
+        "--oauth-client-registration",
+        "--oauth-client-id",
+        "--oauth-client-secret-env",
+        "--oauth-issuer",
+        "--oauth-credential-store",
+    ] {
+        let roff = flag.replace('-', "\\-");
+        assert!(add.contains(&roff), "iteron-mcp-add(1) lacks {flag}");
+        assert!(bash.contains(flag), "bash completion lacks {flag}");
+    }
+    let err = sb.fails(&["man", "mcp", "no-such-command"], 2);
+    assert!(!err.contains("no-such-command"), "{err}");
+}
+
+/// Issue 14.22: `mcp import` reads Claude Code, Codex and Claude Desktop configurations. Every
+/// value in them (env values, header values, bearer tokens) becomes a variable name to provide
+/// and is never written or shown; what Iteron cannot express is refused with its reason; the
+/// rest is written in one atomic update.
+#[test]
+fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
+    let sb = Sandbox::new();
+    sb.ok(&["mcp", "add", "keep", "--stdio", "/bin/true"]);
+    let claude = sb.root.join("mcp.json");
+    fs::write(
+        &claude,
+        format!(
+            r#"{{"mcpServers": {{
+  "files": {{"command": "/usr/bin/python3", "args": ["/srv/server.py"],
+             "env": {{"API_KEY": "{CANARY}-env", "HOME_DIR": "${{HOME_DIR}}", "OTHER": "${{SOMETHING}}"}}}},
+  "remote": {{"type": "http", "url": "https://mcp.example.com/mcp",
+              "headers": {{"Authorization": "Bearer {CANARY}-token", "X-Tenant": "${{TENANT}}",
+                           "X-Api-Key": "{CANARY}-header"}}}},
+  "legacy": {{"type": "sse", "url": "https://mcp.example.com/sse"}},
+  "expands": {{"command": "npx", "args": ["${{PKG}}"]}},
+  "bad name!": {{"command": "/bin/true"}},
+  "odd": {{"command": "/bin/true", "timeout": 5}},
+  "keep": {{"command": "/bin/true"}}
+}}}}"#
+        ),
+    )
+    .unwrap();
+    let before = fs::read(sb.config()).unwrap();
+    // --dry-run says the same and changes nothing.
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude",
+        claude.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("would import stdio MCP server files"));
+    assert_eq!(fs::read(sb.config()).unwrap(), before);
+
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude",
+        claude.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "some entries were refused");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("5 of 7 entries refused"), "{err}");
+    for needle in [
+        "imported stdio MCP server files",
+        "imported http MCP server remote",
+        "refused legacy: the SSE transport",
+        "refused expands: an argument uses ${…} expansion",
+        "refused entry 5 (its name is not a valid server name)",
+        "refused odd: unknown key timeout",
+        "refused keep: an MCP server named keep already exists",
+        "  API_KEY  for files (its env API_KEY held a value)",
+        "  OTHER  for files (its env OTHER read ${SOMETHING})",
+        "  REMOTE_TOKEN  for remote (its Authorization header held a token)",
+        "  REMOTE_X_API_KEY  for remote (its header x-api-key held a value)",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(
+        !text.contains("HOME_DIR  for"),
+        "a ${{NAME}} of its own name needs nothing new"
+    );
+    let config = fs::read_to_string(sb.config()).unwrap();
+    assert!(
+        !config.contains("CANARY"),
+        "a value reached the configuration"
+    );
+    assert_eq!(
+        fs::metadata(sb.config()).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let files = json(&sb.ok(&["mcp", "get", "files", "--format", "json"]));
+    assert_eq!(
+        files["env"],
+        serde_json::json!(["API_KEY", "HOME_DIR", "OTHER"])
+    );
+    assert_eq!(files["args"], serde_json::json!(["/srv/server.py"]));
+    let remote = json(&sb.ok(&["mcp", "get", "remote", "--format", "json"]));
+    assert_eq!(
+        remote["header_env"],
+        serde_json::json!({"x-api-key": "REMOTE_X_API_KEY", "x-tenant": "TENANT"})
+    );
+    assert_eq!(remote["oauth"]["access_token_env"], "REMOTE_TOKEN");
+    assert_eq!(
+        json(&sb.ok(&["mcp", "auth", "status", "remote", "--format", "json"]))["state"],
+        "external"
+    );
+
+    // Codex's TOML.
+    let codex = sb.root.join("config.toml");
+    fs::write(
+        &codex,
+        format!(
+            r#"model = "gpt"
+[mcp_servers.gh]
+command = "/usr/bin/gh-mcp"
+args = ["serve"]
+env = {{ GITHUB_TOKEN = "{CANARY}-gh" }}
+env_vars = ["LANG_X"]
+enabled_tools = ["search"]
+
+[mcp_servers.docs]
+url = "https://docs.example.com/mcp"
+bearer_token_env_var = "DOCS_TOKEN"
+http_headers = {{ "X-Org" = "{CANARY}-org" }}
+env_http_headers = {{ "X-Team" = "TEAM_VAR" }}
+
+[mcp_servers.off]
+command = "/bin/true"
+enabled = false
+
+[mcp_servers.wd]
+command = "/bin/true"
+cwd = "/srv"
+"#
+        ),
+    )
+    .unwrap();
+    let out = sb.run(&["mcp", "import", "--from", "codex", codex.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "imported stdio MCP server gh",
+        "imported http MCP server docs",
+        "refused off: disabled in the file",
+        "refused wd: it sets a working directory",
+        "  GITHUB_TOKEN  for gh (its env GITHUB_TOKEN held a value)",
+        "  DOCS_X_ORG  for docs (its header x-org held a value)",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    let gh = json(&sb.ok(&["mcp", "get", "gh", "--format", "json"]));
+    assert_eq!(gh["env"], serde_json::json!(["GITHUB_TOKEN", "LANG_X"]));
+    assert_eq!(gh["tools"]["allow"], serde_json::json!(["search"]));
+    let docs = json(&sb.ok(&["mcp", "get", "docs", "--format", "json"]));
+    assert_eq!(docs["oauth"]["access_token_env"], "DOCS_TOKEN");
+    assert_eq!(
+        docs["header_env"],
+        serde_json::json!({"x-org": "DOCS_X_ORG", "x-team": "TEAM_VAR"})
+    );
+
+    // Claude Desktop: stdio only; everything accepted exits 0.
+    let desktop = sb.root.join("claude_desktop_config.json");
+    fs::write(
+        &desktop,
+        format!(r#"{{"mcpServers": {{"desk": {{"command": "/bin/true", "env": {{"K": "{CANARY}"}}}}}}}}"#),
+    )
+    .unwrap();
+    let text = sb.ok(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude-desktop",
+        desktop.to_str().unwrap(),
+    ]);
+    assert!(text.contains("imported stdio MCP server desk"), "{text}");
+    assert!(text.contains("  K  for desk"), "{text}");
+    fs::write(
+        &desktop,
+        r#"{"mcpServers": {"web": {"url": "https://x.example/mcp"}}}"#,
+    )
+    .unwrap();
+    let out = sb.run(&[
+        "mcp",
+        "import",
+        "--from",
+        "claude-desktop",
+        desktop.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("refused web: unknown key url"));
+
+    // A broken file: one line, by position, no value; nothing changes.
+    let before = fs::read(sb.config()).unwrap();
+    fs::write(
+        &claude,
+        format!(r#"{{"mcpServers": {{"a": {{"env": {{"K": "{CANARY}"#),
+    )
+    .unwrap();
+    let err = sb.fails(
+        &[
+            "mcp",
+            "import",
+            "--from",
+            "claude",
+            claude.to_str().unwrap(),
+        ],
+        2,
+    );
+    assert!(err.contains("is not valid JSON (line 1"), "{err}");
+    fs::write(
+        &codex,
+        format!("[mcp_servers.a]\nenv = {{ K = \"{CANARY}\" \n"),
+    )
+    .unwrap();
+    let err = sb.fails(
+        &["mcp", "import", "--from", "codex", codex.to_str().unwrap()],
+        2,
+    );
+    assert!(err.contains("is not valid TOML"), "{err}");
+    assert_eq!(fs::read(sb.config()).unwrap(), before);
+    assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
 }

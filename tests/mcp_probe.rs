@@ -22,12 +22,18 @@ impl Home {
     }
 
     fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    /// [`Home::run`] with more variables.
+    fn run_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
         let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
             .args(args)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("ITERON_HOME", self.0.join("home"))
             .env("PROBE_SECRET", CANARY)
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         for s in [&out.stdout, &out.stderr] {
@@ -586,4 +592,620 @@ fn an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace()
         "tests/mcp_probe.rs::an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace",
         serde_json::json!({}),
     );
+}
+
+/// Issue 14.19: a `--repo` that names no directory is a usage error (it used to offer nothing,
+/// silently), and a broker socket nothing answers on is named, with the remedy.
+#[test]
+fn a_missing_repo_is_an_error_and_socket_errors_name_the_path_and_the_remedy() {
+    let h = Home::new("repo");
+    let missing = h.0.join("no-such-repo");
+    let file = h.0.join("a-file");
+    fs::write(&file, "not a directory").unwrap();
+    for args in [
+        vec!["skills", "--repo", missing.to_str().unwrap()],
+        vec!["agents", "--repo", file.to_str().unwrap()],
+        vec!["broker", "serve", "--repo", missing.to_str().unwrap()],
+    ] {
+        let out = h.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("--repo names no directory"), "{args:?}: {err}");
+    }
+    assert!(!h.0.join("home").join("run").exists(), "no broker started");
+    // The repository that exists is still fine.
+    assert!(
+        h.run(&["skills", "--repo", h.0.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let operator = h.0.join("home").join("run").join("operator.sock");
+    let agent = h.0.join("agent.sock");
+    for (args, socket) in [
+        (vec!["broker", "status"], operator.clone()),
+        (vec!["approvals", "list"], operator.clone()),
+        (
+            vec![
+                "approvals",
+                "list",
+                "--operator-socket",
+                agent.to_str().unwrap(),
+            ],
+            agent.clone(),
+        ),
+        (
+            vec!["agent", "--socket", agent.to_str().unwrap(), "tools"],
+            agent.clone(),
+        ),
+    ] {
+        let out = h.run(&args);
+        assert_eq!(out.status.code(), Some(11), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("no broker answers on {}", socket.display())),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("start it with iteron broker serve"), "{err}");
+    }
+}
+
+/// Issue 14.17: `audit verify` on a home where no broker has run says there is no log yet and
+/// exits 0 (text and JSON); a failure under `--format json` is a JSON object too (with the one
+/// line on stderr and exit 10).
+#[test]
+fn audit_verify_says_when_there_is_no_log_yet_and_fails_in_json() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("audit");
+    for prepared in [false, true] {
+        if prepared {
+            // A home with its configuration, still without a log.
+            assert!(
+                h.run(&["mcp", "add", "x", "--stdio", "/bin/true"])
+                    .status
+                    .success()
+            );
+        }
+        let out = h.run(&["audit", "verify"]);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with("no audit log yet:"), "{text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let out = h.run(&["audit", "verify", "--format", "json"]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["log"], "none", "{v}");
+        assert_eq!(v["records"], 0);
+    }
+    // A record the log must hold is not "no log": it is missing.
+    let pin = format!("0:{}", "a".repeat(64));
+    let out = h.run(&["audit", "verify", "--expect", &pin, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(10));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    // A log directory others can read is refused, as JSON under --format json.
+    let audit = h.0.join("home").join("audit");
+    fs::create_dir(&audit).unwrap();
+    fs::set_permissions(&audit, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = h.run(&["audit", "verify", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(10));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    let out = h.run(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(10));
+    assert!(out.stdout.is_empty());
+}
+
+/// Issue 14.12: a hook that cannot run is visible: `doctor` checks every hook command (exists,
+/// a regular executable file, outside the home hooks are denied, reachable by their uid) and
+/// fails on a broken one; the broker names it in a warning at start.
+#[test]
+fn a_broken_hook_fails_doctor_and_the_broker_warns_at_start() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("hooks");
+    assert!(
+        h.run(&["mcp", "add", "x", "--stdio", "/bin/true"])
+            .status
+            .success()
+    );
+    let missing = h.0.join("no-such-hook");
+    let plain = h.0.join("not-executable");
+    fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&plain, fs::Permissions::from_mode(0o644)).unwrap();
+    let inside = h.0.join("home").join("hook.sh");
+    fs::write(&inside, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&inside, fs::Permissions::from_mode(0o700)).unwrap();
+    let config_path = h.0.join("home").join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
+    config["hooks"] = serde_json::json!({
+        "PreToolUse": [missing.to_str().unwrap(), "/bin/true"],
+        "Stop": [plain.to_str().unwrap(), inside.to_str().unwrap()],
+    });
+    fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(8), "a broken hook fails doctor");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hooks = v["hooks"].as_array().unwrap();
+    let by = |cmd: &str| hooks.iter().find(|x| x["command"] == cmd).unwrap().clone();
+    let m = by(missing.to_str().unwrap());
+    assert_eq!(
+        (m["event"].as_str(), m["ok"].as_bool()),
+        (Some("PreToolUse"), Some(false))
+    );
+    assert_eq!(m["detail"], "it does not exist");
+    assert_eq!(by("/bin/true")["ok"], true);
+    assert_eq!(
+        by(plain.to_str().unwrap())["detail"],
+        "it is not executable (no x bit)"
+    );
+    assert_eq!(
+        by(inside.to_str().unwrap())["detail"],
+        "it lies inside $ITERON_HOME, which hooks are denied"
+    );
+    assert_eq!(v["ok"], false);
+    let text = String::from_utf8(h.run(&["mcp", "doctor"]).stdout).unwrap();
+    assert!(
+        text.contains(&format!(
+            "hook        FAIL PreToolUse {}: it does not exist",
+            missing.display()
+        )),
+        "{text}"
+    );
+
+    // The broker warns at start, one line per broken hook, and runs.
+    let mut broker = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["broker", "serve", "--noninteractive"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("ITERON_HOME", h.0.join("home"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut err = std::io::BufReader::new(broker.stderr.take().unwrap());
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 || line.contains("ready;") {
+            lines.push(line);
+            break;
+        }
+        lines.push(line);
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert!(broker.wait().unwrap().success());
+    let warnings: Vec<&String> = lines.iter().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 3, "{lines:?}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "iteron broker: warning: the PreToolUse hook {} cannot run: it does not exist",
+            missing.display()
+        )),
+        "{warnings:?}"
+    );
+    assert!(lines.last().unwrap().contains("ready;"), "{lines:?}");
+}
+
+/// Issue 14.15: `mcp test` and `doctor` read `$CREDENTIALS_DIRECTORY` as the broker does: a
+/// credential named like a forwarded variable supplies it (and wins over the environment), its
+/// value is never shown, and a directory the broker would refuse is refused here too.
+#[test]
+fn mcp_test_and_doctor_read_the_credentials_directory_like_the_broker() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Home::new("creds");
+    let creds = h.0.join("creds");
+    fs::create_dir(&creds).unwrap();
+    fs::set_permissions(&creds, fs::Permissions::from_mode(0o700)).unwrap();
+    let value = h.0.join("creds").join("PROBE_CRED");
+    fs::write(&value, format!("{CANARY}-from-the-directory\n")).unwrap();
+    fs::set_permissions(&value, fs::Permissions::from_mode(0o400)).unwrap();
+    // The server starts only when it received the variable, and proves it got the directory's
+    // value (not the environment's) without printing it.
+    let echo = fixture("echo_server.py");
+    let script = format!(
+        "case \"$PROBE_CRED\" in *-from-the-directory) exec /usr/bin/python3 {echo} ;; esac; \
+         echo 'PROBE_CRED missing or from the environment' >&2; exit 7"
+    );
+    let fixtures = std::path::Path::new(&echo)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "cred",
+            "--stdio",
+            "/bin/sh",
+            "--env",
+            "PROBE_CRED",
+            "--sandbox-readable",
+            fixtures,
+            "--",
+            "-c",
+            &script
+        ])
+        .status
+        .success()
+    );
+    let dir = [("CREDENTIALS_DIRECTORY", creds.as_os_str())];
+    let env_too = [
+        ("CREDENTIALS_DIRECTORY", creds.as_os_str()),
+        ("PROBE_CRED", std::ffi::OsStr::new("CANARY-from-env")),
+    ];
+    let out = h.run_env(&["mcp", "test", "cred", "--format", "json"], &env_too);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tool_count"], 1, "{v}");
+    // Without the directory the variable is missing: the same server fails.
+    let out = h.run(&["mcp", "test", "cred"]);
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PROBE_CRED missing"), "{err}");
+    // doctor says where the variable comes from, never its value.
+    let out = h.run_env(&["mcp", "doctor", "--format", "json"], &dir);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = v["servers"][0]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "env PROBE_CRED")
+        .unwrap()
+        .clone();
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(
+        check["detail"],
+        "set by the credentials directory (value not shown)"
+    );
+    assert_eq!(v["credentials_directory"]["ok"], true, "{v}");
+    assert!(
+        v["credentials_directory"]["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("supplies PROBE_CRED"),
+        "{v}"
+    );
+    // A directory the broker would refuse is refused by test and failed by doctor.
+    fs::set_permissions(&value, fs::Permissions::from_mode(0o620)).unwrap();
+    let out = h.run_env(&["mcp", "test", "cred"], &dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("credentials directory: writable by group or others"),
+        "{err}"
+    );
+    let out = h.run_env(&["mcp", "doctor", "--format", "json"], &dir);
+    assert_eq!(out.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["credentials_directory"]["ok"], false, "{v}");
+}
+
+/// Issue 14.16: a server that exits as it starts is reported at once with its last words —
+/// never as a server that did not answer in time (its stdout could end between the client's
+/// check and the registration of its first request, which then waited out the deadline).
+#[test]
+fn a_server_that_exits_at_start_is_reported_at_once_every_time() {
+    let h = Home::new("exits");
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "gone",
+            "--stdio",
+            "/bin/sh",
+            "--",
+            "-c",
+            "echo 'license file missing' >&2; exit 7"
+        ])
+        .status
+        .success()
+    );
+    for round in 0..20 {
+        let started = std::time::Instant::now();
+        let out = h.run(&["mcp", "test", "gone"]);
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(8), "round {round}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("license file missing"), "round {round}: {err}");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "round {round}: {took:?} {err}"
+        );
+    }
+}
+
+/// Issue 14.16: a server that never gets through its start is stopped at the start's deadline
+/// and reported with its last stderr lines and the confinement hint (an outer deadline used to
+/// lose both: "no answer within 30 s").
+#[test]
+fn a_server_that_hangs_at_start_is_reported_with_its_stderr_and_the_hint() {
+    let h = Home::new("hangs");
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "stuck",
+            "--stdio",
+            "/bin/sh",
+            "--",
+            "-c",
+            "echo 'waiting for the license server' >&2; exec sleep 60"
+        ])
+        .status
+        .success()
+    );
+    let started = std::time::Instant::now();
+    let out = h.run(&["mcp", "test", "stuck", "--timeout", "3"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no answer within 2.5 s of starting"), "{err}");
+    assert!(
+        err.contains("its stderr ends: waiting for the license server"),
+        "{err}"
+    );
+    assert!(err.contains("the server runs confined"), "{err}");
+    assert!(took < std::time::Duration::from_secs(8), "{took:?}");
+    // The bound of --timeout is checked: 2 to 300 s.
+    for bad in ["1", "301"] {
+        assert_eq!(
+            h.run(&["mcp", "test", "stuck", "--timeout", bad])
+                .status
+                .code(),
+            Some(2)
+        );
+    }
+}
+
+/// Issue 14.11: `status --connect` and `doctor --connect` probe the servers at once, at most
+/// eight at a time (at the limit: one timeout for eight hanging servers; one over: the ninth
+/// waits for a slot), within a bound on the whole run; text shows each result as it arrives,
+/// a progress line appears only on a terminal, and any failed server makes the command exit 8.
+#[test]
+fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
+    use std::time::{Duration, Instant};
+    let h = Home::new("parallel");
+    let echo = fixture("echo_server.py");
+    let add_hang = |name: &str| {
+        assert!(
+            h.run(&["mcp", "add", name, "--stdio", "/bin/sleep", "--", "60"])
+                .status
+                .success()
+        );
+    };
+    add_hang("hang0");
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "echo",
+            "--stdio",
+            "/usr/bin/python3",
+            "--",
+            &echo
+        ])
+        .status
+        .success()
+    );
+    // Each result as it arrives: the quick server before the one configured first.
+    let out = h.run(&["mcp", "status", "--connect", "--timeout", "3"]);
+    assert_eq!(
+        out.status.code(),
+        Some(8),
+        "a failed server fails the command"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("echo  stdio  reachable"), "{text}");
+    assert!(lines[1].starts_with("hang0  stdio  failed"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("probing"),
+        "no progress line off a terminal: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("1 of 2 server(s) failed"), "{err}");
+    // All reachable: exit 0.
+    let out = h.run(&["mcp", "status", "echo", "--connect"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // On a terminal, a progress line on stderr.
+    let pty = nix::pty::openpty(
+        None::<&nix::pty::Winsize>,
+        None::<&nix::sys::termios::Termios>,
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["mcp", "status", "--connect", "--timeout", "2"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("ITERON_HOME", h.0.join("home"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(std::fs::File::from(pty.slave)))
+        .spawn()
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(8));
+    let mut master = std::fs::File::from(pty.master);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Everything the child wrote is buffered in the terminal; the read ends with EIO.
+    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains("probing: 0/2 done"), "{seen:?}");
+    assert!(seen.contains("probing: 1/2 done"), "{seen:?}");
+
+    // At the limit: eight hanging servers cost one timeout, not eight. (A probe of 2 s gives
+    // the start 1.5 s: a hanging stdio server is reported then.)
+    let _ = h.run(&["mcp", "remove", "echo"]);
+    for i in 1..8 {
+        add_hang(&format!("hang{i}"));
+    }
+    let started = Instant::now();
+    let out = h.run(&[
+        "mcp",
+        "status",
+        "--connect",
+        "--timeout",
+        "2",
+        "--format",
+        "json",
+    ]);
+    let eight = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["servers"].as_array().unwrap().len(), 8);
+    assert!(eight < Duration::from_millis(2900), "{eight:?}");
+    // One over: the ninth waits for a slot, so the run takes two start timeouts.
+    add_hang("hang8");
+    let started = Instant::now();
+    let out = h.run(&[
+        "mcp",
+        "doctor",
+        "--connect",
+        "--timeout",
+        "2",
+        "--format",
+        "json",
+    ]);
+    let nine = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(nine >= Duration::from_secs(3), "{nine:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let connect = |i: usize| {
+        v["servers"][i]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "connect")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(connect(8)["ok"], false);
+    // The whole run is bounded: the ninth is cut at the run's bound and named.
+    let started = Instant::now();
+    let out = h.run(&[
+        "mcp",
+        "status",
+        "--connect",
+        "--timeout",
+        "2",
+        "--run-timeout",
+        "2",
+        "--format",
+        "json",
+    ]);
+    let bounded = started.elapsed();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(bounded < Duration::from_millis(2900), "{bounded:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cut: Vec<&serde_json::Value> = v["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("not finished within the run's bound of 2 s"))
+        })
+        .collect();
+    assert_eq!(cut.len(), 1, "{v}");
+    support::report::record(
+        "P5",
+        "tests/mcp_probe.rs::probes_run_in_parallel_bounded_per_run_and_fail_the_command",
+        serde_json::json!({
+            "max_parallel_probes": 8,
+            "eight_hanging_ms": eight.as_millis() as u64,
+            "nine_hanging_ms": nine.as_millis() as u64,
+            "run_bound_ms": bounded.as_millis() as u64,
+        }),
+    );
+}
+
+/// Issue 14.20: every `--format json` output is a top-level object carrying `schema_version`,
+/// and the probes speak one vocabulary: `protocol_version`, `phase`, `tool_count` with the
+/// `tools` names (`state` is kept beside `phase` in `mcp status`).
+#[test]
+fn every_json_output_carries_schema_version_and_one_vocabulary() {
+    let h = Home::new("vocabulary");
+    let echo = fixture("echo_server.py");
+    assert!(
+        h.run(&[
+            "mcp",
+            "add",
+            "echo",
+            "--stdio",
+            "/usr/bin/python3",
+            "--",
+            &echo
+        ])
+        .status
+        .success()
+    );
+    assert!(
+        h.run(&["mcp", "add", "web", "--url", "https://mcp.example/mcp"])
+            .status
+            .success()
+    );
+    let outputs: &[&[&str]] = &[
+        &["mcp", "list"],
+        &["mcp", "get", "echo"],
+        &["mcp", "test", "echo"],
+        &["mcp", "status"],
+        &["mcp", "status", "echo", "--connect"],
+        &["mcp", "doctor"],
+        &["mcp", "auth", "status", "web"],
+        &["audit", "verify"],
+        &["skills"],
+        &["agents"],
+    ];
+    let mut seen = Vec::new();
+    for args in outputs {
+        let mut full = args.to_vec();
+        full.extend(["--format", "json"]);
+        let out = h.run(&full);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{full:?}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(v["schema_version"], 2, "{full:?}: {v}");
+        seen.push(v);
+    }
+    let test = &seen[2];
+    assert_eq!(test["protocol_version"], "2025-11-25");
+    assert_eq!(test["tool_count"], 1);
+    assert_eq!(test["tools"], serde_json::json!(["echo"]));
+    let listed = &seen[3]["servers"];
+    assert_eq!(listed[0]["phase"], "not_probed", "{listed}");
+    let probed = &seen[4]["servers"][0];
+    assert_eq!(probed["phase"], "reachable", "{probed}");
+    assert_eq!(probed["state"], "reachable");
+    assert_eq!(probed["protocol_version"], "2025-11-25");
+    assert_eq!(probed["tool_count"], 1);
+    assert_eq!(probed["tools"], serde_json::json!(["echo"]));
 }

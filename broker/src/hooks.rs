@@ -162,6 +162,31 @@ impl HookRunner {
         }
     }
 
+    /// Every configured hook that cannot run as configured, with why: its command does not
+    /// exist, is not a regular file, is not executable, lies inside the operator home the hooks
+    /// are denied, or (under a root broker) cannot be reached by the uid hooks run as. Such a
+    /// hook has "no opinion" on every event, silently: `iteron mcp doctor` fails on it and the
+    /// broker warns at start. Mode bits only (ACLs and mandatory access control are not
+    /// consulted), like [`crate::confine::reachable_by`].
+    pub fn problems(&self) -> Vec<HookProblem> {
+        let identity = crate::confine::identity(self.run_as);
+        let mut out = Vec::new();
+        for (event, commands) in &self.hooks {
+            for cmd in commands {
+                let path = std::path::Path::new(cmd.as_str());
+                let why = command_problem(path, self.home.as_deref(), &identity);
+                if let Some(why) = why {
+                    out.push(HookProblem {
+                        event: *event,
+                        command: text::single_line_capped(cmd.as_str(), 200),
+                        why,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// Whether any hook is configured for `event`.
     pub fn has(&self, event: HookEvent) -> bool {
         self.hooks.get(&event).is_some_and(|v| !v.is_empty())
@@ -193,6 +218,61 @@ impl HookRunner {
             }
         }
         out
+    }
+}
+
+/// A configured hook that cannot run (see [`HookRunner::problems`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookProblem {
+    /// The event it is configured for.
+    pub event: HookEvent,
+    /// Its command, terminal-safe.
+    pub command: String,
+    /// Why it cannot run.
+    pub why: String,
+}
+
+/// Why `command` cannot run as a hook, or `None`.
+fn command_problem(
+    command: &std::path::Path,
+    home: Option<&std::path::Path>,
+    identity: &Result<crate::confine::Identity, crate::confine::IdentityError>,
+) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = match std::fs::metadata(command) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some("it does not exist".to_owned());
+        }
+        Err(e) => {
+            return Some(format!(
+                "it cannot be inspected: {}",
+                text::single_line_capped(&e.to_string(), 120)
+            ));
+        }
+    };
+    if !meta.is_file() {
+        return Some("it is not a regular file".to_owned());
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Some("it is not executable (no x bit)".to_owned());
+    }
+    let real = std::fs::canonicalize(command).unwrap_or_else(|_| command.to_path_buf());
+    if let Some(home) = home {
+        let home_real = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_path_buf());
+        if real.starts_with(&home_real) {
+            return Some("it lies inside $ITERON_HOME, which hooks are denied".to_owned());
+        }
+    }
+    match identity {
+        Err(e) => Some(format!("hooks cannot start: {e}")),
+        Ok(id) if id.switched && !crate::confine::reachable_by(&real, id.uid, id.gid, false) => {
+            Some(format!(
+                "uid {} (hooks_run_as) cannot reach it by its file modes",
+                id.uid
+            ))
+        }
+        Ok(_) => None,
     }
 }
 

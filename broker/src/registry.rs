@@ -238,8 +238,11 @@ impl Slot {
             "phase": phase.as_str(),
             "exits": s.exits,
             "generation": s.generation,
+            "protocol_version": s.version,
+            // The name the status had before `protocol_version` (kept for its readers).
             "version": s.version,
-            "tools": s.catalog.as_ref().map(|c| c.len()),
+            "tool_count": s.catalog.as_ref().map(|c| c.len()),
+            "tools": s.catalog.as_ref().map(|c| c.iter().map(|t| t.name.clone()).collect::<Vec<_>>()),
             "in_flight": self.in_flight.load(Ordering::SeqCst),
             "error": s.last_error,
             "egress": self.egress.status_json(),

@@ -39,6 +39,24 @@ pub(crate) enum Top {
     Skills(CatalogArgs),
     /// The agent definitions discovered in ~/.iteron/agents and <repo>/.iteron/agents.
     Agents(CatalogArgs),
+    /// Print a shell completion script (e.g. `iteron completions bash > ~/.local/share/bash-completion/completions/iteron`).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) of iteron, or of one command (`iteron man mcp add`).
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {
+    /// The command whose page to print (default: iteron itself).
+    #[arg(value_name = "COMMAND", num_args = 0..=4)]
+    pub(crate) command: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -53,7 +71,7 @@ pub(crate) struct CatalogArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Broker {
-    /// Run the broker in the foreground until SIGTERM or SIGINT.
+    /// Run the broker in the foreground until SIGTERM, SIGINT or SIGHUP.
     Serve(ServeArgs),
     /// Each server's phase, generation, version and catalog size (starts nothing).
     Status(BrokerStatusArgs),
@@ -363,14 +381,40 @@ pub(crate) enum Mcp {
     /// Remove one server.
     Remove(NameArg),
     /// Connect, negotiate and list tools (never calls a tool).
-    Test(NameFormat),
+    Test(TestArgs),
     /// Show servers; with --connect, probe each (bounded) for version and tool count.
     Status(StatusArgs),
     /// Check configuration, files, commands, variables and network settings.
     Doctor(DoctorArgs),
+    /// Add the servers of another tool's MCP configuration (Claude Code, Codex, Claude Desktop):
+    /// values become variable names to provide, never stored or shown.
+    Import(ImportArgs),
     /// OAuth login, status and logout for an HTTP server.
     #[command(subcommand)]
     Auth(Auth),
+}
+
+/// Whose configuration `mcp import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ImportFrom {
+    /// Claude Code: `.mcp.json` or `~/.claude.json` (`mcpServers`).
+    Claude,
+    /// Codex: `~/.codex/config.toml` (`[mcp_servers.NAME]`).
+    Codex,
+    /// Claude Desktop: `claude_desktop_config.json` (`mcpServers`).
+    ClaudeDesktop,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// Which tool's format the file is in.
+    #[arg(long, value_enum)]
+    pub(crate) from: ImportFrom,
+    /// The file to read.
+    pub(crate) file: std::path::PathBuf,
+    /// Show what would be imported and refused, and change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -410,13 +454,47 @@ pub(crate) struct LoginArgs {
     pub(crate) no_browser: bool,
 }
 
+/// Seconds one probe may take (connect, negotiate, list tools).
+#[derive(Debug, Args)]
+pub(crate) struct ProbeTimeout {
+    /// Seconds one server's probe may take: start or connect, negotiate, list (2-300).
+    #[arg(long, value_name = "SECS", default_value_t = crate::probe::PROBE_DEADLINE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(2..=300))]
+    pub(crate) timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TestArgs {
+    /// Server name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) timeout: ProbeTimeout,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+/// How a run of probes over several servers is bounded.
+#[derive(Debug, Args)]
+pub(crate) struct ProbeBounds {
+    #[command(flatten)]
+    pub(crate) each: ProbeTimeout,
+    /// Seconds the whole run may take; probes still running then are stopped and reported as
+    /// failed (1-3600).
+    #[arg(long, value_name = "SECS", default_value_t = crate::probe::RUN_DEADLINE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) run_timeout: u64,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     /// Only this server.
     pub(crate) name: Option<String>,
-    /// Probe the servers (starts stdio servers, contacts HTTP servers).
+    /// Probe the servers, several at once (starts stdio servers, contacts HTTP servers).
     #[arg(long)]
     pub(crate) connect: bool,
+    #[command(flatten)]
+    pub(crate) bounds: ProbeBounds,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub(crate) format: Format,
@@ -424,9 +502,11 @@ pub(crate) struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
-    /// Also probe every server.
+    /// Also probe every server, several at once.
     #[arg(long)]
     pub(crate) connect: bool,
+    #[command(flatten)]
+    pub(crate) bounds: ProbeBounds,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub(crate) format: Format,
@@ -461,7 +541,7 @@ pub(crate) struct NameFormat {
     pub(crate) format: Format,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(group(clap::ArgGroup::new("transport").required(true).args(["url", "stdio"])))]
 pub(crate) struct AddArgs {
     /// Server name: 1-64 ASCII letters, digits, '.', '_', '-'.

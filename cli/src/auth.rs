@@ -358,16 +358,27 @@ fn open_browser(page: &std::path::Path) {
     let _ = cmd.spawn();
 }
 
+/// The variable that supplies this server's bearer token from the environment, if one does:
+/// `oauth.access_token_env`, or a `header_env` entry for `Authorization` (header names are
+/// stored lower-case). Such a server's credential is `external`: Iteron holds no login for it.
+pub(crate) fn external_bearer(h: &iteron_policy::config::HttpServer) -> Option<&EnvName> {
+    h.oauth
+        .as_ref()
+        .and_then(|o| o.access_token_env.as_ref())
+        .or_else(|| {
+            h.header_env
+                .iter()
+                .find(|(header, _)| header.as_str() == "authorization")
+                .map(|(_, var)| var)
+        })
+}
+
 /// The state `auth status` reports.
 pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
     let Transport::Http(h) = &server.transport else {
         return "logged_out";
     };
-    if h.oauth
-        .as_ref()
-        .and_then(|o| o.access_token_env.as_ref())
-        .is_some()
-    {
+    if external_bearer(h).is_some() {
         return "external";
     }
     match cred {

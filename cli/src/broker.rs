@@ -133,8 +133,8 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
             field("transport"),
             field("phase"),
             field("generation"),
-            field("version"),
-            field("tools"),
+            field("protocol_version"),
+            field("tool_count"),
             field("in_flight"),
         );
         if let Some(n) = s
@@ -165,12 +165,36 @@ async fn operator_connect(socket: &Path) -> Result<Connection, ClientError> {
     Connection::connect_as(socket, nix::unistd::geteuid().as_raw()).await
 }
 
+/// A broker error as the operator reads it: a socket that cannot be reached is named, with
+/// what to do about it; anything else is the broker's own answer.
+fn via(socket: &Path) -> impl Fn(ClientError) -> CliError + '_ {
+    move |e| match e {
+        ClientError::Connect(kind) => CliError::NoBroker {
+            socket: socket.to_path_buf(),
+            kind,
+        },
+        other => CliError::Broker(other),
+    }
+}
+
 fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
     crate::rt::current_thread()?.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
         c.request(method, params).await.map_err(CliError::Broker)
     })
+}
+
+/// `--repo` must name a directory that exists: a mistyped path would otherwise offer nothing
+/// and say nothing. The path is not repeated (it is the operator's input).
+fn check_repo(repo: Option<&Path>) -> Result<(), CliError> {
+    match repo {
+        Some(p) if !p.is_dir() => Err(CliError::Usage(
+            "--repo names no directory (it does not exist, is not a directory, or cannot be reached)"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
@@ -178,6 +202,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     // loader/proxy/TLS variables.
     let hardened = iteron_broker::sys::harden_self()
         .map_err(|e| CliError::Serve(format!("cannot harden the broker process: {e}")))?;
+    check_repo(args.repo.as_deref())?;
     let home = home()?;
     let own = nix::unistd::geteuid().as_raw();
     let allow = if args.allow_uid.is_empty() {
@@ -221,12 +246,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         home.dir(),
         args.repo.as_deref(),
     ));
-    let hooks = Arc::new(
-        iteron_broker::hooks::HookRunner::new(config.hooks.clone())
-            .with_home(home.dir())
-            .with_writable(&config.hooks_writable)
-            .with_run_as(config.hooks_run_as.unwrap_or_default()),
-    );
+    let hooks = Arc::new(hook_runner(&home, &config));
     let opts = ServeOptions {
         catalog,
         agent_socket,
@@ -237,6 +257,19 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         idle_deadline: Duration::from_secs(args.idle_timeout),
     };
     let mut err = std::io::stderr();
+    // A hook that cannot run has no opinion on every event, silently: say so now.
+    for p in hooks.problems() {
+        let _ = writeln!(
+            err,
+            "{}",
+            text::single_line(&format!(
+                "iteron broker: warning: the {} hook {} cannot run: {} (it will have no opinion; see iteron mcp doctor)",
+                p.event.as_str(),
+                p.command,
+                p.why
+            ))
+        );
+    }
     if let Some(u) = &unit {
         let names: Vec<&str> = u.names().collect();
         let _ = writeln!(
@@ -272,15 +305,18 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let rt = crate::rt::current_thread()?;
     rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        // Without signal handling the broker could not stop cleanly: refuse to run.
-        let (mut term, mut int) = match (
+        // Without signal handling the broker could not stop cleanly: refuse to run. SIGHUP
+        // (the terminal it ran in went away) stops it the same way: the default action would
+        // kill it without its broker_stop record and leave both sockets behind.
+        let (mut term, mut int, mut hup) = match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
         ) {
-            (Ok(t), Ok(i)) => (t, i),
+            (Ok(t), Ok(i), Ok(h)) => (t, i, h),
             _ => {
                 return Err(CliError::Serve(
-                    "cannot install the SIGTERM/SIGINT handlers".into(),
+                    "cannot install the SIGTERM/SIGINT/SIGHUP handlers".into(),
                 ));
             }
         };
@@ -288,6 +324,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             tokio::select! {
                 _ = term.recv() => {},
                 _ = int.recv() => {},
+                _ = hup.recv() => {},
             }
         };
         daemon::serve(
@@ -320,6 +357,18 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| CliError::Serve(e.to_string()))
     })
+}
+
+/// The hooks of `config` as the broker runs them (home denied, `hooks_writable`,
+/// `hooks_run_as`).
+pub(crate) fn hook_runner(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+) -> iteron_broker::hooks::HookRunner {
+    iteron_broker::hooks::HookRunner::new(config.hooks.clone())
+        .with_home(home.dir())
+        .with_writable(&config.hooks_writable)
+        .with_run_as(config.hooks_run_as.unwrap_or_default())
 }
 
 /// `iteron approvals …`
@@ -387,7 +436,7 @@ const MAX_SHOWN_ARGUMENTS: usize = 16 << 20;
 fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let broken = || CliError::Broker(ClientError::Malformed);
     let (head, full) = crate::rt::current_thread()?.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
         let mut full = String::new();
         loop {
@@ -627,6 +676,53 @@ fn discard_type_ahead(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), CliError> {
         .map_err(|e| CliError::Output(std::io::Error::from(e)))
 }
 
+/// How often `watch`, while nothing new waits, looks whether the input has ended.
+const WATCH_INPUT_POLL: Duration = Duration::from_millis(250);
+
+/// Whether the terminal's input ended while nothing was being asked (`Ctrl-D` on an empty
+/// line, or the terminal hung up), waiting at most `wait` for it. A line typed meanwhile
+/// answers nothing: it is read and dropped here (it would be discarded before the next prompt
+/// anyway).
+fn input_ended(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> Result<bool, CliError> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+        Ok(_) => {}
+        Err(e) => return Err(CliError::Output(std::io::Error::from(e))),
+    }
+    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+    if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+        && !revents.contains(PollFlags::POLLIN)
+    {
+        return Ok(true);
+    }
+    let mut buf = [0u8; 4096];
+    match nix::unistd::read(fd, &mut buf) {
+        Ok(0) | Err(nix::errno::Errno::EIO) => Ok(true),
+        Ok(_) | Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => Ok(false),
+        Err(e) => Err(CliError::Output(std::io::Error::from(e))),
+    }
+}
+
+/// What `watch` says when the input ends: nothing is decided on the operator's behalf, and
+/// what it leaves waiting is named.
+fn watch_ended(out: &mut dyn Write, left: &[u64]) -> Result<(), CliError> {
+    out_line(out, "")?;
+    if left.is_empty() {
+        return out_line(out, "end of input: stopped; nothing was left half-decided");
+    }
+    let ids: Vec<String> = left.iter().map(u64::to_string).collect();
+    out_line(
+        out,
+        &format!(
+            "end of input: stopped; left waiting, undecided: {} (iteron approvals list)",
+            ids.join(", ")
+        ),
+    )
+}
+
 fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     let stdin = std::io::stdin();
     let fd = stdin.as_fd();
@@ -639,7 +735,7 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     }
     let rt = crate::rt::current_thread()?;
     let mut conn = rt.block_on(async {
-        let mut c = operator_connect(socket).await.map_err(CliError::Broker)?;
+        let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-approvals")
             .await
             .map_err(CliError::Broker)?;
@@ -653,15 +749,22 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             .map_err(CliError::Broker)?;
         let empty = Vec::new();
         let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
-        if items.iter().all(|i| {
+        let nothing_new = items.iter().all(|i| {
             i.get("id")
                 .and_then(Value::as_u64)
                 .is_none_or(|id| asked.contains(&id))
-        }) {
-            // Nothing new (only items already answered or skipped): do not spin.
-            std::thread::sleep(Duration::from_millis(250));
+        });
+        // While nothing new waits, the end of input is noticed here (not only at a prompt);
+        // without anything new, this wait is also what keeps the loop from spinning.
+        let wait = if nothing_new {
+            WATCH_INPUT_POLL
+        } else {
+            Duration::ZERO
+        };
+        if input_ended(fd, wait)? {
+            return watch_ended(out, &[]);
         }
-        for item in items {
+        for (n, item) in items.iter().enumerate() {
             let Some(id) = item.get("id").and_then(Value::as_u64) else {
                 continue;
             };
@@ -680,7 +783,13 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             // The item and its prompt are on the screen: only what is typed from now on answers.
             discard_type_ahead(fd)?;
             let Some(line) = read_answer(fd)? else {
-                return Ok(());
+                // Nothing is sent for this item or any after it: each stays waiting, whole.
+                let left: Vec<u64> = items[n..]
+                    .iter()
+                    .filter_map(|i| i.get("id").and_then(Value::as_u64))
+                    .filter(|i| *i == id || !asked.contains(i))
+                    .collect();
+                return watch_ended(out, &left);
             };
             let line = line.trim();
             let (method, params) = if form {
@@ -737,7 +846,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             let mut c = agent_session(&socket, child).await?;
             c.request(method, params).await
         })
-        .map_err(CliError::Broker)
+        .map_err(via(&socket))
     };
     let prompts = matches!(args.action, Agent::Prompts(_));
     match args.action {
@@ -893,7 +1002,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                 let mut c = agent_session(&socket, child).await?;
                 c.request("list_tools", json!({})).await
             });
-            let v = v.map_err(CliError::Broker)?;
+            let v = v.map_err(via(&socket))?;
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -951,7 +1060,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                     )
                     .await
                 })
-                .map_err(CliError::Broker)?;
+                .map_err(via(&socket))?;
             let is_error = v.get("is_error").and_then(Value::as_bool) == Some(true);
             match c.format {
                 Format::Json => json_out(out, &v)?,
@@ -1001,14 +1110,33 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
         .map(|p| Pin::parse(p).map_err(|why| CliError::Usage(format!("--expect: {why}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let home = home()?;
-    let v = iteron_broker::audit::verify(home.dir(), &pins)
-        .map_err(|t| CliError::Audit(t.to_string()))?;
+    let v = match iteron_broker::audit::verify(home.dir(), &pins) {
+        Ok(v) => v,
+        Err(t) => {
+            // JSON callers get the failure as JSON too (and the one line on stderr, exit 10).
+            if f.format == Format::Json {
+                json_out(
+                    out,
+                    &json!({
+                        "ok": false,
+                        "error": text::single_line_capped(&t.why, 400),
+                        "file": t.file,
+                        "line": t.line,
+                    }),
+                )?;
+            }
+            return Err(CliError::Audit(t.to_string()));
+        }
+    };
     let pin = |p: &Option<Pin>| p.as_ref().map(Pin::to_string);
+    // Nothing written yet and no anchor naming a record: no broker has run with this home.
+    let no_log = v.files == 0 && v.records == 0 && v.anchor.is_none() && v.expected == 0;
     if f.format == Format::Json {
         return json_out(
             out,
             &json!({
                 "ok": true,
+                "log": if no_log { "none" } else { "present" },
                 "records": v.records,
                 "files": v.files,
                 "head": v.newest.as_ref().map_or(iteron_broker::audit::GENESIS, |p| p.sha256.as_str()),
@@ -1019,6 +1147,12 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
                 "anchor": pin(&v.anchor),
                 "expected": v.expected,
             }),
+        );
+    }
+    if no_log {
+        return out_line(
+            out,
+            "no audit log yet: no broker has run with this home, so there is nothing to verify (a log removed together with its audit-anchor would look the same: pin records with --expect)",
         );
     }
     out_line(
@@ -1096,6 +1230,7 @@ pub(crate) fn audit_state(home: &Home) -> Value {
 /// repository it was started with; otherwise a discovery made now. The second value says which.
 fn catalog_view(args: &CatalogArgs) -> Result<(Value, &'static str), CliError> {
     use std::os::unix::ffi::OsStrExt;
+    check_repo(args.repo.as_deref())?;
     let home = home()?;
     let socket = default_operator_socket(&home);
     if let Some(v) = broker_catalog(&socket) {

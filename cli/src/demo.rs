@@ -1,14 +1,15 @@
 //! `iteron demo`: the whole story, run for real, in a throwaway home under the system temp
 //! directory. Part 1 is the configuration flow through the same command code; part 2 starts
-//! the real `iteron broker serve` (this binary) with a fixture stdio server, talks to it as the
-//! agent with `iteron agent` (as uid 65534 when the demo runs as root, so the agent really is
+//! the real `iteron broker serve` (this binary) with a fixture stdio server (built into the
+//! binary and written into the throwaway directory, so an installed binary runs it too),
+//! talks to it as the agent with `iteron agent` (as uid 65534 when the demo runs as root, so the agent really is
 //! another user), shows an unexposed tool, a refusal by a noninteractive broker, an operator
 //! approval, and `iteron audit verify`. It never reads or writes `~/.iteron` and removes its
 //! home when done.
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,14 +20,31 @@ use crate::args::{Cli, Top};
 use crate::error::CliError;
 use crate::mcp;
 
-/// The fixture server registered by the demo (a small stdio MCP server kept in the repository).
-fn fixture_server() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("fixtures")
-        .join("stdio")
-        .join("demo_server.py");
-    fs::canonicalize(&path).unwrap_or(path)
+/// The fixture server the demo registers (a small stdio MCP server), built into the binary so
+/// that an installed `iteron` needs no source tree.
+const FIXTURE_SERVER: &str = include_str!("../../fixtures/stdio/demo_server.py");
+
+/// Write the fixture server into the throwaway directory (`fixture/demo_server.py`, readable by
+/// every uid: under a root demo the server runs as `nobody`) and return its path.
+fn fixture_server(dir: &Path) -> Result<PathBuf, CliError> {
+    let fixture = dir.join("fixture");
+    fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&fixture)
+        .map_err(CliError::Output)?;
+    fs::set_permissions(&fixture, fs::Permissions::from_mode(0o755)).map_err(CliError::Output)?;
+    let path = fixture.join("demo_server.py");
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&path)
+        .map_err(CliError::Output)?;
+    file.write_all(FIXTURE_SERVER.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(CliError::Output)?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(CliError::Output)?;
+    Ok(path)
 }
 
 fn throwaway_home() -> Result<PathBuf, CliError> {
@@ -101,7 +119,7 @@ fn walk(dir: &std::path::Path, out: &mut dyn Write) -> Result<(), CliError> {
         home.dir().display()
     )
     .map_err(CliError::Output)?;
-    let fixture = fixture_server();
+    let fixture = fixture_server(dir)?;
     let fixture = fixture.to_string_lossy();
     let steps: &[&[&str]] = &[
         &[

@@ -62,6 +62,13 @@ pub(crate) enum CliError {
     Server(String),
     /// The broker answered with an error, or could not be reached.
     Broker(iteron_broker::ipc::client::ClientError),
+    /// Nothing answers on the broker socket at this path.
+    NoBroker {
+        /// The socket tried.
+        socket: std::path::PathBuf,
+        /// Why it could not be reached.
+        kind: std::io::ErrorKind,
+    },
     /// The broker could not start.
     Serve(String),
     /// The audit log failed verification.
@@ -85,6 +92,12 @@ impl fmt::Display for CliError {
             CliError::Output(e) => write!(f, "cannot write output: {e}"),
             CliError::Server(why) | CliError::Serve(why) => f.write_str(why),
             CliError::Broker(e) => write!(f, "broker: {e}"),
+            CliError::NoBroker { socket, kind } => write!(
+                f,
+                "no broker answers on {} ({kind}): start it with iteron broker serve, or give the \
+                 socket it listens on",
+                socket.display()
+            ),
             CliError::Audit(why) => write!(f, "audit log verification failed: {why}"),
         }
     }
@@ -119,6 +132,7 @@ impl CliError {
             CliError::Serve(_) => Exit::Failure,
             CliError::Audit(_) => Exit::AuditFailed,
             CliError::Broker(e) => broker_exit(e),
+            CliError::NoBroker { .. } => Exit::Unreachable,
             CliError::Store(e) => match e {
                 StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
                 StoreError::Fs(

@@ -6,9 +6,11 @@ mod auth;
 mod broker;
 mod demo;
 mod error;
+mod import;
 mod mcp;
 mod output;
 mod probe;
+mod reference;
 mod rt;
 mod rules;
 
@@ -45,6 +47,8 @@ fn main() -> ExitCode {
         Top::Audit(cmd) => broker::run_audit(cmd, &mut out),
         Top::Skills(args) => broker::run_skills(args, &mut out),
         Top::Agents(args) => broker::run_agents(args, &mut out),
+        Top::Completions(a) => reference::completions(a.shell, &mut out),
+        Top::Man(a) => reference::man(&a.command, &mut out),
     };
     // Children the command started and dropped are killed in the background; wait for that,
     // so no descendant of theirs is left behind to init when this process exits.

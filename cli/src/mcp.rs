@@ -33,9 +33,22 @@ pub(crate) fn run(
         Mcp::List(f) => list(home, f.format, out),
         Mcp::Get(g) => get(home, &g.name, g.format, out),
         Mcp::Remove(r) => remove(home, &r.name, out),
-        Mcp::Test(t) => crate::probe::test(home, &t.name, t.format, out),
-        Mcp::Status(s) => crate::probe::status(home, s.name.as_deref(), s.connect, s.format, out),
-        Mcp::Doctor(d) => crate::probe::doctor(home, d.connect, d.format, out),
+        Mcp::Test(t) => crate::probe::test(
+            home,
+            &t.name,
+            std::time::Duration::from_secs(t.timeout.timeout),
+            t.format,
+            out,
+        ),
+        Mcp::Status(s) => {
+            let bounds = s.connect.then(|| crate::probe::Bounds::from(&s.bounds));
+            crate::probe::status(home, s.name.as_deref(), bounds, s.format, out)
+        }
+        Mcp::Doctor(d) => {
+            let bounds = d.connect.then(|| crate::probe::Bounds::from(&d.bounds));
+            crate::probe::doctor(home, bounds, d.format, out)
+        }
+        Mcp::Import(i) => crate::import::run(&i, home, out, warn),
         Mcp::Auth(crate::args::Auth::Login(a)) => crate::auth::login(home, a, out, warn),
         Mcp::Auth(crate::args::Auth::Status(s)) => {
             crate::auth::status(home, &s.name, s.format, out)
@@ -122,7 +135,7 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
+pub(crate) fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
     refuse_foreign(a)?;
     let name = server_name(&a.name)?;
     let transport = if let Some(u) = &a.url {
@@ -273,7 +286,7 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
 
 /// Check the new entry against every configuration rule (bounds included) *before* taking the
 /// lock or creating anything, by reading it back through the same strict decoder the file uses.
-fn check_entry(server: &ServerConfig) -> Result<(), CliError> {
+pub(crate) fn check_entry(server: &ServerConfig) -> Result<(), CliError> {
     let probe = Config {
         mcp_servers: vec![server.clone()],
         ..Config::default()
@@ -289,7 +302,10 @@ fn check_entry(server: &ServerConfig) -> Result<(), CliError> {
 
 /// Where a stored value looks like a credential, say so: it is stored as typed (the operator's
 /// own 0600 file) and redacted from every listing, but secrets belong in the environment.
-fn warn_credentials(server: &ServerConfig, warn: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn warn_credentials(
+    server: &ServerConfig,
+    warn: &mut dyn Write,
+) -> Result<(), CliError> {
     let view = server_json(server);
     let raw = serde_json::to_value(server).unwrap_or(serde_json::Value::Null);
     if view != raw {

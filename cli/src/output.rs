@@ -12,7 +12,22 @@ use serde_json::Value;
 
 use crate::error::CliError;
 
-/// Print `v` as indented, terminal-safe JSON and a line feed.
+/// The version of the shapes of every `--format json` output (docs/cli.md, "JSON outputs"):
+/// each top-level object carries it as `schema_version`. It equals the configuration's schema
+/// version today (`mcp list` prints configuration entries) and moves with any breaking change.
+pub(crate) const SCHEMA_VERSION: u64 = 2;
+
+/// Print `v` as indented, terminal-safe JSON and a line feed; a top-level object gets
+/// `schema_version` first when it does not carry one.
 pub(crate) fn json(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
-    writeln!(out, "{}", text::terminal_safe_json(v, true)).map_err(CliError::Output)
+    let shown = match v {
+        Value::Object(m) if !m.contains_key("schema_version") => {
+            let mut with = serde_json::Map::with_capacity(m.len() + 1);
+            with.insert("schema_version".into(), Value::from(SCHEMA_VERSION));
+            with.extend(m.iter().map(|(k, x)| (k.clone(), x.clone())));
+            Value::Object(with)
+        }
+        other => other.clone(),
+    };
+    writeln!(out, "{}", text::terminal_safe_json(&shown, true)).map_err(CliError::Output)
 }

@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use iteron_broker::credentials::CredentialStore;
@@ -21,11 +22,55 @@ use serde_json::{Value, json};
 use crate::args::Format;
 use crate::error::CliError;
 
-/// Deadline of one probe (connect + negotiate + list).
+/// Default deadline of one probe (connect + negotiate + list); `--timeout` sets another.
 pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
+/// Default bound of a whole `status --connect` or `doctor --connect` run; `--run-timeout`
+/// sets another. Probes still running then are stopped and reported as not finished.
+pub(crate) const RUN_DEADLINE: Duration = Duration::from_secs(120);
+/// Most servers probed at once; the others wait for a free slot (their own deadline starts
+/// when they get one).
+pub(crate) const MAX_PARALLEL_PROBES: usize = 8;
+/// Of a probe's deadline, the part kept back from the stdio start, so the start reports its
+/// own timeout (with the server's last stderr lines) before the probe's bound ends it.
+const START_MARGIN: Duration = Duration::from_millis(500);
 
-fn lookup(name: &str) -> Option<OsString> {
-    std::env::var_os(name)
+/// Where probes read the variables a server names, as the broker does: a credential of
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`) first, then the environment. The
+/// directory is read once, checked like the broker checks it, and denied to every child.
+pub(crate) struct Vars {
+    unit: Option<iteron_broker::unit_secrets::UnitSecrets>,
+}
+
+impl Vars {
+    /// Read `$CREDENTIALS_DIRECTORY` when it is set; a directory the broker would refuse is
+    /// refused here too (one line naming the file, never a value).
+    pub(crate) fn load() -> Result<Vars, CliError> {
+        let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
+            .map_err(|e| CliError::Serve(e.to_string()))?;
+        if let Some(u) = &unit {
+            iteron_broker::confine::deny_to_every_child(vec![u.dir().to_path_buf()]);
+        }
+        Ok(Vars { unit })
+    }
+
+    /// The value of `name`: the credentials directory's, else the environment's.
+    pub(crate) fn get(&self, name: &str) -> Option<OsString> {
+        self.unit
+            .as_ref()
+            .and_then(|u| u.get(name))
+            .or_else(|| std::env::var_os(name))
+    }
+
+    /// Where `name` is set, in words (never its value), or `None`.
+    fn source(&self, name: &str) -> Option<&'static str> {
+        if self.unit.as_ref().is_some_and(|u| u.get(name).is_some()) {
+            Some("set by the credentials directory (value not shown)")
+        } else if std::env::var_os(name).is_some() {
+            Some("set (value not shown)")
+        } else {
+            None
+        }
+    }
 }
 
 /// The result of probing one server, as shown.
@@ -49,9 +94,17 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
 }
 
 /// Connect to one server (with the operator's stored OAuth credential, if any) and list its
-/// tools, within [`PROBE_DEADLINE`].
-async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Value, String> {
-    probe_tools(home, config, server).await.map(|(v, _)| v)
+/// tools, within `deadline`.
+async fn probe(
+    home: &Home,
+    config: &Config,
+    server: &ServerConfig,
+    vars: &Vars,
+    deadline: Duration,
+) -> Result<Value, String> {
+    probe_tools(home, config, server, vars, deadline)
+        .await
+        .map(|(v, _)| v)
 }
 
 /// [`probe`], also giving the tools themselves (names and input schemas).
@@ -59,13 +112,22 @@ pub(crate) async fn probe_tools(
     home: &Home,
     config: &Config,
     server: &ServerConfig,
+    vars: &Vars,
+    deadline: Duration,
 ) -> Result<(Value, Vec<iteron_broker::mcp::client::Tool>), String> {
+    let lookup = |k: &str| vars.get(k);
+    let opts = Options {
+        start_deadline: deadline
+            .saturating_sub(START_MARGIN)
+            .max(Duration::from_secs(1)),
+        ..Options::default()
+    };
     let work = async {
         let client = servers::connect_with_credentials(
             server,
             &config.network,
             &lookup,
-            Options::default(),
+            opts,
             home,
             servers::SpawnContext {
                 home: home.dir().to_path_buf(),
@@ -110,10 +172,140 @@ pub(crate) async fn probe_tools(
         Ok((summary, tools))
     };
     let secrets = servers::KnownSecrets::of(server, &lookup);
-    match tokio::time::timeout(PROBE_DEADLINE, work).await {
+    match tokio::time::timeout(deadline, work).await {
         Ok(r) => r.map_err(|e| text::single_line_capped(&secrets.scrub(&e), 400)),
-        Err(_) => Err(format!("no answer within {} s", PROBE_DEADLINE.as_secs())),
+        Err(_) => Err(format!("no answer within {} s", deadline.as_secs())),
     }
+}
+
+/// How a run of several probes is bounded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Deadline of each probe.
+    pub(crate) each: Duration,
+    /// Bound of the whole run.
+    pub(crate) run: Duration,
+}
+
+impl From<&crate::args::ProbeBounds> for Bounds {
+    fn from(b: &crate::args::ProbeBounds) -> Bounds {
+        Bounds {
+            each: Duration::from_secs(b.each.timeout),
+            run: Duration::from_secs(b.run_timeout),
+        }
+    }
+}
+
+/// A progress line on stderr, kept only when stderr is a terminal (never in a pipe or a
+/// file); it is cleared before each result line and at the end.
+struct Progress {
+    on: bool,
+    total: usize,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        let on = total > 0 && nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
+        Progress { on, total }
+    }
+
+    fn clear(&self) {
+        if self.on {
+            let mut e = std::io::stderr();
+            let _ = write!(e, "\r\x1b[K");
+            let _ = e.flush();
+        }
+    }
+
+    fn show(&self, done: usize) {
+        if self.on {
+            let mut e = std::io::stderr();
+            let _ = write!(
+                e,
+                "\r\x1b[Kprobing: {done}/{} done, {} running or waiting",
+                self.total,
+                self.total - done
+            );
+            let _ = e.flush();
+        }
+    }
+}
+
+/// What one probe found: its summary and the tools themselves, or why it failed.
+type Probed = Result<(Value, Vec<iteron_broker::mcp::client::Tool>), String>;
+
+/// The summary of a [`Probed`].
+fn summary(r: &Probed) -> Result<Value, String> {
+    r.as_ref().map(|(v, _)| v.clone()).map_err(Clone::clone)
+}
+
+/// Probe `chosen` at once, at most [`MAX_PARALLEL_PROBES`] at a time, each within
+/// `bounds.each` and all within `bounds.run`; `arrived(index, result)` is called as each
+/// result arrives (with the progress line out of the way). Returns every result in the
+/// order of `chosen`; a probe the run's bound cut short is an error saying so.
+fn probe_all(
+    home: &Home,
+    config: &Config,
+    chosen: &[&ServerConfig],
+    vars: Arc<Vars>,
+    bounds: Bounds,
+    mut arrived: impl FnMut(usize, &Result<Value, String>) -> Result<(), CliError>,
+) -> Result<Vec<Probed>, CliError> {
+    let rt = crate::rt::multi_thread()?;
+    let progress = Progress::new(chosen.len());
+    let mut results: Vec<Option<Probed>> = vec![None; chosen.len()];
+    let outcome = rt.block_on(async {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PARALLEL_PROBES));
+        let mut set = tokio::task::JoinSet::new();
+        for (i, s) in chosen.iter().enumerate() {
+            let (home, config, server) = (home.clone(), config.clone(), (*s).clone());
+            let (vars, slots) = (Arc::clone(&vars), Arc::clone(&slots));
+            set.spawn(async move {
+                // Never closed: acquiring only waits for a free slot.
+                let _slot = slots.acquire_owned().await;
+                (
+                    i,
+                    probe_tools(&home, &config, &server, &vars, bounds.each).await,
+                )
+            });
+        }
+        progress.show(0);
+        let end = tokio::time::Instant::now() + bounds.run;
+        let mut done = 0;
+        while let Ok(Some(joined)) = tokio::time::timeout_at(end, set.join_next()).await {
+            let Ok((i, r)) = joined else { continue };
+            done += 1;
+            progress.clear();
+            let shown = arrived(i, &summary(&r));
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+            shown?;
+            progress.show(done);
+        }
+        // Whatever is still running is stopped (its children are killed as it is dropped).
+        set.abort_all();
+        while set.join_next().await.is_some() {}
+        Ok::<(), CliError>(())
+    });
+    progress.clear();
+    outcome?;
+    let mut all = Vec::with_capacity(results.len());
+    for (i, r) in results.into_iter().enumerate() {
+        let r = match r {
+            Some(r) => r,
+            None => {
+                let cut: Probed = Err(format!(
+                    "not finished within the run's bound of {} s (see --run-timeout)",
+                    bounds.run.as_secs()
+                ));
+                arrived(i, &summary(&cut))?;
+                cut
+            }
+        };
+        all.push(r);
+    }
+    Ok(all)
 }
 
 /// An error as the operator should read it. A valid `403 insufficient_scope` challenge is its
@@ -189,12 +381,14 @@ fn print(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
 pub(crate) fn test(
     home: &Home,
     raw: &str,
+    timeout: Duration,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let server = find(&config, raw)?;
-    let result = crate::rt::multi_thread()?.block_on(probe(home, &config, server));
+    let result =
+        crate::rt::multi_thread()?.block_on(probe(home, &config, server, &Vars::load()?, timeout));
     let v = probe_json(server, result.clone());
     if format == Format::Json {
         print(out, &v)?;
@@ -239,7 +433,7 @@ pub(crate) fn test(
 pub(crate) fn status(
     home: &Home,
     name: Option<&str>,
-    connect: bool,
+    connect: Option<Bounds>,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -248,32 +442,28 @@ pub(crate) fn status(
         Some(n) => vec![find(&config, n)?],
         None => config.mcp_servers.iter().collect(),
     };
-    let mut rows = Vec::new();
-    if connect {
-        let rt = crate::rt::multi_thread()?;
-        for s in &chosen {
-            let r = rt.block_on(probe(home, &config, s));
-            let mut v = probe_json(s, r.clone());
-            if let Some(obj) = v.as_object_mut() {
-                obj.insert(
-                    "state".into(),
-                    Value::from(if r.is_ok() { "reachable" } else { "failed" }),
-                );
-                obj.remove("tools");
-                obj.remove("dropped_tools");
-            }
-            rows.push(v);
-        }
-    } else {
-        for s in &chosen {
-            rows.push(json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "state": "not_probed"}));
-        }
-    }
-    // The credential state of HTTP servers (read from the local store; no network).
     let store = CredentialStore::new(home);
-    for (row, s) in rows.iter_mut().zip(&chosen) {
+    // One row: the probe's result (or not probed), and the credential state of an HTTP
+    // server (read from the local store; no network).
+    let row = |s: &ServerConfig, r: Option<&Result<Value, String>>| {
+        let mut v = match r {
+            None => {
+                json!({"name": s.name.as_str(), "transport": s.transport.as_str(), "phase": "not_probed", "state": "not_probed"})
+            }
+            Some(r) => {
+                let mut v = probe_json(s, r.clone());
+                if let Some(obj) = v.as_object_mut() {
+                    let phase = Value::from(if r.is_ok() { "reachable" } else { "failed" });
+                    obj.insert("phase".into(), phase.clone());
+                    // The name the row had before `phase` (kept for its readers).
+                    obj.insert("state".into(), phase);
+                    obj.remove("dropped_tools");
+                }
+                v
+            }
+        };
         if matches!(s.transport, Transport::Http(_))
-            && let Some(obj) = row.as_object_mut()
+            && let Some(obj) = v.as_object_mut()
         {
             let cred = store.load(s.name.as_str()).ok().flatten();
             obj.insert(
@@ -281,32 +471,64 @@ pub(crate) fn status(
                 crate::auth::state_of(s, cred.as_ref()).into(),
             );
         }
-    }
-    if format == Format::Json {
-        return print(out, &json!({"servers": rows}));
-    }
-    if rows.is_empty() {
+        v
+    };
+    if format == Format::Text && chosen.is_empty() {
         return writeln!(out, "No MCP servers configured.").map_err(CliError::Output);
     }
-    for r in &rows {
-        let mut line = format!(
-            "{}  {}  {}",
-            r["name"].as_str().unwrap_or(""),
-            r["transport"].as_str().unwrap_or(""),
-            r["state"].as_str().unwrap_or("")
-        );
-        if let Some(v) = r["protocol_version"].as_str() {
-            line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
+    let rows: Vec<Value> = match connect {
+        None => chosen.iter().map(|s| row(s, None)).collect(),
+        Some(bounds) => {
+            let vars = Arc::new(Vars::load()?);
+            // Text: each line as its probe ends; JSON: one document at the end.
+            let results = probe_all(home, &config, &chosen, vars, bounds, |i, r| {
+                match (format, chosen.get(i)) {
+                    (Format::Text, Some(s)) => status_line(out, &row(s, Some(r))),
+                    _ => Ok(()),
+                }
+            })?;
+            chosen
+                .iter()
+                .zip(&results)
+                .map(|(s, r)| row(s, Some(&summary(r))))
+                .collect()
         }
-        if let Some(c) = r["credential"].as_str() {
-            line.push_str(&format!("  credential {c}"));
+    };
+    let failed = rows.iter().filter(|r| r["phase"] == "failed").count();
+    if format == Format::Json {
+        print(out, &json!({"servers": rows}))?;
+    } else if connect.is_none() {
+        for r in &rows {
+            status_line(out, r)?;
         }
-        if let Some(e) = r["error"].as_str() {
-            line.push_str(&format!("  {e}"));
-        }
-        writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)?;
+    }
+    if failed > 0 {
+        return Err(CliError::Server(format!(
+            "{failed} of {} server(s) failed (see above)",
+            rows.len()
+        )));
     }
     Ok(())
+}
+
+fn status_line(out: &mut dyn Write, r: &Value) -> Result<(), CliError> {
+    let mut line = format!(
+        "{}  {}  {}",
+        r["name"].as_str().unwrap_or(""),
+        r["transport"].as_str().unwrap_or(""),
+        r["phase"].as_str().unwrap_or("")
+    );
+    if let Some(v) = r["protocol_version"].as_str() {
+        line.push_str(&format!("  protocol {v}  {} tools", r["tool_count"]));
+    }
+    if let Some(c) = r["credential"].as_str() {
+        line.push_str(&format!("  credential {c}"));
+    }
+    if let Some(e) = r["error"].as_str() {
+        line.push_str(&format!("  {e}"));
+    }
+    writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)?;
+    out.flush().map_err(CliError::Output)
 }
 
 /// What a stdio server's confinement would enforce if it started now (`None` for HTTP).
@@ -391,7 +613,7 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
 }
 
 /// Static checks of one server (no network, no process).
-fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
+fn check_server(s: &ServerConfig, home: Option<&Home>, vars: &Vars) -> Vec<Value> {
     let mut checks = Vec::new();
     match &s.transport {
         Transport::Stdio(st) => {
@@ -408,36 +630,32 @@ fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
                 "detail": if ok { "found and executable".to_owned() } else { format!("{} is not an executable file on the server PATH ({SAFE_PATH})", st.command.as_str()) },
             }));
             for var in &st.env {
-                let set = std::env::var_os(var.as_str()).is_some();
+                let set = vars.source(var.as_str());
                 checks.push(json!({
                     "check": format!("env {var}"),
-                    "ok": set,
-                    "detail": if set { "set (value not shown)" } else { "not set in this environment: the server will not receive it" },
+                    "ok": set.is_some(),
+                    "detail": set.unwrap_or("not set in this environment: the server will not receive it"),
                 }));
             }
         }
         Transport::Http(h) => {
             let scheme = h.url.as_url().scheme();
             checks.push(json!({"check": "url", "ok": true, "detail": format!("{scheme} endpoint {}", h.url.origin_display())}));
-            let vars = h.header_env.values().map(|v| v.as_str().to_owned()).chain(
+            let names = h.header_env.values().map(|v| v.as_str().to_owned()).chain(
                 h.oauth
                     .iter()
                     .flat_map(|o| o.access_token_env.iter().map(|v| v.as_str().to_owned())),
             );
-            for var in vars {
-                let set = std::env::var_os(&var).is_some();
+            for var in names {
+                let set = vars.source(&var);
                 checks.push(json!({
                     "check": format!("env {var}"),
-                    "ok": set,
-                    "detail": if set { "set (value not shown)" } else { "not set: connecting will fail" },
+                    "ok": set.is_some(),
+                    "detail": set.unwrap_or("not set: connecting will fail"),
                 }));
             }
-            if h.oauth
-                .as_ref()
-                .and_then(|o| o.access_token_env.as_ref())
-                .is_some()
-            {
-                checks.push(json!({"check": "credential", "ok": true, "detail": "external (bearer token from the environment)"}));
+            if let Some(var) = crate::auth::external_bearer(h) {
+                checks.push(json!({"check": "credential", "ok": true, "detail": format!("external (bearer token from ${var})")}));
             } else if let Some(home) = home {
                 let cred = CredentialStore::new(home).load(s.name.as_str());
                 let (ok, detail) = match &cred {
@@ -460,22 +678,40 @@ fn check_server(s: &ServerConfig, home: Option<&Home>) -> Vec<Value> {
 /// `iteron mcp doctor [--connect]`.
 pub(crate) fn doctor(
     home: &Home,
-    connect: bool,
+    connect: Option<Bounds>,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let config = home.load()?;
     let mut servers = Vec::new();
-    let rt = if connect {
-        Some(crate::rt::multi_thread()?)
-    } else {
-        None
-    };
     let mut all_ok = true;
-    // The catalogs listed by --connect, for checking the approval rules against them.
-    let mut catalogs = std::collections::BTreeMap::new();
+    // The credentials directory the broker would read; one it would refuse is a failed check
+    // (and the rest is checked without it).
+    let (vars, credentials_directory) = match Vars::load() {
+        Ok(v) => {
+            let shown = match &v.unit {
+                None => json!({"ok": true, "detail": "not set ($CREDENTIALS_DIRECTORY)"}),
+                Some(u) => json!({
+                    "ok": true,
+                    "detail": text::single_line_capped(&format!(
+                        "{}: supplies {}",
+                        u.dir().display(),
+                        u.names().collect::<Vec<_>>().join(", ")
+                    ), 400),
+                }),
+            };
+            (v, shown)
+        }
+        Err(e) => {
+            all_ok = false;
+            (
+                Vars { unit: None },
+                json!({"ok": false, "detail": text::single_line_capped(&e.to_string(), 400)}),
+            )
+        }
+    };
     for s in &config.mcp_servers {
-        let mut checks = check_server(s, Some(home));
+        let mut checks = check_server(s, Some(home), &vars);
         if let Some(eff) = confinement_of(s, home, config.ceiling()) {
             checks.push(json!({
                 "check": "confinement",
@@ -489,14 +725,6 @@ pub(crate) fn doctor(
                     }),
                 "detail": confinement_line(&eff),
             }));
-        }
-        if let Some(rt) = &rt {
-            let r = rt.block_on(probe_tools(home, &config, s));
-            checks.push(match &r {
-                Ok((found, _)) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
-                Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
-            });
-            catalogs.insert(s.name.as_str().to_owned(), r.map(|(_, tools)| tools));
         }
         all_ok &= checks.iter().all(|c| c["ok"] == Value::Bool(true));
         servers.push(
@@ -518,21 +746,39 @@ pub(crate) fn doctor(
     let audit = crate::broker::audit_state(home);
     all_ok &= audit["state"] == "ok";
     // Every approval rule that can never match is a problem, not a silent no-op.
-    let approval_rules = crate::rules::report(&config, connect.then_some(&catalogs));
+    let mut approval_rules = crate::rules::report(&config, None);
     all_ok &= approval_rules.iter().all(|r| r["ok"] == Value::Bool(true));
+    // Every configured hook command, as the broker would run it.
+    let problems = crate::broker::hook_runner(home, &config).problems();
+    let mut hooks = Vec::new();
+    for (event, commands) in &config.hooks {
+        for cmd in commands {
+            let shown = text::single_line_capped(cmd.as_str(), 200);
+            let problem = problems
+                .iter()
+                .find(|p| p.event == *event && p.command == shown);
+            all_ok &= problem.is_none();
+            hooks.push(json!({
+                "event": event.as_str(),
+                "command": shown,
+                "ok": problem.is_none(),
+                "detail": problem.map_or_else(|| "found and executable".to_owned(), |p| p.why.clone()),
+            }));
+        }
+    }
     let report = json!({
         "home": home.dir().display().to_string(),
         "config": "valid",
         "permissions": "private (0700 directory, 0600 file)",
         "network": network,
         "audit": audit,
+        "credentials_directory": credentials_directory,
+        "hooks": hooks,
         "servers": servers,
         "approval_rules": approval_rules,
         "ok": all_ok,
     });
-    if format == Format::Json {
-        print(out, &report)?;
-    } else {
+    if format == Format::Text {
         let mut buf = String::new();
         buf.push_str(&format!(
             "home        {}\nconfig      valid, private\n",
@@ -558,6 +804,30 @@ pub(crate) fn doctor(
             text::single_line_capped(report["audit"]["detail"].as_str().unwrap_or("-"), 400),
             report["audit"]["source"].as_str().unwrap_or("")
         ));
+        buf.push_str(&format!(
+            "credentials {} {}\n",
+            if report["credentials_directory"]["ok"] == Value::Bool(true) {
+                "ok  "
+            } else {
+                "FAIL"
+            },
+            report["credentials_directory"]["detail"]
+                .as_str()
+                .unwrap_or("")
+        ));
+        for h in &hooks {
+            buf.push_str(&format!(
+                "hook        {} {} {}: {}\n",
+                if h["ok"] == Value::Bool(true) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                },
+                h["event"].as_str().unwrap_or(""),
+                h["command"].as_str().unwrap_or(""),
+                h["detail"].as_str().unwrap_or("")
+            ));
+        }
         for s in &servers {
             buf.push_str(&format!(
                 "{} ({})\n",
@@ -577,24 +847,85 @@ pub(crate) fn doctor(
                 ));
             }
         }
-        if !approval_rules.is_empty() {
-            buf.push_str(&format!(
-                "approval rules ({})\n",
-                if connect {
-                    "checked against the servers' catalogs"
-                } else {
-                    "tools and argument names not checked against the servers: use --connect"
-                }
-            ));
-            for line in crate::rules::report_lines(&approval_rules) {
-                buf.push_str(&format!("  {line}\n"));
-            }
+        // With --connect the rules are shown once the catalogs are in (below).
+        if !approval_rules.is_empty() && connect.is_none() {
+            buf.push_str(&rules_text(&approval_rules, false));
         }
         out.write_all(buf.as_bytes()).map_err(CliError::Output)?;
+        out.flush().map_err(CliError::Output)?;
+    }
+    let mut report = report;
+    if let Some(bounds) = connect {
+        // Every server at once (bounded); in text, each result as it ends.
+        let chosen: Vec<&ServerConfig> = config.mcp_servers.iter().collect();
+        let check = |r: &Result<Value, String>| match r {
+            Ok(found) => {
+                json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])})
+            }
+            Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
+        };
+        let results = probe_all(home, &config, &chosen, Arc::new(vars), bounds, |i, r| {
+            let (Format::Text, Some(s)) = (format, chosen.get(i)) else {
+                return Ok(());
+            };
+            let c = check(r);
+            writeln!(
+                out,
+                "connect     {} {}: {}",
+                if c["ok"] == Value::Bool(true) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                },
+                s.name,
+                text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
+            )
+            .map_err(CliError::Output)?;
+            out.flush().map_err(CliError::Output)
+        })?;
+        // The catalogs listed, for checking the approval rules against them.
+        let mut catalogs = std::collections::BTreeMap::new();
+        for (i, r) in results.into_iter().enumerate() {
+            let c = check(&summary(&r));
+            all_ok &= c["ok"] == Value::Bool(true);
+            if let Some(checks) = report["servers"][i]["checks"].as_array_mut() {
+                checks.push(c);
+            }
+            if let Some(s) = chosen.get(i) {
+                catalogs.insert(s.name.as_str().to_owned(), r.map(|(_, tools)| tools));
+            }
+        }
+        approval_rules = crate::rules::report(&config, Some(&catalogs));
+        all_ok &= approval_rules.iter().all(|r| r["ok"] == Value::Bool(true));
+        if format == Format::Text && !approval_rules.is_empty() {
+            out.write_all(rules_text(&approval_rules, true).as_bytes())
+                .map_err(CliError::Output)?;
+        }
+        report["approval_rules"] = Value::from(approval_rules);
+        report["ok"] = Value::Bool(all_ok);
+    }
+    if format == Format::Json {
+        print(out, &report)?;
     }
     if all_ok {
         Ok(())
     } else {
         Err(CliError::Server("doctor found problems (see above)".into()))
     }
+}
+
+/// The approval-rules section of doctor's text report.
+fn rules_text(rows: &[Value], checked: bool) -> String {
+    let mut buf = format!(
+        "approval rules ({})\n",
+        if checked {
+            "checked against the servers' catalogs"
+        } else {
+            "tools and argument names not checked against the servers: use --connect"
+        }
+    );
+    for line in crate::rules::report_lines(rows) {
+        buf.push_str(&format!("  {line}\n"));
+    }
+    buf
 }

@@ -214,6 +214,7 @@ pub(crate) fn catalogs(
     config: &Config,
 ) -> Result<BTreeMap<String, Result<Vec<Tool>, String>>, CliError> {
     let rt = crate::rt::multi_thread()?;
+    let vars = crate::probe::Vars::load()?;
     let mut out = BTreeMap::new();
     for r in &config.approvals.rules {
         let name = r.server.as_str();
@@ -221,7 +222,13 @@ pub(crate) fn catalogs(
             continue;
         }
         if let Some(server) = config.server(name) {
-            let got = rt.block_on(crate::probe::probe_tools(home, config, server));
+            let got = rt.block_on(crate::probe::probe_tools(
+                home,
+                config,
+                server,
+                &vars,
+                crate::probe::PROBE_DEADLINE,
+            ));
             out.insert(name.to_owned(), got.map(|(_, tools)| tools));
         }
     }

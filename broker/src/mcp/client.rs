@@ -248,7 +248,15 @@ pub struct Options {
     /// request. The broker turns this off: its registry starts a new generation instead, so a
     /// call approved for one process never runs on another.
     pub auto_restart: bool,
+    /// How long a stdio server may take from its start to a negotiated version. A server that
+    /// takes longer is stopped and reported with its last stderr lines and, when confined, the
+    /// confinement hint (an outer deadline around the connect would lose both).
+    pub start_deadline: Duration,
 }
+
+/// The default [`Options::start_deadline`]: within the broker's and the CLI's 30 s connect
+/// deadlines, so the start's own report is the one the operator sees.
+pub const START_DEADLINE: Duration = Duration::from_secs(20);
 
 impl Default for Options {
     fn default() -> Self {
@@ -263,6 +271,7 @@ impl Default for Options {
             token: None,
             scrub: None,
             auto_restart: true,
+            start_deadline: START_DEADLINE,
         }
     }
 }
@@ -478,6 +487,10 @@ pub struct Client {
     session_lost: AtomicBool,
     /// Serializes restarts: two requests that both find the server dead start it once.
     revive_lock: tokio::sync::Mutex<()>,
+    /// Set while a restart negotiates with the fresh process: a request of that negotiation
+    /// that finds the fresh process dead too fails at once instead of waiting for the
+    /// restart lock its own caller holds (which would wait out the caller's whole deadline).
+    reviving: AtomicBool,
 }
 
 /// Counts a request as in flight for exactly as long as it lives (also when its future is
@@ -587,7 +600,32 @@ impl Client {
             done: AtomicUsize::new(0),
         };
         let t = StdioTransport::start(child, handler);
-        match Client::connect(Transport::Stdio(Box::new(t)), opts, Some(restart)).await {
+        let start_deadline = opts.start_deadline;
+        let hint = |reason: &mut String, lines: Vec<String>| {
+            if !lines.is_empty() {
+                reason.push_str("; its stderr ends: ");
+                reason.push_str(&lines.join(" | "));
+            }
+            if confined {
+                reason.push_str(
+                    "; the server runs confined (see iteron mcp get: filesystem, network); grant more with sandbox.readable/writable, or web_egress for the network",
+                );
+            }
+        };
+        let connecting = Client::connect(Transport::Stdio(Box::new(t)), opts, Some(restart));
+        let Ok(connected) = tokio::time::timeout(start_deadline, connecting).await else {
+            // The connect future (and with it the child) is dropped: the spawner stops it.
+            let mut reason = format!(
+                "no answer within {} s of starting",
+                start_deadline.as_secs_f64()
+            );
+            hint(&mut reason, stderr.lines_with(3, opts_scrub.as_deref()));
+            return Err(McpError::Transport(TransportError {
+                kind: TransportErrorKind::NoStart(reason),
+                certainty: Certainty::NotSent,
+            }));
+        };
+        match connected {
             Ok(c) => Ok(c),
             Err(McpError::Transport(TransportError {
                 kind: TransportErrorKind::Closed(reason),
@@ -596,17 +634,8 @@ impl Client {
                 // The server died while starting: its last words say why (a confined server
                 // that was denied a file or a socket usually names it).
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let lines = stderr.lines_with(3, opts_scrub.as_deref());
                 let mut reason = reason;
-                if !lines.is_empty() {
-                    reason.push_str("; its stderr ends: ");
-                    reason.push_str(&lines.join(" | "));
-                }
-                if confined {
-                    reason.push_str(
-                        "; the server runs confined (see iteron mcp get: filesystem, network); grant more with sandbox.readable/writable, or web_egress for the network",
-                    );
-                }
+                hint(&mut reason, stderr.lines_with(3, opts_scrub.as_deref()));
                 Err(McpError::Transport(TransportError {
                     kind: TransportErrorKind::Closed(reason),
                     certainty,
@@ -642,9 +671,11 @@ impl Client {
             VersionPolicy::Pin(v) => Era::Legacy(v),
             VersionPolicy::Auto => Era::Modern(Version::LATEST),
         };
-        let client = Client {
+        // A server is restarted only once it has been negotiated with: one that dies while
+        // starting is reported (with its last stderr lines), not started again and again.
+        let mut client = Client {
             transport: Mutex::new(Arc::new(transport)),
-            restart,
+            restart: None,
             era: Mutex::new(start),
             next_id: AtomicU64::new(1),
             opts,
@@ -656,12 +687,14 @@ impl Client {
             in_flight: AtomicUsize::new(0),
             session_lost: AtomicBool::new(false),
             revive_lock: tokio::sync::Mutex::new(()),
+            reviving: AtomicBool::new(false),
         };
         match (client.opts.version, start) {
             (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
             (VersionPolicy::Pin(_), Era::Modern(_)) => {}
             (VersionPolicy::Auto, _) => client.negotiate().await?,
         }
+        client.restart = restart;
         Ok(client)
     }
 
@@ -678,6 +711,7 @@ impl Client {
     /// resent.
     async fn revive(&self) -> Result<(), McpError> {
         if !self.opts.auto_restart
+            || self.reviving.load(Ordering::SeqCst)
             || !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
         {
             return Ok(());
@@ -717,6 +751,15 @@ impl Client {
         if let Ok(mut c) = self.cache.lock() {
             c.clear();
         }
+        // Reset however the negotiation ends, a dropped future included.
+        struct Reviving<'a>(&'a AtomicBool);
+        impl Drop for Reviving<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        self.reviving.store(true, Ordering::SeqCst);
+        let _reviving = Reviving(&self.reviving);
         match self.opts.version {
             VersionPolicy::Pin(v) if !v.is_modern() => self.initialize(v).await,
             VersionPolicy::Pin(v) => {

@@ -54,6 +54,8 @@ pub enum TransportErrorKind {
     Closed(String),
     /// The answer did not come in time.
     Timeout,
+    /// A stdio server did not get through its start in time (what it said, and the hint).
+    NoStart(String),
     /// The server broke the protocol (bad framing, bad message, unexpected content type).
     Protocol(String),
     /// The HTTP exchange failed or was refused (zone, redirect, TLS, body cap).
@@ -92,6 +94,7 @@ impl fmt::Display for TransportError {
         match &self.kind {
             TransportErrorKind::Closed(r) => write!(f, "connection closed: {r}"),
             TransportErrorKind::Timeout => f.write_str("the server did not answer in time"),
+            TransportErrorKind::NoStart(r) => f.write_str(r),
             TransportErrorKind::Protocol(r) => write!(f, "protocol error: {r}"),
             TransportErrorKind::Network(r) => f.write_str(r),
             TransportErrorKind::Status { status, detail } => {
