@@ -17,16 +17,86 @@
 //! hook can capture what redaction hides elsewhere.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use iteron_policy::config::{AbsolutePath, HookEvent};
 use iteron_policy::text;
 
-use crate::daemon::{HookFuture, ToolEvent, ToolHooks, Verdict};
 use crate::spawn::{self, ChildSpec, Exit, child_env};
+
+// The seam around every effect: what the daemon asks of hooks.
+
+/// The event a tool hook sees.
+#[derive(Debug, Clone)]
+pub struct ToolEvent {
+    /// Session id.
+    pub session: String,
+    /// Server.
+    pub server: String,
+    /// Tool.
+    pub tool: String,
+    /// The arguments, as the canonical JSON of an object (the bytes the operator approves and
+    /// the server is sent; hooks run with operator authority and see them).
+    pub arguments: Arc<str>,
+}
+
+impl ToolEvent {
+    /// The arguments as a JSON object (built only when needed: a waiting call keeps bytes).
+    pub fn arguments_map(&self) -> Map<String, Value> {
+        match serde_json::from_str(&self.arguments) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
+}
+
+/// What a `PreToolUse` hook decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No objection (also: no hook, a failed hook, a timed-out hook).
+    NoOpinion,
+    /// Block, with a reason for the agent.
+    Block(String),
+}
+
+/// A boxed future.
+pub type HookFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The hook seam around every effect. Hooks tighten, never widen: a hook can block a call, not
+/// approve one.
+pub trait ToolHooks: Send + Sync {
+    /// Before approval: a verdict, and a report per hook run (for the audit log).
+    fn pre_tool_use<'a>(&'a self, event: &'a ToolEvent) -> HookFuture<'a, (Verdict, Vec<Report>)>;
+    /// After the effect (its outcome word).
+    fn post_tool_use<'a>(
+        &'a self,
+        event: &'a ToolEvent,
+        outcome: &'a str,
+    ) -> HookFuture<'a, Vec<Report>>;
+    /// `SessionStart`, `UserPromptSubmit`, `Stop`: notifications, no opinion is taken.
+    fn lifecycle<'a>(&'a self, event: HookEvent, payload: Value) -> HookFuture<'a, Vec<Report>>;
+}
+
+/// No hooks configured.
+pub struct NoHooks;
+
+impl ToolHooks for NoHooks {
+    fn pre_tool_use<'a>(&'a self, _: &'a ToolEvent) -> HookFuture<'a, (Verdict, Vec<Report>)> {
+        Box::pin(async { (Verdict::NoOpinion, Vec::new()) })
+    }
+    fn post_tool_use<'a>(&'a self, _: &'a ToolEvent, _: &'a str) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async { Vec::new() })
+    }
+    fn lifecycle<'a>(&'a self, _: HookEvent, _: Value) -> HookFuture<'a, Vec<Report>> {
+        Box::pin(async { Vec::new() })
+    }
+}
 
 /// Deadline of one hook (DESIGN §11).
 pub const HOOK_TIMEOUT: Duration = Duration::from_secs(10);

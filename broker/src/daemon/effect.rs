@@ -1,0 +1,422 @@
+//! The effect pipeline: exposure → `PreToolUse` hooks → approval (rule or operator) →
+//! `dispatching` record → the effect, once → outcome record → `PostToolUse` hooks. Tool calls,
+//! resource reads and prompt gets all go this way.
+
+use super::arguments::take_arguments;
+use super::denial::{describe_failure, not_approved, slot_refusal, unknown_tool};
+use super::listing::{
+    MAX_PROMPT_ARGUMENTS, current, exposed, reads_server, session_catalog, valid_name, valid_uri,
+};
+use super::project::{cut_escaped, project_contents, project_prompt};
+use super::record::CallRecord;
+use super::{Broker, MAX_RESULT_TEXT, Session};
+use crate::approvals::{self, CallInfo};
+use crate::hooks::{ToolEvent, Verdict};
+use crate::ipc::proto::{self, Code, Refusal};
+use crate::mcp::client::McpError;
+use crate::registry::{Slot, SlotError};
+use crate::servers::KnownSecrets;
+use serde_json::{Map, Value, json};
+use std::future::Future;
+use std::sync::Arc;
+
+pub(super) async fn call_tool(
+    broker: &Broker,
+    s: &Session,
+    c: proto::CallTool,
+) -> Result<Value, Refusal> {
+    let (arguments, args_sha256, _charge) = take_arguments(broker, s, Value::Object(c.arguments))?;
+    // First, before anything tells known tools from unknown ones: an unwritable audit log
+    // refuses every call alike.
+    let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let Some(server) = snap.config.server(&c.server) else {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    };
+    record.event.server = Some(server.name.as_str().to_owned());
+    let ceiling = s.ceiling(&snap.config);
+    // Policy and filters first: a hidden tool never starts its server.
+    if !exposed(ceiling, server, &c.tool) {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    }
+    let (slot, client, catalog) = match session_catalog(broker, s, &snap, server).await {
+        Ok(x) => x,
+        Err(SlotError::StaleSession) => {
+            record.finish("refused", "stale_session", None);
+            return Err(Refusal::new(
+                Code::Refused,
+                &SlotError::StaleSession.to_string(),
+            ));
+        }
+        Err(SlotError::ShuttingDown) => {
+            record.finish("refused", "shutting_down", None);
+            return Err(Refusal::new(
+                Code::ShuttingDown,
+                "the broker is shutting down",
+            ));
+        }
+        Err(_) => {
+            record.finish("refused", "server_unavailable", None);
+            return Err(Refusal::new(
+                Code::Failed,
+                "the server is unavailable; nothing was sent (the operator can see why in iteron broker status)",
+            )
+            .with_certainty("not_sent"));
+        }
+    };
+    let generation = slot.generation();
+    let Some(tool) = catalog.iter().find(|t| t.name == c.tool) else {
+        record.finish("refused", "unknown_tool", None);
+        return Err(unknown_tool());
+    };
+    record.event.tool = Some(tool.name.clone());
+    let event = ToolEvent {
+        session: s.id.clone(),
+        server: server.name.as_str().to_owned(),
+        tool: tool.name.clone(),
+        arguments,
+    };
+    let epoch = before_effect(
+        broker,
+        s,
+        &mut record,
+        &event,
+        &slot,
+        generation,
+        args_sha256,
+    )
+    .await?;
+    // Exactly the bytes the operator approved are sent; the tree lives only for the call.
+    let result = under_cancel(
+        &slot,
+        epoch,
+        s,
+        &event,
+        client.call_tool(&tool.name, event.arguments_map()),
+    )
+    .await;
+    let secrets = slot.secrets();
+    let (answer, outcome, detail) = match result {
+        None => cancelled_effect(),
+        Some(Ok(p)) => {
+            let mut text_out = secrets.scrub(&p.text);
+            let mut notes = p.notes.clone();
+            if cut_escaped(&mut text_out, MAX_RESULT_TEXT) {
+                notes.push(format!(
+                    "the result was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
+                ));
+            }
+            let outcome = if p.is_error { "tool_error" } else { "ok" };
+            (
+                Ok(json!({"text": text_out, "is_error": p.is_error, "notes": notes})),
+                outcome,
+                None,
+            )
+        }
+        Some(Err(e)) => failed_effect(&e, &secrets),
+    };
+    after_effect(broker, s, &mut record, &event, outcome, detail).await;
+    answer
+}
+
+/// One read a server performs for the agent.
+pub(super) enum Read {
+    Resource(String),
+    Prompt(String, Map<String, Value>),
+}
+
+/// `read_resource` and `get_prompt`: approved per call, audited before and after.
+pub(super) async fn server_read(
+    broker: &Broker,
+    s: &Session,
+    server_name: &str,
+    read: Read,
+) -> Result<Value, Refusal> {
+    let (kind, method, args) = match &read {
+        Read::Resource(uri) => ("read_resource", "resources/read", json!({"uri": uri})),
+        Read::Prompt(name, arguments) => (
+            "get_prompt",
+            "prompts/get",
+            json!({"name": name, "arguments": arguments}),
+        ),
+    };
+    let (arguments, args_sha256, _charge) = take_arguments(broker, s, args)?;
+    let mut record = CallRecord::open(broker, s, kind, &args_sha256)?;
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let server = match reads_server(s, &snap, server_name) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "unknown_server", None);
+            return Err(r);
+        }
+    };
+    record.event.server = Some(server.name.as_str().to_owned());
+    // The request's own bounds, before anything starts or reaches the operator.
+    let malformed = match &read {
+        Read::Resource(uri) => (!valid_uri(uri)).then_some(
+            "the uri is empty, over 2048 bytes or holds a control character; nothing was sent",
+        ),
+        Read::Prompt(name, arguments) => (!valid_name(name)
+            || arguments.len() > MAX_PROMPT_ARGUMENTS
+            || arguments.keys().any(|k| !valid_name(k)))
+        .then_some(
+            "the prompt name or an argument name is empty, over 256 bytes or holds a control character, or there are over 64 arguments; nothing was sent",
+        ),
+    };
+    if let Some(why) = malformed {
+        record.finish("refused", "bad_request", None);
+        return Err(Refusal::new(Code::Refused, why).with_certainty("not_sent"));
+    }
+    let (slot, client) = match broker.registry.client(&snap, server).await {
+        Ok(x) => x,
+        Err(e) => {
+            let (outcome, r) = slot_refusal(&e);
+            record.finish("refused", outcome, None);
+            return Err(r);
+        }
+    };
+    let generation = slot.generation();
+    // The tool hooks run around this effect too, with the MCP method as the tool's name.
+    let event = ToolEvent {
+        session: s.id.clone(),
+        server: server.name.as_str().to_owned(),
+        tool: method.to_owned(),
+        arguments,
+    };
+    let epoch = before_effect(
+        broker,
+        s,
+        &mut record,
+        &event,
+        &slot,
+        generation,
+        args_sha256,
+    )
+    .await?;
+    let effect = async {
+        match &read {
+            Read::Resource(uri) => client.read_resource(uri).await,
+            Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
+        }
+    };
+    let result = under_cancel(&slot, epoch, s, &event, effect).await;
+    let secrets = slot.secrets();
+    let (answer, outcome, detail) = match result {
+        None => cancelled_effect(),
+        Some(Ok(v)) => (
+            Ok(match &read {
+                Read::Resource(_) => project_contents(&v, &secrets),
+                Read::Prompt(..) => project_prompt(&v, &secrets),
+            }),
+            "ok",
+            None,
+        ),
+        Some(Err(e)) => failed_effect(&e, &secrets),
+    };
+    after_effect(broker, s, &mut record, &event, outcome, detail).await;
+    answer
+}
+
+/// What every effect goes through between exposure and the effect itself: the `PreToolUse`
+/// hooks (not for a child), the operator's approval, the checks that the server is still the
+/// one the request was prepared for and was not cancelled meanwhile, and the `dispatching`
+/// record (if it cannot be written, nothing is sent). Returns the cancel epoch the effect runs
+/// under; on any refusal the call's record is finished and nothing was sent.
+pub(super) async fn before_effect(
+    broker: &Broker,
+    s: &Session,
+    record: &mut CallRecord<'_>,
+    event: &ToolEvent,
+    slot: &Slot,
+    generation: u64,
+    args_sha256: String,
+) -> Result<u64, Refusal> {
+    let verdict = if s.child.is_none() {
+        let (verdict, reports) = broker.hooks.pre_tool_use(event).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+        verdict
+    } else {
+        Verdict::NoOpinion
+    };
+    if let Verdict::Block(reason) = verdict {
+        record.finish("blocked_by_hook", "refused", None);
+        // Escaped once (by the hook runner), and capped so the certainty always fits.
+        return Err(
+            Refusal::rendered(Code::Refused, &crate::hooks::block_message(&reason))
+                .with_certainty("not_sent"),
+        );
+    }
+    record.event.decision = "awaiting_approval";
+    // A cancel, restart or stop of this server from now on also stops this call.
+    let epoch = slot.cancel_epoch();
+    // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
+    // of time; whatever they leave undecided goes on to the operator as before.
+    // Judged on the rules as they are now: a rule the operator removed no longer approves.
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let judged = crate::rules::judge(
+        &broker.rules,
+        &s.rule_counts,
+        &snap.config.approvals,
+        &crate::rules::Facts {
+            server: &event.server,
+            tool: &event.tool,
+            arguments: &event.arguments,
+            args_sha256: &args_sha256,
+            uid: s.peer.uid,
+            identity: s.child.as_ref().map(|c| c.def.identity.as_str()),
+        },
+    );
+    let (approval, note) = match judged {
+        crate::rules::Judged::Approved(mark) => {
+            record.event.detail = Some(mark.detail());
+            record.rule = Some(mark);
+            (Ok(()), None)
+        }
+        crate::rules::Judged::Denied(mark) => {
+            record.finish("denied_by_rule", "refused", Some(mark.detail()));
+            return Err(crate::rules::denied_refusal(&mark));
+        }
+        crate::rules::Judged::Ask { note, park } => {
+            let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
+            let info = CallInfo {
+                session: s.id.clone(),
+                peer_uid: s.peer.uid,
+                peer_pid: s.peer.pid,
+                server: event.server.clone(),
+                tool: event.tool.clone(),
+                args_sha256,
+                arguments: preview,
+            };
+            (broker.approvals.approve_or_park(info, park).await, note)
+        }
+    };
+    if let Err(why) = approval {
+        let (code, outcome, msg) = not_approved(why);
+        record.finish(
+            if outcome == "denied" {
+                "denied"
+            } else {
+                "refused"
+            },
+            outcome,
+            note.clone(),
+        );
+        let msg = crate::rules::with_note(&msg, note.as_deref());
+        return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
+    }
+    record.event.decision = "approved";
+    // The operator may have restarted or stopped the server while the call waited: never send
+    // it to a different (or closed) connection than the one it was prepared for.
+    if slot.generation() != generation || !slot.is_ready() {
+        record.finish("approved", "server_restarted", None);
+        return Err(Refusal::new(
+            Code::Failed,
+            "the server was restarted or stopped while the call waited for approval; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
+    if slot.cancel_epoch() != epoch {
+        record.finish("approved", "cancelled_by_operator", None);
+        return Err(Refusal::new(
+            Code::Cancelled,
+            "the operator cancelled calls on this server while this one waited; nothing was sent",
+        )
+        .with_certainty("not_sent"));
+    }
+    // The effect is audited before it happens.
+    if let Err(gate) = record.dispatching() {
+        record.finish("approved", gate.outcome(), None);
+        return Err(Refusal::new(Code::Refused, gate.refusal()).with_certainty("not_sent"));
+    }
+    Ok(epoch)
+}
+
+/// Run `effect` as one call on `slot`: `None` if the operator cancels calls on the server (a
+/// cancel, restart or stop) before it completes.
+pub(super) async fn under_cancel<T>(
+    slot: &Slot,
+    epoch: u64,
+    s: &Session,
+    event: &ToolEvent,
+    effect: impl Future<Output = T>,
+) -> Option<T> {
+    let mut guard = slot.begin_call(
+        epoch,
+        approvals::CallContext {
+            session: s.id.clone(),
+            peer_uid: s.peer.uid,
+            tool: event.tool.clone(),
+        },
+    );
+    tokio::select! {
+        biased;
+        _ = guard.cancelled.changed() => None,
+        r = effect => Some(r),
+    }
+}
+
+pub(super) type EffectEnd = (Result<Value, Refusal>, &'static str, Option<String>);
+
+/// An effect the operator cancelled while it ran.
+pub(super) fn cancelled_effect() -> EffectEnd {
+    (
+        Err(Refusal::new(
+            Code::Cancelled,
+            "the operator cancelled calls on this server; the call may or may not have been applied",
+        )
+        .with_certainty("maybe_applied")),
+        "cancelled_by_operator",
+        Some("certainty maybe_applied".to_owned()),
+    )
+}
+
+/// An effect that failed: the agent gets a fixed description (or the server's own error) and
+/// the certainty; the audit record also gets the full failure, scrubbed.
+pub(super) fn failed_effect(e: &McpError, secrets: &KnownSecrets) -> EffectEnd {
+    let certainty = e.certainty().as_str();
+    let msg = secrets.scrub(&describe_failure(e, secrets));
+    let failure = secrets.scrub(&e.to_string());
+    (
+        Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
+        "failed",
+        Some(format!("certainty {certainty}; {failure}")),
+    )
+}
+
+/// Record an effect's outcome, then run the `PostToolUse` hooks (not for a child). The outcome
+/// is recorded first: an agent that goes away during a hook cannot turn an applied effect into
+/// a "cancelled" record.
+pub(super) async fn after_effect(
+    broker: &Broker,
+    s: &Session,
+    record: &mut CallRecord<'_>,
+    event: &ToolEvent,
+    outcome: &'static str,
+    detail: Option<String>,
+) {
+    record.finish("approved", outcome, detail);
+    if s.child.is_none() {
+        let reports = broker.hooks.post_tool_use(event, outcome).await;
+        broker.audit_hooks(Some(&s.id), s.peer, &reports);
+    }
+}

@@ -1,0 +1,151 @@
+//! The operator socket's requests: status, cancel, restart, stop, the catalog, and the
+//! approval queue (pending, show, decide, answer).
+
+use super::{Broker, Peer};
+use crate::audit::Event;
+use crate::ipc::proto::{self, Code, Refusal, Request};
+use crate::mcp::elicit::FormAnswer;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Refusal> {
+    let not_found = || Refusal::new(Code::NotFound, "no such server");
+    let control = |kind: &'static str, server: &str| {
+        broker.audit(Event {
+            peer_uid: Some(peer.uid),
+            peer_pid: peer.pid,
+            kind,
+            server: Some(server.to_owned()),
+            decision: "allowed",
+            outcome: "ok",
+            ..Event::default()
+        });
+    };
+    match req {
+        Request::Status(a) => {
+            let servers = broker
+                .registry
+                .status(a.server.as_deref())
+                .ok_or_else(not_found)?;
+            Ok(json!({
+                "servers": servers,
+                "interactive": broker.approvals.interactive(),
+                "audit": broker.audit.state_json(),
+            }))
+        }
+        Request::Cancel(a) => {
+            let n = broker.registry.cancel(&a.server).ok_or_else(not_found)?;
+            control("operator_cancel", &a.server);
+            Ok(json!({"cancelled": n}))
+        }
+        Request::Restart(a) => {
+            broker
+                .registry
+                .restart(&a.server, false)
+                .await
+                .ok_or_else(not_found)?;
+            control("operator_restart", &a.server);
+            Ok(json!({}))
+        }
+        Request::Stop(a) => {
+            broker
+                .registry
+                .restart(&a.server, true)
+                .await
+                .ok_or_else(not_found)?;
+            control("operator_stop", &a.server);
+            Ok(json!({}))
+        }
+        Request::Catalog => Ok(broker.catalog.snapshot_json()),
+        Request::Show(s) => broker.approvals.show(s.id, s.offset),
+        Request::Pending(p) => {
+            // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
+            let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));
+            Ok(json!({"pending": broker.approvals.list_wait(wait).await}))
+        }
+        Request::Decide(d) => {
+            // Each call is decided — and audited — on its own, also when several are named.
+            if d.args_sha256.is_some() && (d.id.is_none() || !d.ids.is_empty()) {
+                return Err(Refusal::new(
+                    Code::Refused,
+                    "a digest names one call: give it with id, not ids",
+                ));
+            }
+            let mut decided = Vec::new();
+            let mut missing = Vec::new();
+            let mut last = crate::approvals::Decided::NotWaiting;
+            for item in d.all() {
+                // Deferred approval: a parked call is approved only with its digest.
+                last = broker
+                    .approvals
+                    .decide_checked(item, d.approve, d.args_sha256.as_deref());
+                broker.audit(Event {
+                    peer_uid: Some(peer.uid),
+                    peer_pid: peer.pid,
+                    kind: "operator_decide",
+                    args_sha256: d
+                        .args_sha256
+                        .clone()
+                        .filter(|x| iteron_policy::rules::Sha256Hex::parse(x).is_some()),
+                    decision: if d.approve { "approved" } else { "denied" },
+                    outcome: last.outcome(),
+                    detail: Some(format!("pending item {item}")),
+                    ..Event::default()
+                });
+                if last == crate::approvals::Decided::Done {
+                    decided.push(item);
+                } else {
+                    missing.push(item);
+                }
+            }
+            if d.id.is_some() && decided.is_empty() {
+                Err(match last {
+                    crate::approvals::Decided::DigestRequired => Refusal::new(
+                        Code::Refused,
+                        "this call was parked by a noninteractive broker: approve it with its args_sha256",
+                    ),
+                    crate::approvals::Decided::DigestMismatch => Refusal::new(
+                        Code::Refused,
+                        "the digest is not that of the waiting call; nothing was decided",
+                    ),
+                    _ => Refusal::new(Code::NotFound, "no such call is waiting"),
+                })
+            } else {
+                Ok(json!({"decided": decided, "not_found": missing}))
+            }
+        }
+        Request::Answer(a) => {
+            let answer = match a.action {
+                proto::FormAction::Accept => FormAnswer::Accept(a.content),
+                proto::FormAction::Decline => FormAnswer::Decline,
+                proto::FormAction::Cancel => FormAnswer::Cancel,
+            };
+            let action = match &answer {
+                FormAnswer::Accept(_) => "accepted",
+                FormAnswer::Decline => "declined",
+                FormAnswer::Cancel => "cancelled",
+            };
+            let result = broker.approvals.answer(a.id, answer);
+            broker.audit(Event {
+                peer_uid: Some(peer.uid),
+                peer_pid: peer.pid,
+                kind: "operator_answer",
+                decision: action,
+                outcome: if result.is_ok() { "ok" } else { "refused" },
+                detail: Some(format!("form {}", a.id)),
+                ..Event::default()
+            });
+            match result {
+                Ok(()) => Ok(json!({})),
+                Err(crate::approvals::AnswerError::NotWaiting) => {
+                    Err(Refusal::new(Code::NotFound, "no such form is waiting"))
+                }
+                Err(crate::approvals::AnswerError::Invalid(why)) => Err(Refusal::new(
+                    Code::Refused,
+                    &format!("the answer does not fit the form: {why}"),
+                )),
+            }
+        }
+        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}

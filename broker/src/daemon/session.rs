@@ -1,0 +1,237 @@
+//! An open session's requests, dispatched by kind (a child session's budgets checked around
+//! each call), and the requests that need no server: skills and agent definitions.
+
+use super::effect::{Read, call_tool, server_read};
+use super::listing::{list_reads, list_tools};
+use super::operator::operator;
+use super::{Broker, Peer, Session};
+use crate::audit::Event;
+use crate::catalog::Catalog;
+use crate::ipc::proto::{self, Code, Refusal, Request, Role};
+use iteron_policy::agentdef::{self, AgentDef};
+use iteron_policy::config::HookEvent;
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+pub(super) async fn dispatch(
+    broker: &Broker,
+    role: Role,
+    peer: Peer,
+    session: Option<&Session>,
+    request: Request,
+) -> Result<Value, Refusal> {
+    if let Some(s) = session {
+        check_wall_budget(s)?;
+    }
+    match (role, request, session) {
+        (Role::Agent, Request::ListTools, Some(s)) => list_tools(broker, s).await,
+        (Role::Agent, Request::CallTool(c), Some(s)) => match &s.child {
+            None => call_tool(broker, s, c).await,
+            Some(child) => {
+                let _serial = child.serial.lock().await;
+                check_wall_budget(s)?;
+                let turn = child.turns.fetch_add(1, Ordering::SeqCst) + 1;
+                if turn > child.def.budget.max_turns {
+                    return Err(Refusal::new(
+                        Code::Refused,
+                        "the child's turn budget is spent; nothing was sent",
+                    )
+                    .with_certainty("not_sent"));
+                }
+                let limit = child.def.budget.max_consecutive_tool_errors;
+                if child.consecutive_errors.load(Ordering::SeqCst) >= limit {
+                    return Err(Refusal::new(
+                        Code::Refused,
+                        "the child reached its limit of consecutive tool errors; nothing was sent",
+                    )
+                    .with_certainty("not_sent"));
+                }
+                // The wall-clock budget bounds the call itself, not only its start.
+                let left = Duration::from_secs(child.def.budget.max_wall_secs)
+                    .saturating_sub(child.started.elapsed());
+                let call = call_tool(broker, s, c);
+                tokio::pin!(call);
+                let r = tokio::select! {
+                    // The call first: it must at least start (and open its record) even when
+                    // the budget is about to run out.
+                    biased;
+                    r = &mut call => r,
+                    _ = tokio::time::sleep(left) => {
+                        // The call is dropped at the end of this block, after the flag is set:
+                        // its record says the budget cut it.
+                        child.budget_cut.store(true, Ordering::SeqCst);
+                        Err(Refusal::new(
+                            Code::Refused,
+                            "the child's wall-clock budget ran out during the call; it may or may not have been applied",
+                        )
+                        .with_certainty("maybe_applied"))
+                    }
+                };
+                let failed = match &r {
+                    Ok(v) => v.get("is_error").and_then(Value::as_bool) == Some(true),
+                    Err(_) => true,
+                };
+                if failed {
+                    child.consecutive_errors.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    child.consecutive_errors.store(0, Ordering::SeqCst);
+                }
+                r
+            }
+        },
+        (Role::Agent, Request::ListResources(a), Some(s)) => {
+            list_reads(broker, s, &a.server, false).await
+        }
+        (Role::Agent, Request::ListPrompts(a), Some(s)) => {
+            list_reads(broker, s, &a.server, true).await
+        }
+        (Role::Agent, Request::ReadResource(r), Some(s)) => {
+            server_read(broker, s, &r.server, Read::Resource(r.uri)).await
+        }
+        (Role::Agent, Request::GetPrompt(g), Some(s)) => {
+            let arguments = g
+                .arguments
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
+            server_read(broker, s, &g.server, Read::Prompt(g.name, arguments)).await
+        }
+        (Role::Agent, Request::ListSkills, Some(_)) => Ok(skills_index(&broker.catalog)),
+        (Role::Agent, Request::UseSkill(u), Some(s)) => use_skill(broker, s, &u.name),
+        (Role::Agent, Request::ResolveAgent(r), Some(s)) => {
+            let answer = match resolve(&broker.catalog, &r.agent_type, r.model.as_deref()) {
+                Ok(def) => json!({"agent": crate::catalog::agent_json(def, None), "reason": null}),
+                Err(why) => json!({"agent": null, "reason": why}),
+            };
+            broker.audit(Event {
+                session: Some(s.id.clone()),
+                peer_uid: Some(s.peer.uid),
+                peer_pid: s.peer.pid,
+                kind: "resolve_agent",
+                decision: if answer["agent"].is_null() {
+                    "refused"
+                } else {
+                    "allowed"
+                },
+                outcome: "ok",
+                ..Event::default()
+            });
+            Ok(answer)
+        }
+        (Role::Agent, Request::SubmitPrompt(p), Some(s)) => {
+            if p.prompt.len() > proto::MAX_PROMPT {
+                return Err(Refusal::new(
+                    Code::Refused,
+                    &format!("the prompt is over {} bytes", proto::MAX_PROMPT),
+                ));
+            }
+            if s.child.is_none() {
+                let reports = broker
+                    .hooks
+                    .lifecycle(
+                        HookEvent::UserPromptSubmit,
+                        json!({"event": "UserPromptSubmit", "session": s.id, "prompt": p.prompt}),
+                    )
+                    .await;
+                broker.audit_hooks(Some(&s.id), s.peer, &reports);
+            }
+            Ok(json!({}))
+        }
+        (Role::Operator, req, _) => operator(broker, peer, req).await,
+        // The table admits nothing else in an open session; this is unreachable by
+        // construction, and refused rather than trusted if it ever were reached.
+        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+    }
+}
+
+/// A child whose wall-clock budget is spent gets nothing more.
+pub(super) fn check_wall_budget(s: &Session) -> Result<(), Refusal> {
+    match &s.child {
+        Some(c) if c.started.elapsed() > Duration::from_secs(c.def.budget.max_wall_secs) => {
+            Err(Refusal::new(
+                Code::Refused,
+                "the child's wall-clock budget is spent; nothing was sent",
+            )
+            .with_certainty("not_sent"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Look up an agent definition for a request: the request-side grammar first, then the exact
+/// (case-sensitive) name, then the model policy. Refusals are fixed texts that never quote the
+/// caller's `agentType` or model.
+pub(super) fn resolve<'a>(
+    catalog: &'a Catalog,
+    agent_type: &str,
+    model: Option<&str>,
+) -> Result<&'a AgentDef, String> {
+    if agentdef::check_agent_type(agent_type).is_err() {
+        return Err(format!(
+            "the agent type must be 1-{} bytes of ASCII letters, digits, '.', '_' or '-'",
+            agentdef::MAX_NAME
+        ));
+    }
+    if let Some(m) = model {
+        agentdef::check_model_override(m).map_err(str::to_owned)?;
+    }
+    let Some(entry) = catalog.agent(agent_type) else {
+        return Err("no agent definition with that name (names are case-sensitive)".into());
+    };
+    if matches!(entry.def.model, agentdef::ModelPolicy::Route(_))
+        || model.is_some_and(|m| m != "inherit")
+    {
+        return Err("only the parent's model (inherit) can be used: this broker has no resolved provider, capability and pricing evidence for another route".into());
+    }
+    Ok(&entry.def)
+}
+
+pub(super) fn skills_index(catalog: &Catalog) -> Value {
+    json!({
+        "skills": catalog.skills.iter().map(|s| json!({
+            "name": s.name,
+            "tier": s.tier.as_str(),
+            "description": s.description,
+        })).collect::<Vec<_>>()
+    })
+}
+
+pub(super) fn use_skill(broker: &Broker, s: &Session, name: &str) -> Result<Value, Refusal> {
+    let outcome = broker.catalog.skill_body(name);
+    broker.audit(Event {
+        session: Some(s.id.clone()),
+        peer_uid: Some(s.peer.uid),
+        peer_pid: s.peer.pid,
+        kind: "use_skill",
+        decision: if outcome.is_ok() {
+            "allowed"
+        } else {
+            "refused"
+        },
+        outcome: match &outcome {
+            Ok(_) => "ok",
+            Err(crate::catalog::UseSkillError::Unknown) => "unknown_skill",
+            Err(crate::catalog::UseSkillError::Changed) => "changed_since_discovery",
+        },
+        detail: outcome
+            .as_ref()
+            .ok()
+            .map(|(e, _)| format!("skill {} ({} tier)", e.name, e.tier.as_str())),
+        ..Event::default()
+    });
+    match outcome {
+        Ok((entry, body)) => Ok(json!({
+            "name": entry.name,
+            "tier": entry.tier.as_str(),
+            "body": body,
+        })),
+        Err(crate::catalog::UseSkillError::Unknown) => {
+            Err(Refusal::new(Code::NotFound, "unknown skill"))
+        }
+        Err(crate::catalog::UseSkillError::Changed) => Err(Refusal::new(
+            Code::Refused,
+            "the skill changed since it was discovered; it is available again after the broker restarts",
+        )),
+    }
+}
