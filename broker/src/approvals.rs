@@ -38,7 +38,7 @@ pub const MAX_PREVIEW: usize = 4096;
 pub const SHOW_CHUNK: usize = 256 * 1024;
 
 /// Why nothing was approved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotApproved {
     /// The broker has no operator channel.
     Noninteractive,

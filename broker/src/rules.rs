@@ -30,8 +30,6 @@ use serde_json::{Map, Value, json};
 use iteron_policy::config::Config;
 use iteron_policy::rules::{self, ApprovalsConfig, CallFacts, Outlook, Ruling, Used};
 
-use crate::ipc::proto::{Code, Refusal};
-
 /// Most rule ids a count table holds before the ids no longer in the configuration are dropped
 /// from it (the table then holds at most [`rules::MAX_RULES`]).
 pub const MAX_COUNTED_RULES: usize = 2 * rules::MAX_RULES;
@@ -215,18 +213,6 @@ pub fn judge(
         }
         Ruling::NoRule => Judged::Ask { note: None, park },
     }
-}
-
-/// What the agent is told when a deny rule refused its call.
-pub fn denied_refusal(mark: &RuleMark) -> Refusal {
-    Refusal::new(
-        Code::Refused,
-        &format!(
-            "the operator's rule {} refuses this call; nothing was sent",
-            mark.id
-        ),
-    )
-    .with_certainty("not_sent")
 }
 
 /// A refusal's message with the note of the closest rule (when there is one).
@@ -570,9 +556,7 @@ mod tests {
         ) else {
             panic!("the deny rule refuses")
         };
-        let r = denied_refusal(&mark);
-        assert_eq!(r.code, Code::Refused);
-        assert_eq!(r.certainty, Some("not_sent"));
-        assert!(r.message().contains("rule d refuses"));
+        // What the agent is told is decided by the daemon's Denial (daemon/denial.rs tests).
+        assert_eq!(mark.id, "d");
     }
 }

@@ -1,9 +1,10 @@
 //! A call's arguments while it is in flight: canonical bytes and digest only (the tree is
 //! dropped), weighed against the per-uid and broker-wide argument budget.
 
+use super::denial::Denial;
 use super::{Broker, Session};
 use crate::audit::{self, Event};
-use crate::ipc::proto::{Code, Refusal};
+use crate::ipc::proto::Refusal;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -130,19 +131,11 @@ pub(super) fn take_arguments<'a>(
             outcome: "arguments_budget_full",
             ..Event::default()
         });
-        return Err(Refusal::new(
-            Code::Busy,
-            &format!(
-                "too many argument bytes are in calls in flight (at most {} MiB per agent uid, {} MiB in all); nothing was sent",
-                MAX_ARGUMENT_WEIGHT_PER_UID >> 20,
-                MAX_ARGUMENT_WEIGHT >> 20
-            ),
-        )
-        .with_certainty("not_sent"));
+        return Err(Denial::ArgumentsBudgetFull.refusal());
     };
     // canonical_json writes serde_json's output, which is UTF-8.
     let text: Arc<str> = String::from_utf8(canonical)
-        .map_err(|_| Refusal::new(Code::Protocol, "the arguments are not UTF-8"))?
+        .map_err(|_| Denial::ArgumentsNotUtf8.refusal())?
         .into();
     Ok((text, args_sha256, charge))
 }

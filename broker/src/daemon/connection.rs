@@ -1,6 +1,7 @@
 //! One connection: the frame loop (hello deadline, idle deadline, requests in flight, the
 //! answer writer and its deadline) and the session a `hello` opens.
 
+use super::denial::Denial;
 use super::session::{dispatch, resolve};
 use super::{
     Broker, Child, FRAME_DEADLINE, HELLO_DEADLINE, MAX_CLIENT_LABEL, MAX_IN_FLIGHT, Peer,
@@ -64,11 +65,7 @@ pub(super) fn encode_answer(v: &Value) -> Vec<u8> {
         return body;
     }
     let id = v.get("id").cloned().unwrap_or(Value::Null);
-    let r = Refusal::new(
-        Code::Failed,
-        "the answer is over the frame size bound and was not sent",
-    )
-    .with_certainty("maybe_applied");
+    let r = Denial::AnswerTooLarge.refusal();
     serde_json::to_vec(&json!({"id": id, "error": r.to_value()})).unwrap_or_default()
 }
 
@@ -311,10 +308,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                     let work = Box::pin(dispatch(&b, role, peer, s.as_deref(), other));
                     let answer = tokio::select! {
                         r = work => r,
-                        _ = shut.wait_for(|s| *s) => Err(Refusal::new(
-                            Code::ShuttingDown,
-                            "the broker is shutting down; the request was cancelled (a tool call may or may not have been applied)",
-                        ).with_certainty("maybe_applied")),
+                        _ = shut.wait_for(|s| *s) => Err(Denial::ShutdownDuringRequest.refusal()),
                     };
                     if let Ok(mut set) = flights.lock() {
                         set.remove(&id);
@@ -360,28 +354,16 @@ pub(super) fn open_session(
     h: &proto::Hello,
 ) -> Result<(Option<Arc<Session>>, Value), Refusal> {
     if h.protocol != PROTOCOL_VERSION {
-        return Err(Refusal::new(
-            Code::Version,
-            &format!("this broker speaks IPC protocol {PROTOCOL_VERSION} only"),
-        ));
+        return Err(Denial::Version.refusal());
     }
     if h.client.len() > MAX_CLIENT_LABEL || text::check_untrusted(&h.client, false).is_err() {
-        return Err(Refusal::new(
-            Code::Protocol,
-            &format!("the client label must be at most {MAX_CLIENT_LABEL} bytes of plain text"),
-        ));
+        return Err(Denial::BadClientLabel.refusal());
     }
     if role == Role::Operator && (h.agent_type.is_some() || h.model.is_some()) {
-        return Err(Refusal::new(
-            Code::Protocol,
-            "agent_type and model belong to agent sessions",
-        ));
+        return Err(Denial::AgentFieldsOnOperator.refusal());
     }
     if h.model.is_some() && h.agent_type.is_none() {
-        return Err(Refusal::new(
-            Code::Protocol,
-            "model is only meaningful with agent_type",
-        ));
+        return Err(Denial::ModelWithoutAgentType.refusal());
     }
     if role == Role::Operator {
         return Ok((
@@ -393,12 +375,10 @@ pub(super) fn open_session(
             }),
         ));
     }
-    let snapshot = broker.registry.snapshot().map_err(|_| {
-        Refusal::new(
-            Code::Failed,
-            "the broker's configuration cannot be read; ask the operator",
-        )
-    })?;
+    let snapshot = broker
+        .registry
+        .snapshot()
+        .map_err(|_| Denial::HelloConfigUnreadable.refusal())?;
     let child = match &h.agent_type {
         None => None,
         Some(t) => {
@@ -412,7 +392,7 @@ pub(super) fn open_session(
                     detail: Some(why.clone()),
                     ..Event::default()
                 });
-                Refusal::new(Code::Refused, &why)
+                Denial::AgentTypeRefused(why).refusal()
             })?;
             Some(Child {
                 def: def.clone(),

@@ -3,7 +3,7 @@
 //! resource reads and prompt gets all go this way.
 
 use super::arguments::take_arguments;
-use super::denial::{describe_failure, not_approved, slot_refusal, unknown_tool};
+use super::denial::{Denial, describe_failure, failure_reason, slot_denial};
 use super::listing::{
     MAX_PROMPT_ARGUMENTS, current, exposed, reads_server, session_catalog, valid_name, valid_uri,
 };
@@ -12,9 +12,9 @@ use super::record::CallRecord;
 use super::{Broker, MAX_RESULT_TEXT, Session};
 use crate::approvals::{self, CallInfo};
 use crate::hooks::{ToolEvent, Verdict};
-use crate::ipc::proto::{self, Code, Refusal};
+use crate::ipc::proto::{self, Refusal};
 use crate::mcp::client::McpError;
-use crate::registry::{Slot, SlotError};
+use crate::registry::Slot;
 use crate::servers::KnownSecrets;
 use serde_json::{Map, Value, json};
 use std::future::Future;
@@ -29,53 +29,22 @@ pub(super) async fn call_tool(
     // First, before anything tells known tools from unknown ones: an unwritable audit log
     // refuses every call alike.
     let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
-    let snap = match current(broker) {
-        Ok(x) => x,
-        Err(r) => {
-            record.finish("refused", "config_unreadable", None);
-            return Err(r);
-        }
-    };
+    let snap = current(broker).map_err(|d| record.deny(d))?;
     let Some(server) = snap.config.server(&c.server) else {
-        record.finish("refused", "unknown_tool", None);
-        return Err(unknown_tool());
+        return Err(record.deny(Denial::UnknownTool));
     };
     record.event.server = Some(server.name.as_str().to_owned());
     let ceiling = s.ceiling(&snap.config);
     // Policy and filters first: a hidden tool never starts its server.
     if !exposed(ceiling, server, &c.tool) {
-        record.finish("refused", "unknown_tool", None);
-        return Err(unknown_tool());
+        return Err(record.deny(Denial::UnknownTool));
     }
-    let (slot, client, catalog) = match session_catalog(broker, s, &snap, server).await {
-        Ok(x) => x,
-        Err(SlotError::StaleSession) => {
-            record.finish("refused", "stale_session", None);
-            return Err(Refusal::new(
-                Code::Refused,
-                &SlotError::StaleSession.to_string(),
-            ));
-        }
-        Err(SlotError::ShuttingDown) => {
-            record.finish("refused", "shutting_down", None);
-            return Err(Refusal::new(
-                Code::ShuttingDown,
-                "the broker is shutting down",
-            ));
-        }
-        Err(_) => {
-            record.finish("refused", "server_unavailable", None);
-            return Err(Refusal::new(
-                Code::Failed,
-                "the server is unavailable; nothing was sent (the operator can see why in iteron broker status)",
-            )
-            .with_certainty("not_sent"));
-        }
-    };
+    let (slot, client, catalog) = session_catalog(broker, s, &snap, server)
+        .await
+        .map_err(|e| record.deny(slot_denial(&e)))?;
     let generation = slot.generation();
     let Some(tool) = catalog.iter().find(|t| t.name == c.tool) else {
-        record.finish("refused", "unknown_tool", None);
-        return Err(unknown_tool());
+        return Err(record.deny(Denial::UnknownTool));
     };
     record.event.tool = Some(tool.name.clone());
     let event = ToolEvent {
@@ -150,20 +119,8 @@ pub(super) async fn server_read(
     };
     let (arguments, args_sha256, _charge) = take_arguments(broker, s, args)?;
     let mut record = CallRecord::open(broker, s, kind, &args_sha256)?;
-    let snap = match current(broker) {
-        Ok(x) => x,
-        Err(r) => {
-            record.finish("refused", "config_unreadable", None);
-            return Err(r);
-        }
-    };
-    let server = match reads_server(s, &snap, server_name) {
-        Ok(x) => x,
-        Err(r) => {
-            record.finish("refused", "unknown_server", None);
-            return Err(r);
-        }
-    };
+    let snap = current(broker).map_err(|d| record.deny(d))?;
+    let server = reads_server(s, &snap, server_name).map_err(|d| record.deny(d))?;
     record.event.server = Some(server.name.as_str().to_owned());
     // The request's own bounds, before anything starts or reaches the operator.
     let malformed = match &read {
@@ -178,17 +135,13 @@ pub(super) async fn server_read(
         ),
     };
     if let Some(why) = malformed {
-        record.finish("refused", "bad_request", None);
-        return Err(Refusal::new(Code::Refused, why).with_certainty("not_sent"));
+        return Err(record.deny(Denial::BadRequest(why)));
     }
-    let (slot, client) = match broker.registry.client(&snap, server).await {
-        Ok(x) => x,
-        Err(e) => {
-            let (outcome, r) = slot_refusal(&e);
-            record.finish("refused", outcome, None);
-            return Err(r);
-        }
-    };
+    let (slot, client) = broker
+        .registry
+        .client(&snap, server)
+        .await
+        .map_err(|e| record.deny(slot_denial(&e)))?;
     let generation = slot.generation();
     // The tool hooks run around this effect too, with the MCP method as the tool's name.
     let event = ToolEvent {
@@ -253,12 +206,8 @@ pub(super) async fn before_effect(
         Verdict::NoOpinion
     };
     if let Verdict::Block(reason) = verdict {
-        record.finish("blocked_by_hook", "refused", None);
         // Escaped once (by the hook runner), and capped so the certainty always fits.
-        return Err(
-            Refusal::rendered(Code::Refused, &crate::hooks::block_message(&reason))
-                .with_certainty("not_sent"),
-        );
+        return Err(record.deny(Denial::BlockedByHook(reason)));
     }
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
@@ -266,13 +215,7 @@ pub(super) async fn before_effect(
     // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
     // of time; whatever they leave undecided goes on to the operator as before.
     // Judged on the rules as they are now: a rule the operator removed no longer approves.
-    let snap = match current(broker) {
-        Ok(x) => x,
-        Err(r) => {
-            record.finish("refused", "config_unreadable", None);
-            return Err(r);
-        }
-    };
+    let snap = current(broker).map_err(|d| record.deny(d))?;
     let judged = crate::rules::judge(
         &broker.rules,
         &s.rule_counts,
@@ -293,8 +236,7 @@ pub(super) async fn before_effect(
             (Ok(()), None)
         }
         crate::rules::Judged::Denied(mark) => {
-            record.finish("denied_by_rule", "refused", Some(mark.detail()));
-            return Err(crate::rules::denied_refusal(&mark));
+            return Err(record.deny(Denial::DeniedByRule(mark)));
         }
         crate::rules::Judged::Ask { note, park } => {
             let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
@@ -311,42 +253,20 @@ pub(super) async fn before_effect(
         }
     };
     if let Err(why) = approval {
-        let (code, outcome, msg) = not_approved(why);
-        record.finish(
-            if outcome == "denied" {
-                "denied"
-            } else {
-                "refused"
-            },
-            outcome,
-            note.clone(),
-        );
-        let msg = crate::rules::with_note(&msg, note.as_deref());
-        return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
+        return Err(record.deny(Denial::NotApproved(why, note)));
     }
     record.event.decision = "approved";
     // The operator may have restarted or stopped the server while the call waited: never send
     // it to a different (or closed) connection than the one it was prepared for.
     if slot.generation() != generation || !slot.is_ready() {
-        record.finish("approved", "server_restarted", None);
-        return Err(Refusal::new(
-            Code::Failed,
-            "the server was restarted or stopped while the call waited for approval; nothing was sent",
-        )
-        .with_certainty("not_sent"));
+        return Err(record.deny(Denial::ServerRestarted));
     }
     if slot.cancel_epoch() != epoch {
-        record.finish("approved", "cancelled_by_operator", None);
-        return Err(Refusal::new(
-            Code::Cancelled,
-            "the operator cancelled calls on this server while this one waited; nothing was sent",
-        )
-        .with_certainty("not_sent"));
+        return Err(record.deny(Denial::CancelledWhileWaiting));
     }
     // The effect is audited before it happens.
     if let Err(gate) = record.dispatching() {
-        record.finish("approved", gate.outcome(), None);
-        return Err(Refusal::new(Code::Refused, gate.refusal()).with_certainty("not_sent"));
+        return Err(record.deny(Denial::DispatchNotRecorded(gate)));
     }
     Ok(epoch)
 }
@@ -379,13 +299,10 @@ pub(super) type EffectEnd = (Result<Value, Refusal>, &'static str, Option<String
 
 /// An effect the operator cancelled while it ran.
 pub(super) fn cancelled_effect() -> EffectEnd {
+    let d = Denial::CancelledDuringEffect;
     (
-        Err(Refusal::new(
-            Code::Cancelled,
-            "the operator cancelled calls on this server; the call may or may not have been applied",
-        )
-        .with_certainty("maybe_applied")),
-        "cancelled_by_operator",
+        Err(d.refusal()),
+        d.audit().1,
         Some("certainty maybe_applied".to_owned()),
     )
 }
@@ -393,13 +310,16 @@ pub(super) fn cancelled_effect() -> EffectEnd {
 /// An effect that failed: the agent gets a fixed description (or the server's own error) and
 /// the certainty; the audit record also gets the full failure, scrubbed.
 pub(super) fn failed_effect(e: &McpError, secrets: &KnownSecrets) -> EffectEnd {
-    let certainty = e.certainty().as_str();
-    let msg = secrets.scrub(&describe_failure(e, secrets));
+    let d = Denial::EffectFailed {
+        message: secrets.scrub(&describe_failure(e, secrets)),
+        certainty: e.certainty(),
+        reason: failure_reason(e),
+    };
     let failure = secrets.scrub(&e.to_string());
     (
-        Err(Refusal::new(Code::Failed, &msg).with_certainty(certainty)),
-        "failed",
-        Some(format!("certainty {certainty}; {failure}")),
+        Err(d.refusal()),
+        d.audit().1,
+        Some(format!("certainty {}; {failure}", e.certainty().as_str())),
     )
 }
 

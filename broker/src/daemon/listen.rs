@@ -2,13 +2,14 @@
 //! connection bounds, and the one error frame a refused connection gets.
 
 use super::connection::connection;
+use super::denial::Denial;
 use super::{
     Broker, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID, MAX_REFUSED_RECORDS_PER_SEC, Peer,
     SHUTDOWN_GRACE, ServeError,
 };
 use crate::audit::Event;
 use crate::ipc::frame::{self, MAX_FRAME};
-use crate::ipc::proto::{self, Code, Refusal, Role};
+use crate::ipc::proto::{self, Refusal, Role};
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -151,29 +152,15 @@ pub(super) async fn accept_loop(
                     ..Event::default()
                 });
             }
-            refuse_connection(
-                stream,
-                Refusal::new(Code::Refused, "this uid may not use this socket"),
-            );
+            refuse_connection(stream, Denial::PeerNotAllowed.refusal());
             continue;
         }
         let Some(mine) = UidConnection::take(&per_uid, peer.uid, MAX_CONNECTIONS_PER_UID) else {
-            refuse_connection(
-                stream,
-                Refusal::new(
-                    Code::Busy,
-                    &format!(
-                        "this uid has {MAX_CONNECTIONS_PER_UID} connections open already; close one"
-                    ),
-                ),
-            );
+            refuse_connection(stream, Denial::UidConnectionsFull.refusal());
             continue;
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            refuse_connection(
-                stream,
-                Refusal::new(Code::Busy, "too many open connections; try again later"),
-            );
+            refuse_connection(stream, Denial::ConnectionsFull.refusal());
             continue;
         };
         let b = Arc::clone(&broker);

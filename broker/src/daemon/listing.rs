@@ -1,11 +1,11 @@
 //! What a session may see: the configuration as it is now, the exposure rule, and the listings
 //! (tools of every exposed server at once; resources and prompts of one server).
 
-use super::denial::{describe_failure, slot_refusal, unknown_server};
+use super::denial::{Denial, describe_failure, slot_denial};
 use super::project::field;
 use super::{Broker, MAX_RESULT_TEXT, Session};
 use crate::audit::Event;
-use crate::ipc::proto::{self, Code, Refusal};
+use crate::ipc::proto::{self, Refusal};
 use crate::mcp::client::Tool;
 use crate::registry::{Slot, SlotError, Snapshot};
 use crate::servers::KnownSecrets;
@@ -37,14 +37,11 @@ pub(super) fn exposed(ceiling: CapabilitySet, server: &ServerConfig, tool: &str)
 /// The configuration as it is now: every request is decided on it, so a server removed or a
 /// tool denied since a session opened is gone for that session too. Reading it costs a `stat`
 /// when the file did not change. Fail closed: an unreadable configuration refuses the request.
-pub(super) fn current(broker: &Broker) -> Result<Arc<Snapshot>, Refusal> {
-    broker.registry.snapshot().map_err(|_| {
-        Refusal::new(
-            Code::Failed,
-            "the broker's configuration cannot be read; nothing was sent; ask the operator",
-        )
-        .with_certainty("not_sent")
-    })
+pub(super) fn current(broker: &Broker) -> Result<Arc<Snapshot>, Denial> {
+    broker
+        .registry
+        .snapshot()
+        .map_err(|_| Denial::ConfigUnreadable)
 }
 
 /// The exposed catalog of one server for this session (connecting first if needed). The
@@ -222,10 +219,10 @@ pub(super) fn reads_server<'a>(
     s: &Session,
     snap: &'a Snapshot,
     name: &str,
-) -> Result<&'a ServerConfig, Refusal> {
-    let server = snap.config.server(name).ok_or_else(unknown_server)?;
+) -> Result<&'a ServerConfig, Denial> {
+    let server = snap.config.server(name).ok_or(Denial::UnknownServer)?;
     if !iteron_policy::capability::server_reads_exposed(s.ceiling(&snap.config), &server.policy) {
-        return Err(unknown_server());
+        return Err(Denial::UnknownServer);
     }
     Ok(server)
 }
@@ -254,22 +251,18 @@ pub(super) async fn list_reads(
             ..Event::default()
         });
     };
-    let snap = current(broker)?;
-    let server = match reads_server(s, &snap, server_name) {
-        Ok(x) => x,
-        Err(r) => {
-            audit("refused", "unknown_server", None);
-            return Err(r);
-        }
+    // Each refusal is recorded with the denial's own decision and outcome.
+    let deny = |d: Denial, server: Option<String>| -> Refusal {
+        let (decision, outcome) = d.audit();
+        audit(decision, outcome, server);
+        d.refusal()
     };
+    let snap = current(broker)?;
+    let server = reads_server(s, &snap, server_name).map_err(|d| deny(d, None))?;
     let name = server.name.as_str().to_owned();
     let (slot, client) = match broker.registry.client(&snap, server).await {
         Ok(x) => x,
-        Err(e) => {
-            let (outcome, r) = slot_refusal(&e);
-            audit("refused", outcome, Some(name));
-            return Err(r);
-        }
+        Err(e) => return Err(deny(slot_denial(&e), Some(name))),
     };
     let listed = if prompts {
         client.list_prompts().await
@@ -280,15 +273,12 @@ pub(super) async fn list_reads(
     let items = match listed {
         Ok(v) => v,
         Err(e) => {
-            audit("allowed", "failed", Some(name));
-            return Err(Refusal::new(
-                Code::Failed,
-                &secrets.scrub(&format!(
-                    "the server did not list its {}: {}",
-                    if prompts { "prompts" } else { "resources" },
-                    describe_failure(&e, &secrets)
-                )),
+            let why = secrets.scrub(&format!(
+                "the server did not list its {}: {}",
+                if prompts { "prompts" } else { "resources" },
+                describe_failure(&e, &secrets)
             ));
+            return Err(deny(Denial::ListFailed(why), Some(name)));
         }
     };
     let mut notes = Vec::new();

@@ -12,12 +12,14 @@
 //! sent back.
 //!
 //! The module map, along the pipeline's seams:
-//! - [`listen`]: the sockets and the peer gate; [`connection`]: one connection's frame loop
-//!   and the session a `hello` opens; [`session`]: a session's requests by kind;
-//! - [`listing`]: exposure and the listings; [`effect`]: the effect pipeline, with
-//!   [`arguments`] (a call's bytes and their budget) and [`record`] (its audit record);
-//! - [`project`]: the answers as the agent gets them; [`denial`]: the refusals it sees;
-//! - [`operator`]: the operator socket's requests.
+//! - `listen`: the sockets and the peer gate; `connection`: one connection's frame loop
+//!   and the session a `hello` opens; `session`: a session's requests by kind;
+//! - `listing`: exposure and the listings; `effect`: the effect pipeline, with
+//!   `arguments` (a call's bytes and their budget) and `record` (its audit record);
+//! - `project`: the answers as the agent gets them; `denial`: the refusals it sees —
+//!   `Denial` is the only route from an internal cause to the agent: its code, certainty,
+//!   reason, audit decision and outcome, and message are each one exhaustive match;
+//! - `operator`: the operator socket's requests.
 //!
 //! The hook seam (`ToolHooks`) lives in [`crate::hooks`] and is re-exported here.
 

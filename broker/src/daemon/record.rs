@@ -1,9 +1,10 @@
 //! The audit record of one effect request, written when the request ends however it ends
 //! (including when its future is dropped).
 
+use super::denial::Denial;
 use super::{Broker, Session, elapsed_ms};
 use crate::audit::{self, Event};
-use crate::ipc::proto::{Code, Refusal};
+use crate::ipc::proto::Refusal;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -45,10 +46,25 @@ impl<'a> CallRecord<'a> {
             rule: None,
         };
         if let Err(gate) = broker.audit.effect_gate() {
-            record.finish("refused", gate.outcome(), None);
-            return Err(Refusal::new(Code::Refused, gate.refusal()));
+            return Err(record.deny(Denial::AuditUnwritable(gate)));
         }
         Ok(record)
+    }
+}
+
+impl CallRecord<'_> {
+    /// End the request refused: its record gets the denial's decision and outcome (and what a
+    /// rule or its note says), and the agent the denial's refusal — both from one value, so the
+    /// audit log and the answer cannot disagree.
+    pub(super) fn deny(&mut self, d: Denial) -> Refusal {
+        let (decision, outcome) = d.audit();
+        let detail = match &d {
+            Denial::DeniedByRule(mark) => Some(mark.detail()),
+            Denial::NotApproved(_, note) => note.clone(),
+            _ => None,
+        };
+        self.finish(decision, outcome, detail);
+        d.refusal()
     }
 }
 

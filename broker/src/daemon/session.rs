@@ -1,13 +1,14 @@
 //! An open session's requests, dispatched by kind (a child session's budgets checked around
 //! each call), and the requests that need no server: skills and agent definitions.
 
+use super::denial::Denial;
 use super::effect::{Read, call_tool, server_read};
 use super::listing::{list_reads, list_tools};
 use super::operator::operator;
 use super::{Broker, Peer, Session};
 use crate::audit::Event;
 use crate::catalog::Catalog;
-use crate::ipc::proto::{self, Code, Refusal, Request, Role};
+use crate::ipc::proto::{self, Refusal, Request, Role};
 use iteron_policy::agentdef::{self, AgentDef};
 use iteron_policy::config::HookEvent;
 use serde_json::{Value, json};
@@ -33,19 +34,11 @@ pub(super) async fn dispatch(
                 check_wall_budget(s)?;
                 let turn = child.turns.fetch_add(1, Ordering::SeqCst) + 1;
                 if turn > child.def.budget.max_turns {
-                    return Err(Refusal::new(
-                        Code::Refused,
-                        "the child's turn budget is spent; nothing was sent",
-                    )
-                    .with_certainty("not_sent"));
+                    return Err(Denial::ChildTurnsSpent.refusal());
                 }
                 let limit = child.def.budget.max_consecutive_tool_errors;
                 if child.consecutive_errors.load(Ordering::SeqCst) >= limit {
-                    return Err(Refusal::new(
-                        Code::Refused,
-                        "the child reached its limit of consecutive tool errors; nothing was sent",
-                    )
-                    .with_certainty("not_sent"));
+                    return Err(Denial::ChildErrorLimit.refusal());
                 }
                 // The wall-clock budget bounds the call itself, not only its start.
                 let left = Duration::from_secs(child.def.budget.max_wall_secs)
@@ -61,11 +54,7 @@ pub(super) async fn dispatch(
                         // The call is dropped at the end of this block, after the flag is set:
                         // its record says the budget cut it.
                         child.budget_cut.store(true, Ordering::SeqCst);
-                        Err(Refusal::new(
-                            Code::Refused,
-                            "the child's wall-clock budget ran out during the call; it may or may not have been applied",
-                        )
-                        .with_certainty("maybe_applied"))
+                        Err(Denial::ChildWallDuringCall.refusal())
                     }
                 };
                 let failed = match &r {
@@ -121,10 +110,7 @@ pub(super) async fn dispatch(
         }
         (Role::Agent, Request::SubmitPrompt(p), Some(s)) => {
             if p.prompt.len() > proto::MAX_PROMPT {
-                return Err(Refusal::new(
-                    Code::Refused,
-                    &format!("the prompt is over {} bytes", proto::MAX_PROMPT),
-                ));
+                return Err(Denial::PromptTooLong.refusal());
             }
             if s.child.is_none() {
                 let reports = broker
@@ -141,7 +127,7 @@ pub(super) async fn dispatch(
         (Role::Operator, req, _) => operator(broker, peer, req).await,
         // The table admits nothing else in an open session; this is unreachable by
         // construction, and refused rather than trusted if it ever were reached.
-        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+        _ => Err(Denial::NotAllowedHere.refusal()),
     }
 }
 
@@ -149,11 +135,7 @@ pub(super) async fn dispatch(
 pub(super) fn check_wall_budget(s: &Session) -> Result<(), Refusal> {
     match &s.child {
         Some(c) if c.started.elapsed() > Duration::from_secs(c.def.budget.max_wall_secs) => {
-            Err(Refusal::new(
-                Code::Refused,
-                "the child's wall-clock budget is spent; nothing was sent",
-            )
-            .with_certainty("not_sent"))
+            Err(Denial::ChildWallSpent.refusal())
         }
         _ => Ok(()),
     }
@@ -226,12 +208,7 @@ pub(super) fn use_skill(broker: &Broker, s: &Session, name: &str) -> Result<Valu
             "tier": entry.tier.as_str(),
             "body": body,
         })),
-        Err(crate::catalog::UseSkillError::Unknown) => {
-            Err(Refusal::new(Code::NotFound, "unknown skill"))
-        }
-        Err(crate::catalog::UseSkillError::Changed) => Err(Refusal::new(
-            Code::Refused,
-            "the skill changed since it was discovered; it is available again after the broker restarts",
-        )),
+        Err(crate::catalog::UseSkillError::Unknown) => Err(Denial::UnknownSkill.refusal()),
+        Err(crate::catalog::UseSkillError::Changed) => Err(Denial::SkillChanged.refusal()),
     }
 }

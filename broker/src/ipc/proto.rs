@@ -578,8 +578,11 @@ pub struct Refusal {
     /// The code.
     pub code: Code,
     message: String,
-    /// For failed effects: `not_sent`, `maybe_applied` or `applied`.
-    pub certainty: Option<&'static str>,
+    /// For failed effects: whether the effect may have happened.
+    pub certainty: Option<Certainty>,
+    /// Why, in a fixed machine-readable vocabulary (docs/ipc.md), next to the code: it tells a
+    /// denial from a timeout or a failure of the server.
+    pub reason: Option<&'static str>,
 }
 
 impl Refusal {
@@ -589,6 +592,7 @@ impl Refusal {
             code,
             message: text::single_line_capped(message, MAX_REASON),
             certainty: None,
+            reason: None,
         }
     }
 
@@ -601,12 +605,19 @@ impl Refusal {
             code,
             message: text::cap_rendered(message, MAX_REASON),
             certainty: None,
+            reason: None,
         }
     }
 
     /// With the certainty of a failed effect.
-    pub fn with_certainty(mut self, certainty: &'static str) -> Refusal {
+    pub fn with_certainty(mut self, certainty: Certainty) -> Refusal {
         self.certainty = Some(certainty);
+        self
+    }
+
+    /// With the machine-readable reason.
+    pub fn with_reason(mut self, reason: &'static str) -> Refusal {
+        self.reason = Some(reason);
         self
     }
 
@@ -618,8 +629,13 @@ impl Refusal {
     /// The `error` object.
     pub fn to_value(&self) -> Value {
         let mut v = json!({"code": self.code.as_str(), "message": self.message});
-        if let (Some(c), Some(obj)) = (self.certainty, v.as_object_mut()) {
-            obj.insert("certainty".into(), c.into());
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(r) = self.reason {
+                obj.insert("reason".into(), r.into());
+            }
+            if let Some(c) = self.certainty {
+                obj.insert("certainty".into(), c.as_str().into());
+            }
         }
         v
     }
@@ -628,6 +644,29 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// What is known about whether a request's effect happened. No layer ever retries a request
+/// whose certainty is [`Certainty::MaybeApplied`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Certainty {
+    /// Nothing was sent, or the server refused the request before acting on it.
+    NotSent,
+    /// Bytes may have reached the server and no answer says what happened.
+    MaybeApplied,
+    /// The server answered.
+    Applied,
+}
+
+impl Certainty {
+    /// The spelling on the wire and in diagnostics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Certainty::NotSent => "not_sent",
+            Certainty::MaybeApplied => "maybe_applied",
+            Certainty::Applied => "applied",
+        }
     }
 }
 

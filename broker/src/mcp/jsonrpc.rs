@@ -13,28 +13,8 @@ use serde_json::{Map, Value};
 /// Longest server-supplied error message kept, in bytes.
 pub const MAX_ERROR_MESSAGE: usize = 300;
 
-/// What is known about whether a request's effect happened. No layer ever retries a request
-/// whose certainty is [`Certainty::MaybeApplied`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Certainty {
-    /// Nothing was sent, or the server refused the request before acting on it.
-    NotSent,
-    /// Bytes may have reached the server and no answer says what happened.
-    MaybeApplied,
-    /// The server answered.
-    Applied,
-}
-
-impl Certainty {
-    /// The spelling in diagnostics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Certainty::NotSent => "not_sent",
-            Certainty::MaybeApplied => "maybe_applied",
-            Certainty::Applied => "applied",
-        }
-    }
-}
+/// What is known about whether a request's effect happened (shared with the IPC answers).
+pub use crate::ipc::proto::Certainty;
 
 /// A JSON-RPC id. Numbers are kept as their JSON text, so `0`, `1.0` and `"1"` stay distinct.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
