@@ -746,3 +746,354 @@ fn a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed
         serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }
+
+/// Replace server `name`'s `oauth` block in the home's configuration (the file keeps its mode).
+fn set_oauth(home: &Home, name: &str, oauth: serde_json::Value) {
+    let path = home.0.join("home/config.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let servers = doc["mcp_servers"].as_array_mut().unwrap();
+    let server = servers.iter_mut().find(|s| s["name"] == name).unwrap();
+    server["oauth"] = oauth;
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+}
+
+/// The lines of a shared `REQUEST_LOG`.
+fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The prefix of a token's SHA-256 that `mcp_server.mjs` logs.
+fn token_sha256(token: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(token.as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect::<String>()[..16].to_owned()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!("iteron-oauth-ext-log-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    // Access tokens live 2 s: inside the 30 s margin, so every use renews (rotation is used).
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    // A real token pair, from a login in another home (a public, dynamically registered client).
+    let source = Home::new_tagged("ext-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client_id = cred["binding"]["client_id"].as_str().unwrap().to_owned();
+    // The CI home: the same server, its token named by variables, nothing stored.
+    let ci = Home::new_tagged("ext-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "expires_at_env": "CI_EXPIRES",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": client_id,
+        }),
+    );
+    let status = ci.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "external", "{v}");
+    // Expired by its variable (the token itself is still good at the AS): never sent, renewed
+    // first, and renewed again with the rotated refresh token the broker kept in memory.
+    let expired = (unix_now() - 10).to_string();
+    let env = [
+        ("CI_ACCESS", access.as_str()),
+        ("CI_EXPIRES", expired.as_str()),
+        ("CI_REFRESH", refresh.as_str()),
+    ];
+    let test = ci
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let lines = log_lines(&log);
+    let refreshes: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["route"] == "token" && l["grant_type"] == "refresh_token")
+        .collect();
+    assert!(
+        refreshes.len() >= 2 && refreshes.iter().all(|l| l["status"] == 200),
+        "a renewal with a rotated refresh token was refused: {refreshes:?}"
+    );
+    assert!(
+        refreshes
+            .iter()
+            .all(|l| l["client_id"] == client_id.as_str() && l["resource"] == pair.mcp_url.as_str()),
+        "{refreshes:?}"
+    );
+    let presented: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp")
+        .filter_map(|l| l["token_sha256"].as_str())
+        .collect();
+    assert!(!presented.is_empty());
+    assert!(
+        !presented.contains(&token_sha256(&access).as_str()),
+        "the expired token was sent"
+    );
+    // The variable's refresh token was rotated away: the AS refuses it now.
+    assert!(!active(&pair.issuer, &refresh));
+    // Expired, and nothing to renew it with: nothing is sent at all.
+    let plain = Home::new_tagged("ext-plain");
+    assert!(
+        plain
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &plain,
+        "guarded",
+        serde_json::json!({"access_token_env": "CI_ACCESS", "expires_at_env": "CI_EXPIRES"}),
+    );
+    let before = log_lines(&log).len();
+    let refused = plain
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("there is no refresh token to renew it; nothing was sent"),
+        "{err}"
+    );
+    assert!(
+        log_lines(&log)[before..]
+            .iter()
+            .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
+        "a request carried the expired token"
+    );
+    // A malformed expiry is refused before anything is sent.
+    let bad = plain
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .env("CI_EXPIRES", "tomorrow")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(8));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("CI_EXPIRES (the access token's expiry)")
+    );
+    // Logout revokes at revoke_url: a fresh pair, still valid, is dead at the AS afterwards.
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access2 = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh2 = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(active(&pair.issuer, &refresh2));
+    // (The second login registered another client: the AS revokes a client's own tokens only.)
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let logout = ci
+        .cmd(&["mcp", "auth", "logout", "guarded"])
+        .env("CI_ACCESS", &access2)
+        .env("CI_REFRESH", &refresh2)
+        .output()
+        .unwrap();
+    assert!(
+        logout.status.success(),
+        "{}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&logout.stdout).contains("revoked at revoke_url"),
+        "{}",
+        String::from_utf8_lossy(&logout.stdout)
+    );
+    assert!(!active(&pair.issuer, &refresh2) && !active(&pair.issuer, &access2));
+    let revocations = log_lines(&log)
+        .into_iter()
+        .filter(|l| l["route"] == "revocation" && l["status"] == 200)
+        .count();
+    assert!(
+        revocations >= 2,
+        "refresh and access tokens were not both revoked"
+    );
+    assert_no_token(
+        &[&status, &test, &refused, &bad, &logout],
+        &[&access, &refresh, &access2, &refresh2],
+    );
+    let config = std::fs::read_to_string(ci.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(&access) && !config.contains(&refresh));
+    assert!(ci.credential().is_none(), "a token was written to the home");
+    let _ = std::fs::remove_file(&log);
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout",
+        serde_json::json!({"authorization_server": "oidc-provider", "refreshes": refreshes.len(), "revocations": revocations}),
+    );
+}
+
+#[test]
+fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!(
+        "iteron-oauth-ext-broker-log-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    let source = Home::new_tagged("ext-broker-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ci = Home::new_tagged("ext-broker-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "expires_at_env": "CI_EXPIRES",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let sock = ci.0.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let expired = (unix_now() - 10).to_string();
+    let broker = Proc(
+        ci.cmd(&["broker", "serve", "--socket", &sock_s])
+            .env("CI_ACCESS", &access)
+            .env("CI_EXPIRES", &expired)
+            .env("CI_REFRESH", &refresh)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agent = |args: &[&str]| {
+        let mut full = vec!["agent", "--socket", sock_s.as_str()];
+        full.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(&full)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    // The broker renews (the variable says the token expired) and lists the server's tools.
+    let tools = agent(&["tools", "--format", "json"]);
+    let listed = String::from_utf8_lossy(&tools.stdout).into_owned();
+    assert!(
+        tools.status.success() && listed.contains("whoami"),
+        "{listed} {}",
+        String::from_utf8_lossy(&tools.stderr)
+    );
+    assert!(!active(&pair.issuer, &refresh), "the broker did not rotate");
+    // Logout without the variables: only the broker knows the tokens it holds now.
+    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
+    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
+    assert!(
+        logout.status.success() && said.contains("the running broker revoked its tokens"),
+        "{said} {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    let after = log_lines(&log).len();
+    // The server was restarted; reconnecting finds the tokens revoked and sends nothing.
+    let again = agent(&["tools", "--format", "json"]);
+    assert!(
+        !String::from_utf8_lossy(&again.stdout).contains("whoami"),
+        "the revoked bearer was used again"
+    );
+    assert!(
+        log_lines(&log)[after..]
+            .iter()
+            .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
+        "a request carried a revoked token after logout"
+    );
+    let status = ci.run(&["broker", "status", "--format", "json"]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    drop(broker);
+    assert_no_token(&[&tools, &logout, &again, &status], &[&access, &refresh]);
+    let _ = std::fs::remove_file(&log);
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again",
+        serde_json::json!({"authorization_server": "oidc-provider"}),
+    );
+}

@@ -358,6 +358,82 @@ fn open_browser(page: &std::path::Path) {
     let _ = cmd.spawn();
 }
 
+/// Whether the server's credential is an externally managed token (`oauth.access_token_env`).
+fn is_external(server: &ServerConfig) -> bool {
+    matches!(&server.transport, Transport::Http(h)
+        if h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref()).is_some())
+}
+
+/// `auth logout` of an externally managed token: revoke it at `revoke_url` (best effort, like
+/// every logout: the answer is reported, the exit status stays 0). Nothing is stored locally,
+/// so nothing is deleted.
+fn logout_external(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+    server: &ServerConfig,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    use iteron_broker::ipc::client::ClientError;
+    use iteron_broker::oauth::Revoked;
+    use iteron_broker::servers::{ExternalLogout, logout_external};
+    // A running broker holds the tokens it renewed (rotated, in its memory only): it revokes
+    // those, never sends them again, and restarts the server.
+    let socket = crate::broker::default_operator_socket(home);
+    if socket.exists() {
+        match crate::broker::operator_request(
+            &socket,
+            "logout",
+            json!({"server": server.name.as_str()}),
+        ) {
+            Ok(v) => {
+                let what = match v.get("revoked").and_then(serde_json::Value::as_str) {
+                    Some("revoked") => "the running broker revoked its tokens at revoke_url",
+                    Some("no_revoke_url") => {
+                        "the configuration names no revoke_url; the running broker stopped using its tokens, which stay valid until they expire"
+                    }
+                    Some("nothing_to_revoke") => "the running broker held no token",
+                    _ => {
+                        "the running broker's revocation at revoke_url failed; it stopped using its tokens"
+                    }
+                };
+                return writeln!(
+                    out,
+                    "logged out of {} (externally managed token): {what}",
+                    server.name
+                )
+                .map_err(CliError::Output);
+            }
+            // No broker listens: this process revokes what the variables hold.
+            Err(CliError::Broker(ClientError::Connect(_))) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let rt = crate::rt::multi_thread()?;
+    let lookup = |n: &str| std::env::var_os(n);
+    let outcome = rt
+        .block_on(logout_external(server, &config.network, &lookup))
+        .map_err(fail)?;
+    let what = match outcome {
+        ExternalLogout::NoRevokeUrl => {
+            "the configuration names no revoke_url, so nothing was revoked (the token stays valid until it expires)"
+        }
+        ExternalLogout::Revoked(Revoked::Revoked) => "revoked at revoke_url",
+        ExternalLogout::Revoked(Revoked::NothingToRevoke) => {
+            "no token was set in the named variables, so nothing was revoked"
+        }
+        ExternalLogout::Revoked(Revoked::NotOffered) => "the configuration names no revoke_url",
+        ExternalLogout::Revoked(Revoked::Failed) => {
+            "revocation at revoke_url failed (the tokens may stay valid until they expire)"
+        }
+    };
+    writeln!(
+        out,
+        "logged out of {} (externally managed token): {what}",
+        server.name
+    )
+    .map_err(CliError::Output)
+}
+
 /// The state `auth status` reports.
 pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
     let Transport::Http(h) = &server.transport else {
@@ -500,6 +576,9 @@ async fn revoke_tokens(
 pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
     let config = home.load()?;
     let server = http_server(&config, raw)?;
+    if is_external(server) {
+        return logout_external(home, &config, server, out);
+    }
     let store = CredentialStore::new(home);
     let keyring_configured = matches!(
         &server.transport,

@@ -720,6 +720,9 @@ pub enum ConfigErrorKind {
     },
     /// A single value was refused.
     Value(ValueError),
+    /// A key that only makes sense together with another one, or that excludes another one
+    /// (fixed text naming both).
+    Inconsistent(&'static str),
 }
 
 /// A configuration error: where, and what. Its `Display` is one line and never quotes a value.
@@ -782,6 +785,7 @@ impl fmt::Display for ConfigErrorKind {
                 write!(f, "must be an integer from {min} to {max}")
             }
             ConfigErrorKind::Value(e) => e.fmt(f),
+            ConfigErrorKind::Inconsistent(why) => f.write_str(why),
         }
     }
 }
@@ -1460,7 +1464,7 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             )
         })
     })?;
-    Ok(OAuthConfig {
+    let config = OAuthConfig {
         resource: url("resource")?,
         scopes: match f.get("scopes") {
             None => Vec::new(),
@@ -1476,7 +1480,66 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         refresh_token_env: env("refresh_token_env")?,
         revoke_url: url("revoke_url")?,
         credential_store,
-    })
+    };
+    check_oauth(&f, &config)?;
+    Ok(config)
+}
+
+/// The rules that tie the keys of one `oauth` block together. Each refusal names the key it is
+/// at and the key it needs or excludes.
+fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
+    let refuse = |key: &str, why: &'static str| -> Result2<()> {
+        let (node, path) = f
+            .get(key)
+            .map_or((None, f.path.clone()), |(n, p)| (Some(n), p));
+        Err(err(
+            &path,
+            node.map_or(f.pos, |n| n.pos),
+            ConfigErrorKind::Inconsistent(why),
+        ))
+    };
+    // The externally managed token: its expiry, refresh and revocation belong to it.
+    if o.access_token_env.is_none() {
+        for key in [
+            "expires_at_env",
+            "refresh_url",
+            "refresh_token_env",
+            "revoke_url",
+        ] {
+            if f.get(key).is_some() {
+                return refuse(
+                    key,
+                    "belongs to an externally managed token and needs access_token_env",
+                );
+            }
+        }
+    }
+    match (&o.refresh_url, &o.refresh_token_env) {
+        (Some(_), None) => {
+            return refuse(
+                "refresh_url",
+                "needs refresh_token_env (the variable holding the refresh token to present)",
+            );
+        }
+        (None, Some(_)) => {
+            return refuse(
+                "refresh_token_env",
+                "needs refresh_url (where the refresh token is presented)",
+            );
+        }
+        _ => {}
+    }
+    if o.client_id.is_none() {
+        for key in ["refresh_url", "revoke_url"] {
+            if f.get(key).is_some() {
+                return refuse(
+                    key,
+                    "needs client_id (the client the externally managed token was issued to)",
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

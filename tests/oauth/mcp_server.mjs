@@ -17,6 +17,7 @@
 //   - anything else (ACCESS_TOKEN_FORMAT=opaque on the AS): RFC 7662 introspection at the AS with
 //     the RS client's credentials; `active`, `iss`, `aud` and `token_type` Bearer are required,
 //     so revocation is visible on the very next request.
+import { createHash } from 'node:crypto';
 import { createServer } from 'node:http';
 import { appendFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -283,6 +284,8 @@ export async function startMcpServer(options) {
         ? new Rejection(401, 'invalid_request', 'malformed Authorization header')
         : new Rejection(401, undefined, 'no bearer token');
     }
+    // Which token was presented, never the token: tests prove that a token was never sent.
+    entry.token_sha256 = createHash('sha256').update(m[1]).digest('hex').slice(0, 16);
     const who = await validate(m[1]);
     entry.sub = who.sub;
     const granted = new Set(splitList(who.scope));

@@ -358,7 +358,14 @@ pub fn start(
     let state = random_token(24)?;
     let verifier = random_token(48)?;
     let challenge = s256(&verifier);
-    let mut url = meta.authorization_endpoint.as_url().clone();
+    let mut url = meta
+        .authorization_endpoint
+        .as_ref()
+        .ok_or(OAuthError::Malformed(
+            "authorization-server metadata (no authorization_endpoint)",
+        ))?
+        .as_url()
+        .clone();
     {
         let mut q = url.query_pairs_mut();
         q.append_pair("response_type", "code")
@@ -888,7 +895,9 @@ mod tests {
     fn meta(iss_supported: bool) -> ServerMetadata {
         ServerMetadata {
             issuer: "https://as.example".into(),
-            authorization_endpoint: EndpointUrl::parse("https://as.example/authorize").unwrap(),
+            authorization_endpoint: Some(
+                EndpointUrl::parse("https://as.example/authorize").unwrap(),
+            ),
             token_endpoint: EndpointUrl::parse("https://as.example/token").unwrap(),
             registration_endpoint: None,
             revocation_endpoint: None,

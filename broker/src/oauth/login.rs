@@ -384,8 +384,11 @@ pub async fn login(
         &prm.resource,
         scope.clone(),
     )?;
-    let auth_zone =
-        crate::servers::endpoint_zone(&meta.authorization_endpoint).unwrap_or(Zone::Loopback);
+    let auth_zone = meta
+        .authorization_endpoint
+        .as_ref()
+        .and_then(|e| crate::servers::endpoint_zone(e).ok())
+        .unwrap_or(Zone::Loopback);
     present(&attempt.url, auth_zone <= binding);
     let returned = callback.wait(&attempt).await?;
     let code = match flow::finish(&attempt, &returned) {

@@ -27,8 +27,9 @@ pub struct ResourceMetadata {
 pub struct ServerMetadata {
     /// The issuer, exactly as fetched.
     pub issuer: String,
-    /// Where the browser goes.
-    pub authorization_endpoint: EndpointUrl,
+    /// Where the browser goes (absent for endpoints the operator configured for an externally
+    /// managed token, which never involve a browser).
+    pub authorization_endpoint: Option<EndpointUrl>,
     /// Where codes and refresh tokens are exchanged.
     pub token_endpoint: EndpointUrl,
     /// RFC 7591 registration, if offered.
@@ -271,7 +272,7 @@ pub fn validate_server(issuer: &str, doc: &Value) -> Result<ServerMetadata, OAut
     }
     Ok(ServerMetadata {
         issuer: issuer.to_owned(),
-        authorization_endpoint,
+        authorization_endpoint: Some(authorization_endpoint),
         token_endpoint,
         registration_endpoint: endpoint(doc, "registration_endpoint")?,
         revocation_endpoint: endpoint(doc, "revocation_endpoint")?,

@@ -10,6 +10,7 @@
 //! issuer's own metadata and pass the endpoint URL rules. Secrets (codes, verifiers, tokens,
 //! client secrets) live in [`SecretString`] and never reach `Debug`, `Display` or an error.
 
+pub mod external;
 pub mod flow;
 pub mod login;
 pub mod metadata;

@@ -1153,9 +1153,19 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         let server = match key.split_once('.') {
             None => r#"{"name": "a", "transport": "http", "url": "https://203.0.114.1:8443/mcp"}"#
                 .to_owned(),
-            Some((_, k)) => format!(
-                r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "https://203.0.114.1:8443/x"}}}}"#
-            ),
+            Some((_, k)) => {
+                // The externally managed token's endpoints come with what they need.
+                let with = match k {
+                    "refresh_url" => {
+                        r#", "access_token_env": "T", "refresh_token_env": "R", "client_id": "c""#
+                    }
+                    "revoke_url" => r#", "access_token_env": "T", "client_id": "c""#,
+                    _ => "",
+                };
+                format!(
+                    r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "https://203.0.114.1:8443/x"{with}}}}}"#
+                )
+            }
         };
         parse(&doc_with(&format!(r#""mcp_servers": [{server}]"#)))
             .unwrap_or_else(|e| panic!("{key}: {e}"));
@@ -1165,4 +1175,62 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         "policy/src/config/tests.rs::urls_that_are_never_a_destination_are_refused_with_their_rule",
         serde_json::json!({"keys": keys.len(), "urls": bad.len()}),
     );
+}
+
+#[test]
+fn the_externally_managed_token_block_is_refused_when_its_keys_do_not_fit_together() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let cases = [
+        (
+            r#""expires_at_env": "E""#,
+            "$.mcp_servers[0].oauth.expires_at_env",
+            "needs access_token_env",
+        ),
+        (
+            r#""revoke_url": "https://a.example/revoke", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.revoke_url",
+            "needs access_token_env",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_url": "https://a.example/token", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.refresh_url",
+            "needs refresh_token_env",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_token_env": "R", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.refresh_token_env",
+            "needs refresh_url",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_url": "https://a.example/token", "refresh_token_env": "R""#,
+            "$.mcp_servers[0].oauth.refresh_url",
+            "needs client_id",
+        ),
+        (
+            r#""access_token_env": "T", "revoke_url": "https://a.example/revoke""#,
+            "$.mcp_servers[0].oauth.revoke_url",
+            "needs client_id",
+        ),
+    ];
+    for (oauth, path, why) in cases {
+        let e = error(&server(oauth));
+        assert_eq!(e.path.to_string(), path, "{oauth}: {e}");
+        assert!(
+            matches!(e.kind, ConfigErrorKind::Inconsistent(_)),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+    // The whole block, as the product page shows it, and a token alone are fine.
+    parse(HTTP_EXAMPLE).unwrap();
+    parse(&server(r#""access_token_env": "T""#)).unwrap();
+    parse(&server(r#""access_token_env": "T", "expires_at_env": "E""#)).unwrap();
 }
