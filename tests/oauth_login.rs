@@ -1097,3 +1097,203 @@ fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_se
         serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }
+
+/// A 0600 copy of the test-only P-256 key (the repository's copy has whatever mode git gave it).
+fn private_key_copy(home: &Home) -> PathBuf {
+    let src = root().join("fixtures/keys/p256-test-only.pem");
+    let dst = home.0.join("ci-client-key.pem");
+    std::fs::write(&dst, std::fs::read(src).unwrap()).unwrap();
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600)).unwrap();
+    dst
+}
+
+#[test]
+fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authentication() {
+    let dir = fixture();
+    let secret = "CCSECRETcanary7f3e9a";
+    for method in [
+        "client_secret_basic",
+        "client_secret_post",
+        "private_key_jwt",
+    ] {
+        let home = Home::new_tagged(&format!("cc-{method}"));
+        let key = private_key_copy(&home);
+        let log = home.0.join("requests.log");
+        let log_s = log.to_str().unwrap().to_owned();
+        let as_env = [
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_SECRET", secret),
+            ("CC_CLIENT_AUTH_METHOD", method),
+            ("CC_CLIENT_KEY_FILE", key.to_str().unwrap()),
+            ("REQUEST_LOG", log_s.as_str()),
+        ];
+        let pair = start_pair_with(&dir, "2", &[("REQUEST_LOG", log_s.as_str())], &as_env);
+        assert!(
+            home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+                .status
+                .success()
+        );
+        let mut oauth = serde_json::json!({
+            "grant": "client_credentials",
+            "client_id": "iteron-ci",
+            "issuer": pair.issuer,
+            "token_endpoint_auth": method,
+        });
+        if method == "private_key_jwt" {
+            oauth["client_key_file"] = key.to_str().unwrap().into();
+        } else {
+            oauth["client_secret_env"] = "CI_SECRET".into();
+        }
+        set_oauth(&home, "guarded", oauth);
+        // No --no-browser, no callback: the login just fetches a token.
+        let login = home
+            .cmd(&["mcp", "auth", "login", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&login.stdout).into_owned();
+        assert!(
+            login.status.success(),
+            "{method}: {said} {}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+        assert!(
+            said.contains("without a browser (client_credentials grant"),
+            "{said}"
+        );
+        let cred = home.credential().unwrap();
+        assert_eq!(cred["binding"]["token_auth"], method, "{cred}");
+        assert_eq!(cred["binding"]["client_id"], "iteron-ci");
+        assert!(
+            cred["secrets"]["client_secret"].is_null(),
+            "a configured client secret was copied into the credential"
+        );
+        let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+        let info = introspect(&pair.issuer, &access);
+        assert_eq!(info["active"], true, "{info}");
+        assert_eq!(info["client_id"], "iteron-ci", "{info}");
+        let want_auth = match method {
+            "client_secret_basic" => "basic",
+            "client_secret_post" => "client_secret_post",
+            _ => "client_assertion",
+        };
+        let grants: Vec<serde_json::Value> = log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token")
+            .collect();
+        assert_eq!(grants.len(), 1, "{grants:?}");
+        assert_eq!(grants[0]["grant_type"], "client_credentials");
+        assert_eq!(grants[0]["client_auth"], want_auth, "{grants:?}");
+        assert_eq!(grants[0]["resource"], pair.mcp_url.as_str());
+        assert_eq!(grants[0]["status"], 200, "{grants:?}");
+        // The token lives 2 s: once it expired, the next use runs the grant again by itself.
+        std::thread::sleep(Duration::from_millis(2500));
+        let test = home
+            .cmd(&["mcp", "test", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        assert!(
+            test.status.success(),
+            "{method}: {}",
+            String::from_utf8_lossy(&test.stderr)
+        );
+        let grants = log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token" && l["grant_type"] == "client_credentials")
+            .count();
+        assert!(
+            grants >= 2,
+            "{method}: the expired token was not renewed by the grant"
+        );
+        assert!(!active(&pair.issuer, &access) || grants >= 2);
+        // Logout revokes the current token.
+        let current = home.credential().unwrap()["secrets"]["access_token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let logout = home
+            .cmd(&["mcp", "auth", "logout", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        assert!(logout.status.success());
+        assert!(
+            String::from_utf8_lossy(&logout.stdout).contains("revoked at the authorization server"),
+            "{method}: {}",
+            String::from_utf8_lossy(&logout.stdout)
+        );
+        assert!(!active(&pair.issuer, &current));
+        assert!(home.credential().is_none());
+        let key_pem = std::fs::read_to_string(&key).unwrap();
+        let key_body = key_pem.lines().nth(1).unwrap().to_owned();
+        assert_no_token(
+            &[&login, &test, &logout],
+            &[&access, &current, secret, &key_body],
+        );
+        let config = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+        assert!(!config.contains(secret) && !config.contains(&key_body));
+    }
+    // Without any login, the broker's connection obtains the token itself.
+    let home = Home::new_tagged("cc-nologin");
+    let pair = start_pair_with(
+        &dir,
+        "60",
+        &[],
+        &[("CC_CLIENT_ID", "iteron-ci"), ("CC_CLIENT_SECRET", secret)],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &home,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET"}),
+    );
+    let test = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    assert_no_token(&[&test], &[secret]);
+    // A wrong secret is refused by the AS, once, and nothing is stored.
+    let other = Home::new_tagged("cc-wrong");
+    assert!(
+        other
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &other,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET"}),
+    );
+    let wrong = other
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_SECRET", "not-the-secret")
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(8));
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("invalid_client"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(other.credential().is_none());
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authentication",
+        serde_json::json!({"authorization_server": "oidc-provider",
+            "methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
+    );
+}

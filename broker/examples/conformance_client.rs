@@ -21,7 +21,9 @@ use iteron_broker::mcp::elicit::AcceptDefaults;
 use iteron_broker::mcp::version::{Version, VersionPolicy};
 use iteron_broker::mcp::{TransportError, TransportErrorKind};
 use iteron_broker::net::{Net, NetConfig, ZoneClient};
-use iteron_broker::oauth::flow::{self, ClientSettings, Mode, OAuthClient};
+use iteron_broker::oauth::flow::{self, ClientKind, ClientSettings, Mode, OAuthClient, TokenAuth};
+use iteron_broker::oauth::grant::{self, GrantRequest, Kind};
+use iteron_broker::oauth::jose::SigningKey;
 use iteron_broker::oauth::metadata;
 use iteron_broker::oauth::{Challenge, ExposeSecret, SecretString};
 use iteron_policy::url::EndpointUrl;
@@ -45,6 +47,9 @@ struct Login {
     http: ZoneClient,
     server: EndpointUrl,
     settings: ClientSettings,
+    /// The noninteractive grant the scenario is about (its context carries the client's own
+    /// credentials), instead of a browser login.
+    grant: Option<Kind>,
     clients: HashMap<String, OAuthClient>,
     requested: Vec<String>,
     union: bool,
@@ -63,6 +68,34 @@ impl Login {
             .await
             .map_err(|e| e.to_string())?;
         let issuer = prm.authorization_servers[0].clone();
+        if let Some(kind) = self.grant {
+            // The operator's configuration, played from the context: a pre-registered client
+            // pinned to the issuer the resource names.
+            let auth = if self.settings.client_key.is_some() {
+                TokenAuth::PrivateKeyJwt
+            } else {
+                TokenAuth::Basic
+            };
+            let req = GrantRequest {
+                server: self.server.clone(),
+                resource: None,
+                issuer: issuer.clone(),
+                scopes: None,
+                client: OAuthClient {
+                    id: self.settings.client_id.clone().unwrap_or_default(),
+                    secret: self.settings.client_secret.clone(),
+                    key: self.settings.client_key.clone(),
+                    auth,
+                    kind: ClientKind::PreRegistered,
+                    issuer,
+                },
+                kind,
+            };
+            let out = grant::obtain(&self.http, &req, challenge)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(out.tokens.access);
+        }
         let meta = metadata::discover_server(&self.http, &issuer)
             .await
             .map_err(|e| e.to_string())?;
@@ -164,8 +197,20 @@ async fn run(
         settings: ClientSettings {
             client_id: text("client_id"),
             client_secret: text("client_secret").map(SecretString::from),
+            client_key: match text("private_key_pem") {
+                Some(pem) => Some(Arc::new(
+                    SigningKey::from_pem(&pem).map_err(|e| e.to_string())?,
+                )),
+                None => None,
+            },
             cimd_url: Some(CIMD_URL.into()),
             client_name: "iteron-conformance-client".into(),
+        },
+        grant: match scenario {
+            "auth/client-credentials-basic" | "auth/client-credentials-jwt" => {
+                Some(Kind::ClientCredentials)
+            }
+            _ => None,
         },
         clients: HashMap::new(),
         requested: Vec::new(),

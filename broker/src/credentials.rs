@@ -321,7 +321,12 @@ const CLIENT_KINDS: [ClientKind; 3] = [
     ClientKind::Cimd,
     ClientKind::Dynamic,
 ];
-const TOKEN_AUTHS: [TokenAuth; 3] = [TokenAuth::None, TokenAuth::Basic, TokenAuth::Post];
+const TOKEN_AUTHS: [TokenAuth; 4] = [
+    TokenAuth::None,
+    TokenAuth::Basic,
+    TokenAuth::Post,
+    TokenAuth::PrivateKeyJwt,
+];
 
 fn client_kind_str(kind: ClientKind) -> &'static str {
     match kind {
@@ -1779,7 +1784,7 @@ mod tests {
             ),
             (
                 "unknown auth",
-                edit(&|v| v["binding"]["token_auth"] = "private_key_jwt".into()),
+                edit(&|v| v["binding"]["token_auth"] = "tls_client_auth".into()),
             ),
             (
                 "bad digest",

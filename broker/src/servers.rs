@@ -47,6 +47,9 @@ pub enum ConnectError {
     /// The externally managed token cannot be used (expired with nothing to renew it, its
     /// refresh refused, logged out); one secret-free line.
     External(String),
+    /// The client's private key (`client_key_file`, `client_key_env`) cannot be used; the rule
+    /// and where, never the key.
+    ClientKey(String),
 }
 
 impl fmt::Display for ConnectError {
@@ -78,6 +81,7 @@ impl fmt::Display for ConnectError {
                 "the value of environment variable {n} (the access token's expiry) is not a whole number of unix seconds"
             ),
             ConnectError::External(why) => f.write_str(why),
+            ConnectError::ClientKey(why) => write!(f, "the client key {why}"),
         }
     }
 }
@@ -465,9 +469,15 @@ async fn refresh_stored(
     store: &crate::credentials::CredentialStore,
     cred: &crate::credentials::Credential,
     network: &NetworkConfig,
+    grant: Option<&crate::oauth::grant::GrantRequest>,
 ) -> Result<crate::oauth::SecretString, ConnectError> {
     use crate::oauth::{OAuthError, flow, metadata};
     let Some(refresh_token) = &cred.secrets.refresh_token else {
+        // A noninteractive grant needs no refresh token: the broker runs it again.
+        if let Some(g) = grant {
+            let (renewed, _) = obtain_and_store(store, cred, network, g).await?;
+            return Ok(renewed.secrets.access_token);
+        }
         return Err(ConnectError::ReauthRequired(
             if cred.secrets.refresh_failed {
                 "the authorization server refused the refresh token"
@@ -479,12 +489,22 @@ async fn refresh_stored(
     let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
         .map_err(ConnectError::Net)?;
     let http = net.client(cred.binding.zone).map_err(ConnectError::Net)?;
-    let meta = metadata::discover_server(&http, &cred.binding.issuer)
-        .await
-        .map_err(ConnectError::OAuth)?;
+    let meta = metadata::discover_server_for(
+        &http,
+        &cred.binding.issuer,
+        metadata::Purpose::TokenEndpoint,
+    )
+    .await
+    .map_err(ConnectError::OAuth)?;
+    // A pre-registered client's secret or key comes from where the operator named it.
     let client = flow::OAuthClient {
         id: cred.binding.client_id.clone(),
-        secret: cred.secrets.client_secret.clone(),
+        secret: cred
+            .secrets
+            .client_secret
+            .clone()
+            .or_else(|| grant.and_then(|g| g.client.secret.clone())),
+        key: grant.and_then(|g| g.client.key.clone()),
         auth: cred.binding.token_auth,
         kind: cred.binding.client_kind,
         issuer: cred.binding.issuer.clone(),
@@ -559,6 +579,300 @@ async fn refresh_stored(
     Ok(access)
 }
 
+/// The client's private key, read from where the operator named it (`client_key_file`, else
+/// `client_key_env`, whose `$CREDENTIALS_DIRECTORY` credential wins over the environment).
+pub fn client_key(
+    o: &iteron_policy::config::OAuthConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<Option<Arc<crate::oauth::jose::SigningKey>>, ConnectError> {
+    use crate::oauth::jose::{MAX_KEY_PEM_BYTES, SigningKey};
+    let pem = match (&o.client_key_file, &o.client_key_env) {
+        (Some(path), _) => {
+            let bytes = crate::oauth::material::read_private_file(
+                std::path::Path::new(path.as_str()),
+                MAX_KEY_PEM_BYTES,
+            )
+            .map_err(|why| ConnectError::ClientKey(format!("file {why}")))?;
+            zeroize::Zeroizing::new(String::from_utf8(bytes.to_vec()).map_err(|_| {
+                ConnectError::ClientKey(format!("file is not text: {}", path.as_str()))
+            })?)
+        }
+        (None, Some(var)) => {
+            use secrecy::ExposeSecret;
+            let v = secret_var(lookup, var)?;
+            zeroize::Zeroizing::new(v.expose_secret().to_owned())
+        }
+        (None, None) => return Ok(None),
+    };
+    let where_ = o
+        .client_key_file
+        .as_ref()
+        .map(|p| format!("in {}", p.as_str()))
+        .or_else(|| o.client_key_env.as_ref().map(|v| format!("named by {v}")))
+        .unwrap_or_default();
+    SigningKey::from_pem(&pem)
+        .map(|k| Some(Arc::new(k)))
+        .map_err(|e| ConnectError::ClientKey(format!("{where_}: {e}")))
+}
+
+/// The noninteractive grant `server` is configured for (`oauth.grant`), with the client's
+/// secret or key read from where the operator named them; `None` for a browser login.
+pub fn grant_request(
+    server: &ServerConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<Option<crate::oauth::grant::GrantRequest>, ConnectError> {
+    use crate::oauth::flow::{ClientKind, OAuthClient, TokenAuth};
+    use crate::oauth::grant::{GrantRequest, Kind};
+    use iteron_policy::config::{ClientAuth, Grant};
+    let Transport::Http(h) = &server.transport else {
+        return Ok(None);
+    };
+    let Some(o) = &h.oauth else {
+        return Ok(None);
+    };
+    let kind = match o.grant {
+        None | Some(Grant::AuthorizationCode) => return Ok(None),
+        Some(Grant::ClientCredentials) => Kind::ClientCredentials,
+    };
+    let secret = o
+        .client_secret_env
+        .as_ref()
+        .map(|n| secret_var(lookup, n))
+        .transpose()?;
+    let key = client_key(o, lookup)?;
+    let auth = match (o.token_endpoint_auth, &key, &secret) {
+        (Some(ClientAuth::PrivateKeyJwt), _, _) | (None, Some(_), _) => TokenAuth::PrivateKeyJwt,
+        (Some(ClientAuth::ClientSecretPost), _, _) => TokenAuth::Post,
+        (Some(ClientAuth::ClientSecretBasic), _, _) | (None, None, Some(_)) => TokenAuth::Basic,
+        (None, None, None) => TokenAuth::None,
+    };
+    // The configuration guarantees a plain client id and a pinned issuer for these grants.
+    let issuer = o
+        .issuer
+        .as_ref()
+        .map(|i| i.as_str().to_owned())
+        .ok_or(ConnectError::ReauthRequired("the grant needs oauth.issuer"))?;
+    Ok(Some(GrantRequest {
+        server: h.url.clone(),
+        resource: o.resource.as_ref().map(|r| r.as_str().to_owned()),
+        issuer: issuer.clone(),
+        scopes: (!o.scopes.is_empty()).then(|| {
+            o.scopes
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        client: OAuthClient {
+            id: o
+                .client_id
+                .as_ref()
+                .map(|c| c.as_str().to_owned())
+                .unwrap_or_default(),
+            secret,
+            key,
+            auth,
+            kind: ClientKind::PreRegistered,
+            issuer,
+        },
+        kind,
+    }))
+}
+
+/// The credential a completed login or grant yields for `server` (bound to its current
+/// configuration and `zone`). A pre-registered client's secret is not copied into it: it is
+/// read from where the operator named it whenever it is needed; a dynamically registered
+/// client's secret exists nowhere else and is kept.
+pub fn credential_of(
+    server: &ServerConfig,
+    outcome: crate::oauth::login::LoginOutcome,
+    zone: Zone,
+    now: u64,
+) -> crate::credentials::Credential {
+    use crate::credentials::{Binding, Credential, Secrets};
+    let words = |s: Option<&str>| -> Vec<String> {
+        s.unwrap_or("")
+            .split(' ')
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let granted = words(
+        outcome
+            .tokens
+            .scope
+            .as_deref()
+            .or(outcome.requested.as_deref()),
+    );
+    let backend = match &server.transport {
+        Transport::Http(h) => h.oauth.as_ref().and_then(|o| o.credential_store),
+        Transport::Stdio(_) => None,
+    }
+    .unwrap_or(iteron_policy::config::CredentialBackend::File);
+    let expires_at = outcome.tokens.expires_at(now);
+    let client_secret = match outcome.client.kind {
+        crate::oauth::flow::ClientKind::Dynamic => outcome.client.secret.clone(),
+        _ => None,
+    };
+    Credential {
+        binding: Binding {
+            server: server.name.to_string(),
+            resource: outcome.resource,
+            issuer: outcome.server.issuer.clone(),
+            zone,
+            client_id: outcome.client.id.clone(),
+            client_kind: outcome.client.kind,
+            token_auth: outcome.client.auth,
+            requested_scopes: words(outcome.requested.as_deref()),
+            granted_scopes: granted,
+            config_digest: crate::credentials::config_digest(server),
+            secret_store: backend,
+        },
+        secrets: Secrets {
+            access_token: outcome.tokens.access,
+            refresh_token: outcome.tokens.refresh,
+            client_secret,
+            expires_at,
+            refresh_failed: false,
+        },
+    }
+}
+
+/// Run a noninteractive grant for the server `cred` binds (or, with no credential yet, for
+/// `server`) under its binding zone and store what it yields, replacing the stored credential
+/// whole. Tokens that cannot be stored are revoked, never left live. Returns the credential and
+/// the authorization server's metadata.
+async fn obtain_and_store(
+    store: &crate::credentials::CredentialStore,
+    cred: &crate::credentials::Credential,
+    network: &NetworkConfig,
+    grant: &crate::oauth::grant::GrantRequest,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(cred.binding.zone).map_err(ConnectError::Net)?;
+    let mut req = grant.clone();
+    // A renewal stays on the resource it was bound to.
+    req.resource = Some(cred.binding.resource.clone());
+    let outcome = crate::oauth::grant::obtain(&http, &req, None)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    store_outcome(store, cred, outcome, &http).await
+}
+
+/// Store a grant's outcome over `previous` (its binding, with the new tokens and scopes).
+async fn store_outcome(
+    store: &crate::credentials::CredentialStore,
+    previous: &crate::credentials::Credential,
+    outcome: crate::oauth::login::LoginOutcome,
+    http: &crate::net::ZoneClient,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let meta = outcome.server.clone();
+    let client = outcome.client.clone();
+    let granted: Vec<String> = outcome
+        .tokens
+        .scope
+        .as_deref()
+        .or(outcome.requested.as_deref())
+        .unwrap_or("")
+        .split(' ')
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut cred = previous.clone();
+    cred.binding.resource = outcome.resource;
+    cred.binding.granted_scopes = granted;
+    cred.secrets.expires_at = outcome.tokens.expires_at(unix_now());
+    cred.secrets.access_token = outcome.tokens.access;
+    cred.secrets.refresh_token = outcome.tokens.refresh;
+    cred.secrets.refresh_failed = false;
+    let saved = cred.clone();
+    let store2 = store.clone();
+    let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
+        .await
+        .map_err(|_| "the credential store task failed".to_owned())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(why) = result {
+        let revoked = crate::oauth::flow::revoke_all(
+            http,
+            &meta,
+            &client,
+            &cred.secrets.access_token,
+            cred.secrets.refresh_token.as_ref(),
+        )
+        .await;
+        return Err(ConnectError::Credentials(format!(
+            "{why}; {}",
+            revoked.as_str()
+        )));
+    }
+    Ok((cred, meta))
+}
+
+/// Run `server`'s noninteractive grant for the first time (no credential, or one bound to
+/// another configuration) and store the result. Shared by the broker and `auth login`.
+pub async fn login_noninteractive(
+    home: &crate::store::Home,
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    grant: &crate::oauth::grant::GrantRequest,
+    challenge: Option<&crate::oauth::Challenge>,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let Transport::Http(h) = &server.transport else {
+        return Err(ConnectError::ReauthRequired("not an HTTP server"));
+    };
+    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(zone).map_err(ConnectError::Net)?;
+    let outcome = crate::oauth::grant::obtain(&http, grant, challenge)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    let store = crate::credentials::CredentialStore::new(home);
+    let meta = outcome.server.clone();
+    let client = outcome.client.clone();
+    let cred = credential_of(server, outcome, zone, unix_now());
+    let saved = cred.clone();
+    let store2 = store.clone();
+    let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
+        .await
+        .map_err(|_| "the credential store task failed".to_owned())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(why) = result {
+        let revoked = crate::oauth::flow::revoke_all(
+            &http,
+            &meta,
+            &client,
+            &cred.secrets.access_token,
+            cred.secrets.refresh_token.as_ref(),
+        )
+        .await;
+        return Err(ConnectError::Credentials(format!(
+            "{why}; {}",
+            revoked.as_str()
+        )));
+    }
+    Ok((cred, meta))
+}
+
 /// Connect like [`connect`], authorizing HTTP requests with the operator's stored OAuth
 /// credential when there is one: a binding that no longer fits the configuration requires a
 /// new login (never silent reuse); an expiring token is refreshed first; a 401 refreshes once
@@ -591,6 +905,20 @@ pub async fn connect_with_credentials(
             .map_err(ConnectError::Credentials)?,
         Transport::Stdio(_) => None,
     };
+    let grant = grant_request(server, lookup)?;
+    // A noninteractive grant logs in by itself: with no credential, or one bound to another
+    // configuration of the server (its own configuration says how to get a new one).
+    let stale = stored
+        .as_ref()
+        .is_none_or(|c| crate::credentials::check_binding(&c.binding, server).is_err());
+    let stored = match &grant {
+        Some(g) if stale => Some(
+            login_noninteractive(home, server, network, g, None)
+                .await?
+                .0,
+        ),
+        _ => stored,
+    };
     let Some(cred) = stored else {
         return connect(server, network, lookup, opts, &ctx).await;
     };
@@ -601,7 +929,7 @@ pub async fn connect_with_credentials(
     }
     let mut token = match cred.secrets.expires_at {
         Some(t) if t <= unix_now() + REFRESH_MARGIN_SECS => {
-            refresh_stored(&store, &cred, network).await?
+            refresh_stored(&store, &cred, network, grant.as_ref()).await?
         }
         _ => cred.secrets.access_token.clone(),
     };
@@ -613,6 +941,7 @@ pub async fn connect_with_credentials(
         server: server.name.to_string(),
         network: network.clone(),
         learned: learned.clone(),
+        grant: grant.clone(),
     }));
     let mut refreshed = false;
     loop {
@@ -624,7 +953,7 @@ pub async fn connect_with_credentials(
                     .await
                     .map_err(ConnectError::Credentials)?
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
-                token = refresh_stored(&store, &fresh, network).await?;
+                token = refresh_stored(&store, &fresh, network, grant.as_ref()).await?;
                 // At most a handful learned so far (one connect, one refresh): never full.
                 let _ = learned.learn_credential(&fresh) && learned.learn(token.expose_secret());
             }
@@ -642,6 +971,8 @@ pub(crate) struct StoredToken {
     network: NetworkConfig,
     /// Every token handed out is learned here first.
     learned: LearnedSecrets,
+    /// The noninteractive grant that renews the credential when it has no refresh token.
+    grant: Option<crate::oauth::grant::GrantRequest>,
 }
 
 impl StoredToken {
@@ -656,6 +987,7 @@ impl StoredToken {
             server: server.to_owned(),
             network: NetworkConfig::default(),
             learned,
+            grant: None,
         }
     }
 
@@ -677,7 +1009,7 @@ impl StoredToken {
             return Err(too_many());
         }
         let token = if force || expiring {
-            refresh_stored(&self.store, &cred, &self.network)
+            refresh_stored(&self.store, &cred, &self.network, self.grant.as_ref())
                 .await
                 .map_err(|e| e.to_string())?
         } else {

@@ -121,6 +121,7 @@ fn server_metadata(issuer: &str, token: &str, revocation: Option<&str>) -> Serve
         scopes_supported: vec![],
         cimd_supported: false,
         iss_parameter_supported: false,
+        grant_types_supported: vec![],
     }
 }
 
@@ -128,6 +129,7 @@ fn public_client(issuer: &str) -> OAuthClient {
     OAuthClient {
         id: CLIENT_ID.into(),
         secret: None,
+        key: None,
         auth: TokenAuth::None,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),
@@ -138,6 +140,7 @@ fn confidential_client(issuer: &str, auth: TokenAuth) -> OAuthClient {
     OAuthClient {
         id: CLIENT_ID.into(),
         secret: Some(SecretString::from(SECRET.to_owned())),
+        key: None,
         auth,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),

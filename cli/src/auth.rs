@@ -129,6 +129,11 @@ pub(crate) fn login(
         // lost, and nothing falls back to a file.
         store.probe_keyring(server.name.as_str()).map_err(fail)?;
     }
+    if let Some(grant) =
+        iteron_broker::servers::grant_request(server, &|n| std::env::var_os(n)).map_err(fail)?
+    {
+        return login_noninteractive(home, &config, server, grant, &a, zone, out);
+    }
     let previous = store
         .load(server.name.as_str())
         .ok()
@@ -161,17 +166,17 @@ pub(crate) fn login(
         client: ClientSettings {
             client_id: client_id.filter(|c| !c.contains("://")),
             client_secret,
+            client_key: iteron_broker::servers::client_key(&oauth, &|n| std::env::var_os(n))
+                .map_err(fail)?,
             cimd_url,
             client_name: "Iteron".into(),
         },
     };
     if let Some(prev) = &previous {
         // An explicit re-login stays on the resource and issuer it had.
-        if req
-            .issuer
-            .as_deref()
-            .is_some_and(|i| i != prev.binding.issuer)
-        {
+        if req.issuer.as_deref().is_some_and(|i| {
+            metadata::pinned_issuer(std::slice::from_ref(&prev.binding.issuer), i).is_none()
+        }) {
             return Err(CliError::Usage(
                 "the server is bound to another issuer; log out first to change it".into(),
             ));
@@ -296,6 +301,76 @@ pub(crate) fn login(
         "logged in to {}: issuer {}, scopes {}",
         server.name,
         shown(&outcome.server.issuer, 200),
+        if granted.is_empty() {
+            "(none)".to_owned()
+        } else {
+            shown(&granted.join(" "), 400)
+        }
+    )
+    .map_err(CliError::Output)
+}
+
+/// `auth login` for a server whose grant needs no browser: the token is fetched at once with
+/// the client's own credentials (from where the configuration names them) and stored like a
+/// login's. Only `--scopes` may change what the configuration says.
+fn login_noninteractive(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+    server: &ServerConfig,
+    mut grant: iteron_broker::oauth::grant::GrantRequest,
+    a: &LoginArgs,
+    zone: iteron_policy::zone::Zone,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    for (given, flag) in [
+        (a.oauth_resource.is_some(), "--oauth-resource"),
+        (
+            a.oauth_client_registration.is_some(),
+            "--oauth-client-registration",
+        ),
+        (a.client_id.is_some(), "--client-id"),
+        (a.client_secret_env.is_some(), "--client-secret-env"),
+        (a.oauth_issuer.is_some(), "--oauth-issuer"),
+    ] {
+        if given {
+            return Err(CliError::Usage(format!(
+                "{flag} does not apply: this server's grant takes its client, issuer and resource from the configuration"
+            )));
+        }
+    }
+    if let Some(scopes) = &a.scopes {
+        grant.scopes = Some(
+            scopes
+                .split([',', ' '])
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    let rt = crate::rt::multi_thread()?;
+    let (cred, _meta) = rt.block_on(async {
+        let net =
+            Net::new(NetConfig::from_operator(&config.network).map_err(fail)?).map_err(fail)?;
+        let http = net.client(zone).map_err(fail)?;
+        let challenge = probe_challenge(&http, &grant.server).await;
+        iteron_broker::servers::login_noninteractive(
+            home,
+            server,
+            &config.network,
+            &grant,
+            challenge.as_ref(),
+        )
+        .await
+        .map_err(fail)
+    })?;
+    let granted = &cred.binding.granted_scopes;
+    writeln!(
+        out,
+        "logged in to {} without a browser ({} grant, {}): issuer {}, scopes {}",
+        server.name,
+        grant.kind.grant_type(),
+        cred.binding.token_auth.as_str(),
+        shown(&cred.binding.issuer, 200),
         if granted.is_empty() {
             "(none)".to_owned()
         } else {
@@ -613,12 +688,34 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                     .map_err(|e| e.to_string())?;
             // Revocation goes out under the zone recorded at login.
             let http = net.client(c.binding.zone).map_err(|e| e.to_string())?;
-            let meta = metadata::discover_server(&http, &c.binding.issuer)
-                .await
-                .map_err(|e| e.to_string())?;
+            let meta = metadata::discover_server_for(
+                &http,
+                &c.binding.issuer,
+                metadata::Purpose::TokenEndpoint,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            // A pre-registered client's secret or key comes from where the configuration
+            // names it (it is not copied into the credential).
+            let configured = match &server.transport {
+                Transport::Http(h) => h.oauth.clone().unwrap_or_default(),
+                Transport::Stdio(_) => Default::default(),
+            };
+            let lookup = |n: &str| std::env::var_os(n);
+            let secret = c.secrets.client_secret.clone().or_else(|| {
+                configured
+                    .client_secret_env
+                    .as_ref()
+                    .and_then(|n| std::env::var(n.as_str()).ok())
+                    .map(SecretString::from)
+            });
+            let key = iteron_broker::servers::client_key(&configured, &lookup)
+                .ok()
+                .flatten();
             let client = flow::OAuthClient {
                 id: c.binding.client_id.clone(),
-                secret: c.secrets.client_secret.clone(),
+                secret,
+                key,
                 auth: c.binding.token_auth,
                 kind: c.binding.client_kind,
                 issuer: c.binding.issuer.clone(),

@@ -335,6 +335,72 @@ impl CredentialBackend {
     }
 }
 
+/// How Iteron obtains tokens for an HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// The operator logs in through a browser (the default).
+    AuthorizationCode,
+    /// The client's own credentials (RFC 6749 §4.4): no browser, no user.
+    ClientCredentials,
+}
+
+impl Grant {
+    /// Every grant, in configuration order.
+    pub const ALL: [Grant; 2] = [Grant::AuthorizationCode, Grant::ClientCredentials];
+    const WORDS: &'static [&'static str] = &["authorization_code", "client_credentials"];
+
+    /// The configuration word.
+    pub fn as_str(self) -> &'static str {
+        Self::WORDS[self as usize]
+    }
+
+    /// Parse the configuration word.
+    pub fn parse(s: &str) -> Option<Grant> {
+        Grant::ALL.into_iter().find(|g| g.as_str() == s)
+    }
+
+    /// Whether tokens are obtained without a browser (the broker can renew them itself).
+    pub fn is_noninteractive(self) -> bool {
+        self != Grant::AuthorizationCode
+    }
+}
+
+/// How a pre-registered confidential client authenticates at the token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// The client secret in HTTP Basic.
+    ClientSecretBasic,
+    /// The client secret in the form body.
+    ClientSecretPost,
+    /// An RFC 7523 assertion signed with the client's private key.
+    PrivateKeyJwt,
+}
+
+impl ClientAuth {
+    const ALL: [ClientAuth; 3] = [
+        ClientAuth::ClientSecretBasic,
+        ClientAuth::ClientSecretPost,
+        ClientAuth::PrivateKeyJwt,
+    ];
+    const WORDS: &'static [&'static str] = &[
+        "client_secret_basic",
+        "client_secret_post",
+        "private_key_jwt",
+    ];
+
+    /// The configuration (RFC 7591) word.
+    pub fn as_str(self) -> &'static str {
+        Self::WORDS[self as usize]
+    }
+
+    /// Parse the configuration word.
+    pub fn parse(s: &str) -> Option<ClientAuth> {
+        ClientAuth::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
 /// OAuth settings of an HTTP server. Values that are secrets are named by environment variable.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct OAuthConfig {
@@ -374,6 +440,18 @@ pub struct OAuthConfig {
     /// Where the login's secrets are kept (`file` when absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_store: Option<CredentialBackend>,
+    /// How tokens are obtained (`authorization_code` when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+    /// How the pre-registered client authenticates (chosen from the key or secret when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_endpoint_auth: Option<ClientAuth>,
+    /// File holding the client's private key (PKCS#8 PEM), for `private_key_jwt`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<AbsolutePath>,
+    /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding that key instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_env: Option<EnvName>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -390,6 +468,10 @@ const OAUTH_KEYS: &[&str] = &[
     "refresh_token_env",
     "revoke_url",
     "credential_store",
+    "grant",
+    "token_endpoint_auth",
+    "client_key_file",
+    "client_key_env",
 ];
 
 /// A lifecycle hook event.
@@ -1464,6 +1546,28 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             )
         })
     })?;
+    let grant = optional(&f, "grant", |n, p| {
+        Grant::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: Grant::WORDS,
+                },
+            )
+        })
+    })?;
+    let token_endpoint_auth = optional(&f, "token_endpoint_auth", |n, p| {
+        ClientAuth::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: ClientAuth::WORDS,
+                },
+            )
+        })
+    })?;
     let config = OAuthConfig {
         resource: url("resource")?,
         scopes: match f.get("scopes") {
@@ -1480,6 +1584,10 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         refresh_token_env: env("refresh_token_env")?,
         revoke_url: url("revoke_url")?,
         credential_store,
+        grant,
+        token_endpoint_auth,
+        client_key_file: optional(&f, "client_key_file", parsed(AbsolutePath::parse))?,
+        client_key_env: env("client_key_env")?,
     };
     check_oauth(&f, &config)?;
     Ok(config)
@@ -1528,6 +1636,93 @@ fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
             );
         }
         _ => {}
+    }
+    // The client's own credentials: a key from one place, matching the method named.
+    if o.client_key_file.is_some() && o.client_key_env.is_some() {
+        return refuse(
+            "client_key_env",
+            "excludes client_key_file (the key comes from one place)",
+        );
+    }
+    let has_key = o.client_key_file.is_some() || o.client_key_env.is_some();
+    match o.token_endpoint_auth {
+        Some(ClientAuth::PrivateKeyJwt) if !has_key => {
+            return refuse(
+                "token_endpoint_auth",
+                "private_key_jwt needs client_key_file or client_key_env",
+            );
+        }
+        Some(ClientAuth::ClientSecretBasic | ClientAuth::ClientSecretPost)
+            if o.client_secret_env.is_none() =>
+        {
+            return refuse(
+                "token_endpoint_auth",
+                "a client secret method needs client_secret_env",
+            );
+        }
+        Some(ClientAuth::ClientSecretBasic | ClientAuth::ClientSecretPost) if has_key => {
+            for key in ["client_key_file", "client_key_env"] {
+                if f.get(key).is_some() {
+                    return refuse(key, "is only used with token_endpoint_auth private_key_jwt");
+                }
+            }
+        }
+        _ => {}
+    }
+    if has_key && o.client_secret_env.is_some() && o.token_endpoint_auth.is_none() {
+        return refuse(
+            "client_secret_env",
+            "is ambiguous beside a client key; name the method with token_endpoint_auth",
+        );
+    }
+    if (has_key || o.token_endpoint_auth.is_some())
+        && !matches!(o.client_id, Some(ClientId::Plain(_)))
+    {
+        let key = if f.get("token_endpoint_auth").is_some() {
+            "token_endpoint_auth"
+        } else if f.get("client_key_file").is_some() {
+            "client_key_file"
+        } else {
+            "client_key_env"
+        };
+        return refuse(
+            key,
+            "needs a pre-registered client_id (not a metadata document URL)",
+        );
+    }
+    if o.grant.is_some_and(Grant::is_noninteractive) {
+        if o.access_token_env.is_some() {
+            return refuse(
+                "grant",
+                "obtains tokens itself and excludes access_token_env (an externally managed token)",
+            );
+        }
+        if f.get("client_registration").is_some() {
+            return refuse(
+                "client_registration",
+                "applies to the authorization_code grant only (the other grants use a pre-registered client)",
+            );
+        }
+        if o.issuer.is_none() {
+            return refuse(
+                "grant",
+                "needs issuer (the client's credentials go only to the authorization server the operator pinned)",
+            );
+        }
+    }
+    if o.grant == Some(Grant::ClientCredentials) {
+        if !matches!(o.client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "client_credentials needs a pre-registered client_id (not a metadata document URL)",
+            );
+        }
+        if !has_key && o.client_secret_env.is_none() {
+            return refuse(
+                "grant",
+                "client_credentials needs client_secret_env, client_key_file or client_key_env",
+            );
+        }
     }
     if o.client_id.is_none() {
         for key in ["refresh_url", "revoke_url"] {

@@ -81,6 +81,7 @@ impl Endpoints {
             scopes_supported: Vec::new(),
             cimd_supported: false,
             iss_parameter_supported: false,
+            grant_types_supported: Vec::new(),
         };
         let client = OAuthClient {
             // The configuration requires a client id with either endpoint.
@@ -95,6 +96,7 @@ impl Endpoints {
                 TokenAuth::None
             },
             secret,
+            key: None,
             kind: ClientKind::PreRegistered,
             issuer,
         };

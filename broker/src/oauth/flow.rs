@@ -18,6 +18,7 @@
 //!   else none (omitted); `offline_access` is never added.
 
 use std::fmt;
+use std::sync::Arc;
 
 use base64::Engine;
 use reqwest::Method;
@@ -28,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use iteron_policy::url::EndpointUrl;
 
+use super::jose::SigningKey;
 use super::metadata::ServerMetadata;
 use super::{MAX_OAUTH_BODY, OAuthError, Revoked, host_of};
 use crate::net::{Request, ZoneClient};
@@ -41,6 +43,8 @@ pub enum TokenAuth {
     Basic,
     /// `client_id` + `client_secret` in the body.
     Post,
+    /// An RFC 7523 client assertion signed with the client's private key.
+    PrivateKeyJwt,
 }
 
 impl TokenAuth {
@@ -50,14 +54,17 @@ impl TokenAuth {
             TokenAuth::None => "none",
             TokenAuth::Basic => "client_secret_basic",
             TokenAuth::Post => "client_secret_post",
+            TokenAuth::PrivateKeyJwt => "private_key_jwt",
         }
     }
 
-    fn parse(s: &str) -> Option<TokenAuth> {
+    /// Parse the RFC 7591 spelling.
+    pub fn parse(s: &str) -> Option<TokenAuth> {
         match s {
             "none" => Some(TokenAuth::None),
             "client_secret_basic" => Some(TokenAuth::Basic),
             "client_secret_post" => Some(TokenAuth::Post),
+            "private_key_jwt" => Some(TokenAuth::PrivateKeyJwt),
             _ => None,
         }
     }
@@ -81,6 +88,9 @@ pub struct OAuthClient {
     pub id: String,
     /// The client secret, for confidential clients.
     pub secret: Option<SecretString>,
+    /// The private key of a `private_key_jwt` client (never stored by Iteron: it is read from
+    /// where the operator named it).
+    pub key: Option<Arc<SigningKey>>,
     /// Token endpoint authentication.
     pub auth: TokenAuth,
     /// How it was obtained.
@@ -94,6 +104,7 @@ impl fmt::Debug for OAuthClient {
         f.debug_struct("OAuthClient")
             .field("id", &self.id)
             .field("secret", &self.secret.as_ref().map(|_| "[not shown]"))
+            .field("key", &self.key.as_ref().map(|k| k.alg()))
             .field("auth", &self.auth)
             .field("kind", &self.kind)
             .field("issuer", &self.issuer)
@@ -119,6 +130,8 @@ pub struct ClientSettings {
     pub client_id: Option<String>,
     /// Its secret.
     pub client_secret: Option<SecretString>,
+    /// Its private key (`private_key_jwt`), instead of a secret.
+    pub client_key: Option<Arc<SigningKey>>,
     /// The client ID metadata document URL this client would present.
     pub cimd_url: Option<String>,
     /// The client name sent in dynamic registration.
@@ -149,7 +162,9 @@ pub async fn register(
     if *mode == Mode::Auto
         && let Some(id) = pre
     {
-        let auth = if settings.client_secret.is_some() {
+        let auth = if settings.client_key.is_some() {
+            TokenAuth::PrivateKeyJwt
+        } else if settings.client_secret.is_some() {
             confidential_method(meta)
         } else {
             TokenAuth::None
@@ -157,6 +172,7 @@ pub async fn register(
         return Ok(OAuthClient {
             id: id.clone(),
             secret: settings.client_secret.clone(),
+            key: settings.client_key.clone(),
             auth,
             kind: ClientKind::PreRegistered,
             issuer: meta.issuer.clone(),
@@ -177,6 +193,7 @@ pub async fn register(
             return Ok(OAuthClient {
                 id: cimd.unwrap_or_default(),
                 secret: None,
+                key: None,
                 auth: TokenAuth::None,
                 kind: ClientKind::Cimd,
                 issuer: meta.issuer.clone(),
@@ -248,6 +265,7 @@ pub async fn register(
     Ok(OAuthClient {
         id,
         secret,
+        key: None,
         auth,
         kind: ClientKind::Dynamic,
         issuer: meta.issuer.clone(),
@@ -629,7 +647,7 @@ pub fn check_secret_destination(
     meta: &ServerMetadata,
     client: &OAuthClient,
 ) -> Result<(), OAuthError> {
-    if client.secret.is_some()
+    if (client.secret.is_some() || client.key.is_some())
         && client.auth != TokenAuth::None
         && !same_origin_secret(&meta.issuer, &meta.token_endpoint)
     {
@@ -676,6 +694,35 @@ fn client_post(
     );
     match (client.auth, &client.secret) {
         (TokenAuth::None, _) => form.push(("client_id", client.id.clone())),
+        (TokenAuth::PrivateKeyJwt, _) => {
+            let Some(key) = &client.key else {
+                if missing == MissingSecret::IdOnly {
+                    form.push(("client_id", client.id.clone()));
+                } else {
+                    return Err(OAuthError::NoRegistration(
+                        "a private_key_jwt client has no key",
+                    ));
+                }
+                return finish_form(req, form);
+            };
+            // The assertion authenticates the client for a minute: it goes where a secret may.
+            if !same_origin_secret(&meta.issuer, endpoint) {
+                return Err(OAuthError::BadEndpoint {
+                    which,
+                    host: host_of(endpoint.as_str()),
+                    why: "a client assertion is only sent to the issuer's own origin".into(),
+                });
+            }
+            form.push(("client_id", client.id.clone()));
+            form.push((
+                "client_assertion_type",
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer".to_owned(),
+            ));
+            form.push((
+                "client_assertion",
+                client_assertion(key, &client.id, &meta.issuer)?,
+            ));
+        }
         (_, None) if missing == MissingSecret::IdOnly => {
             form.push(("client_id", client.id.clone()));
         }
@@ -714,6 +761,14 @@ fn client_post(
             }
         }
     }
+    finish_form(req, form)
+}
+
+/// Encode `form` as the body of `req`, zeroizing every working copy.
+fn finish_form(
+    mut req: Request,
+    mut form: Vec<(&'static str, String)>,
+) -> Result<Request, OAuthError> {
     let body = zeroize::Zeroizing::new(
         url::form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form.iter().map(|(k, v)| (*k, v.as_str())))
@@ -724,6 +779,37 @@ fn client_post(
     }
     req.body = Some(body.as_bytes().to_vec());
     Ok(req)
+}
+
+/// How long a client assertion is valid.
+pub const CLIENT_ASSERTION_LIFETIME_SECS: u64 = 60;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An RFC 7523 client assertion (RFC 7523bis: the audience is the issuer identifier): `iss`
+/// and `sub` the client id, a random `jti`, valid for [`CLIENT_ASSERTION_LIFETIME_SECS`].
+pub fn client_assertion(
+    key: &SigningKey,
+    client_id: &str,
+    issuer: &str,
+) -> Result<String, OAuthError> {
+    let now = unix_now();
+    key.sign(
+        &json!({"typ": "JWT"}),
+        &json!({
+            "iss": client_id,
+            "sub": client_id,
+            "aud": issuer,
+            "jti": random_token(24)?,
+            "iat": now,
+            "exp": now.saturating_add(CLIENT_ASSERTION_LIFETIME_SECS),
+        }),
+    )
+    .map_err(|_| OAuthError::Malformed("client assertion (signing failed)"))
 }
 
 async fn token_request(
@@ -860,6 +946,30 @@ pub async fn refresh(
     token_request(http, meta, client, form).await
 }
 
+/// The client-credentials grant (RFC 6749 §4.4) with `resource` and, when chosen, `scope`.
+/// Only a confidential client (a secret or a key) may use it.
+pub async fn client_credentials(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<Tokens, OAuthError> {
+    if client.auth == TokenAuth::None {
+        return Err(OAuthError::NoRegistration(
+            "the client-credentials grant needs a client secret or key",
+        ));
+    }
+    let mut form = vec![
+        ("grant_type", "client_credentials".to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    token_request(http, meta, client, form).await
+}
+
 /// RFC 7009 revocation, best effort: `Ok(true)` when the server accepted it, `Ok(false)` when
 /// it offers no revocation endpoint.
 pub async fn revoke(
@@ -905,6 +1015,7 @@ mod tests {
             scopes_supported: vec![],
             cimd_supported: false,
             iss_parameter_supported: iss_supported,
+            grant_types_supported: vec![],
         }
     }
 
@@ -912,6 +1023,7 @@ mod tests {
         OAuthClient {
             id: "c1".into(),
             secret: None,
+            key: None,
             auth: TokenAuth::None,
             kind: ClientKind::Dynamic,
             issuer: "https://as.example".into(),

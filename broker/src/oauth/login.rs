@@ -305,33 +305,29 @@ pub async fn login(
 ) -> Result<LoginOutcome, OAuthError> {
     // A pre-registered secret goes only to the issuer the operator pinned — never to whichever
     // authorization server the MCP server happens to name.
-    if req.client.client_secret.is_some() && req.issuer.is_none() {
+    let confidential = req.client.client_secret.is_some() || req.client.client_key.is_some();
+    if confidential && req.issuer.is_none() {
         return Err(OAuthError::NoRegistration(
             "a pre-registered client secret needs a pinned issuer (--oauth-issuer)",
         ));
     }
     let prm =
         metadata::discover_resource(http, &req.server, challenge, req.resource.as_deref()).await?;
-    let issuer = match &req.issuer {
-        Some(pinned) => {
-            if !prm.authorization_servers.iter().any(|s| s == pinned) {
-                return Err(OAuthError::BadEndpoint {
+    let issuer =
+        match &req.issuer {
+            Some(pinned) => metadata::pinned_issuer(&prm.authorization_servers, pinned)
+                .ok_or_else(|| OAuthError::BadEndpoint {
                     which: "issuer",
                     host: super::host_of(pinned),
                     why: "the pinned issuer is not listed by the protected-resource metadata"
                         .into(),
-                });
-            }
-            pinned.clone()
-        }
-        None => prm.authorization_servers[0].clone(),
-    };
+                })?,
+            None => prm.authorization_servers[0].clone(),
+        };
     let meta = metadata::discover_server(http, &issuer).await?;
     // A confidential pre-registered client whose secret could only go to another origin stops
     // here, before any registration or browser step.
-    if req.client.client_secret.is_some()
-        && !flow::same_origin_secret(&meta.issuer, &meta.token_endpoint)
-    {
+    if confidential && !flow::same_origin_secret(&meta.issuer, &meta.token_endpoint) {
         return Err(OAuthError::BadEndpoint {
             which: "token_endpoint",
             host: super::host_of(meta.token_endpoint.as_str()),

@@ -12,7 +12,10 @@
 
 pub mod external;
 pub mod flow;
+pub mod grant;
+pub mod jose;
 pub mod login;
+pub mod material;
 pub mod metadata;
 
 use std::fmt;

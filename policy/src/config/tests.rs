@@ -1234,3 +1234,101 @@ fn the_externally_managed_token_block_is_refused_when_its_keys_do_not_fit_togeth
     parse(&server(r#""access_token_env": "T""#)).unwrap();
     parse(&server(r#""access_token_env": "T", "expires_at_env": "E""#)).unwrap();
 }
+
+#[test]
+fn noninteractive_grants_name_their_client_credentials_consistently() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let cc = r#""grant": "client_credentials", "client_id": "ci", "issuer": "https://as.example""#;
+    for ok in [
+        format!(r#"{cc}, "client_secret_env": "S""#),
+        format!(r#"{cc}, "client_secret_env": "S", "token_endpoint_auth": "client_secret_post""#),
+        format!(r#"{cc}, "client_key_file": "/etc/iteron/ci.pem""#),
+        format!(r#"{cc}, "client_key_env": "K", "token_endpoint_auth": "private_key_jwt""#),
+        r#""client_id": "pre", "client_key_env": "K""#.to_owned(),
+    ] {
+        let c = parse(&server(&ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        let Transport::Http(h) = &c.mcp_servers[0].transport else {
+            panic!("http expected")
+        };
+        // The canonical form keeps every key.
+        let again = parse(&c.to_json_pretty()).unwrap();
+        assert_eq!(again, c, "{ok}");
+        assert!(h.oauth.is_some());
+    }
+    let cases = [
+        (r#""grant": "password""#.to_owned(), "oauth.grant", "must be one of"),
+        (cc.to_owned(), "oauth.grant", "needs client_secret_env, client_key_file or client_key_env"),
+        (
+            r#""grant": "client_credentials", "client_id": "ci", "client_secret_env": "S""#.to_owned(),
+            "oauth.grant",
+            "needs issuer",
+        ),
+        (
+            r#""grant": "client_credentials", "issuer": "https://as.example", "client_secret_env": "S""#.to_owned(),
+            "oauth.grant",
+            "needs a pre-registered client_id",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "access_token_env": "T""#),
+            "oauth.grant",
+            "excludes access_token_env",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "client_registration": "dcr""#),
+            "oauth.client_registration",
+            "applies to the authorization_code grant only",
+        ),
+        (
+            format!(r#"{cc}, "client_key_file": "/k.pem", "client_key_env": "K""#),
+            "oauth.client_key_env",
+            "excludes client_key_file",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "token_endpoint_auth": "private_key_jwt""#),
+            "oauth.token_endpoint_auth",
+            "private_key_jwt needs client_key_file or client_key_env",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "token_endpoint_auth": "client_secret_basic""#),
+            "oauth.token_endpoint_auth",
+            "needs client_secret_env",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "client_secret_env": "S", "token_endpoint_auth": "client_secret_basic""#),
+            "oauth.client_key_env",
+            "only used with token_endpoint_auth private_key_jwt",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "client_secret_env": "S""#),
+            "oauth.client_secret_env",
+            "is ambiguous",
+        ),
+        (
+            r#""client_id": "https://client.example/cimd.json", "client_key_env": "K""#.to_owned(),
+            "oauth.client_key_env",
+            "needs a pre-registered client_id",
+        ),
+        (
+            format!(r#"{cc}, "client_key_file": "relative.pem""#),
+            "oauth.client_key_file",
+            "absolute path",
+        ),
+    ];
+    for (oauth, key, why) in cases {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+}
