@@ -22,7 +22,7 @@ use iteron_broker::mcp::version::{Version, VersionPolicy};
 use iteron_broker::mcp::{TransportError, TransportErrorKind};
 use iteron_broker::net::{Net, NetConfig, ZoneClient};
 use iteron_broker::oauth::flow::{self, ClientKind, ClientSettings, Mode, OAuthClient, TokenAuth};
-use iteron_broker::oauth::grant::{self, GrantRequest, Kind};
+use iteron_broker::oauth::grant::{self, GrantRequest, IdentityToken, Kind, TokenSource};
 use iteron_broker::oauth::jose::SigningKey;
 use iteron_broker::oauth::metadata;
 use iteron_broker::oauth::{Challenge, ExposeSecret, SecretString};
@@ -50,6 +50,8 @@ struct Login {
     /// The noninteractive grant the scenario is about (its context carries the client's own
     /// credentials), instead of a browser login.
     grant: Option<Kind>,
+    /// The workload's identity token (`auth/wif-jwt-bearer`: the context's valid one).
+    identity: Option<IdentityToken>,
     clients: HashMap<String, OAuthClient>,
     requested: Vec<String>,
     union: bool,
@@ -73,8 +75,10 @@ impl Login {
             // pinned to the issuer the resource names.
             let auth = if self.settings.client_key.is_some() {
                 TokenAuth::PrivateKeyJwt
-            } else {
+            } else if self.settings.client_secret.is_some() {
                 TokenAuth::Basic
+            } else {
+                TokenAuth::None
             };
             let req = GrantRequest {
                 server: self.server.clone(),
@@ -90,6 +94,7 @@ impl Login {
                     issuer,
                 },
                 kind,
+                identity: self.identity.clone(),
             };
             let out = grant::obtain(&self.http, &req, challenge)
                 .await
@@ -210,8 +215,15 @@ async fn run(
             "auth/client-credentials-basic" | "auth/client-credentials-jwt" => {
                 Some(Kind::ClientCredentials)
             }
+            "auth/wif-jwt-bearer" => Some(Kind::JwtBearer),
             _ => None,
         },
+        identity: text("valid_jwt").map(|t| {
+            IdentityToken::new(TokenSource::Value(
+                SecretString::from(t),
+                "of the scenario context".into(),
+            ))
+        }),
         clients: HashMap::new(),
         requested: Vec::new(),
         union: version.is_some_and(|v| v.is_modern()),

@@ -622,7 +622,7 @@ pub fn grant_request(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
 ) -> Result<Option<crate::oauth::grant::GrantRequest>, ConnectError> {
     use crate::oauth::flow::{ClientKind, OAuthClient, TokenAuth};
-    use crate::oauth::grant::{GrantRequest, Kind};
+    use crate::oauth::grant::{GrantRequest, IdentityToken, Kind, TokenSource};
     use iteron_policy::config::{ClientAuth, Grant};
     let Transport::Http(h) = &server.transport else {
         return Ok(None);
@@ -633,6 +633,18 @@ pub fn grant_request(
     let kind = match o.grant {
         None | Some(Grant::AuthorizationCode) => return Ok(None),
         Some(Grant::ClientCredentials) => Kind::ClientCredentials,
+        Some(Grant::JwtBearer) => Kind::JwtBearer,
+    };
+    // The identity token: a file is read at every exchange; a variable's value is fixed.
+    let identity = match (&o.identity_token_file, &o.identity_token_env) {
+        (Some(path), _) => Some(IdentityToken::new(TokenSource::File(
+            std::path::PathBuf::from(path.as_str()),
+        ))),
+        (None, Some(var)) => Some(IdentityToken::new(TokenSource::Value(
+            secret_var(lookup, var)?,
+            format!("named by {var}"),
+        ))),
+        (None, None) => None,
     };
     let secret = o
         .client_secret_env
@@ -676,6 +688,7 @@ pub fn grant_request(
             issuer,
         },
         kind,
+        identity,
     }))
 }
 

@@ -206,6 +206,7 @@ fn cc_request(base: &str, auth: TokenAuth) -> GrantRequest {
             issuer: base.to_owned(),
         },
         kind: Kind::ClientCredentials,
+        identity: None,
     }
 }
 
@@ -387,5 +388,186 @@ async fn the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_ref
         "P16",
         "broker/tests/oauth_grants.rs::the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_refusal_is_final",
         json!({"methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload identity: the JWT-bearer grant
+// ---------------------------------------------------------------------------------------------
+
+use iteron_broker::oauth::grant::{IdentityToken, TokenSource};
+
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+/// A token endpoint that accepts every assertion except `refused-*` ones (`invalid_grant`).
+fn judge() -> Reply {
+    Reply::json(json!({"access_token": "wl-access", "token_type": "Bearer", "expires_in": 60}))
+}
+
+fn jb_provider(base: &str) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": [JWT_BEARER]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/token") if req.form()["assertion"].starts_with("refused") => {
+            Reply::status(400, json!({"error": "invalid_grant"}))
+        }
+        ("POST", "/token") => judge(),
+        _ => Reply::not_found(),
+    })
+}
+
+fn jb_request(base: &str, identity: IdentityToken, client_id: &str) -> GrantRequest {
+    GrantRequest {
+        server: ep(&format!("{base}/mcp")),
+        resource: None,
+        issuer: base.to_owned(),
+        scopes: Some("mcp:tools".into()),
+        client: OAuthClient {
+            id: client_id.into(),
+            secret: None,
+            key: None,
+            auth: TokenAuth::None,
+            kind: ClientKind::PreRegistered,
+            issuer: base.to_owned(),
+        },
+        kind: Kind::JwtBearer,
+        identity: Some(identity),
+    }
+}
+
+fn write_token(path: &std::path::Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+#[tokio::test]
+async fn the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_never_presented_again()
+ {
+    let t = TempHome::new("wif");
+    let file = t.0.join("token.jwt");
+    let s = Server::start(jb_provider).await;
+    let identity = IdentityToken::new(TokenSource::File(file.clone()));
+    let req = jb_request(&s.base(), identity.clone(), "workload-1");
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bCJ9.c2ln");
+    let out = grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "wl-access");
+    let form = s.to("/token")[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(
+        form["assertion"],
+        "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bCJ9.c2ln"
+    );
+    assert_eq!(form["client_id"], "workload-1");
+    assert_eq!(form["resource"], format!("{}/mcp", s.base()));
+    assert_eq!(form["scope"], "mcp:tools");
+    // The runtime rotates the file: the next exchange presents the new token.
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDIifQ.c2lnMg");
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(
+        s.to("/token")[1].form()["assertion"],
+        "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDIifQ.c2lnMg"
+    );
+    // Refused once: the same token is never presented again, by any clone of the request.
+    write_token(&file, "refused-a.eyJzdWIiOiJ3bCJ9.c2ln");
+    let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        "the authorization server answered 400 invalid_grant"
+    );
+    assert_eq!(s.to("/token").len(), 3);
+    let again = jb_request(&s.base(), identity.clone(), "workload-1");
+    let e = grant::obtain(&loopback(), &again, None)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("is not presented again"), "{e}");
+    assert_eq!(
+        s.to("/token").len(),
+        3,
+        "a refused identity token was presented again"
+    );
+    // A new token is tried.
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDMifQ.c2lnMw");
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(s.to("/token").len(), 4);
+    // Without a client id, none is sent.
+    let anonymous = jb_request(&s.base(), identity, "");
+    grant::obtain(&loopback(), &anonymous, None).await.unwrap();
+    assert!(!s.to("/token")[4].form().contains_key("client_id"));
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_never_presented_again",
+        json!({"exchanges": s.to("/token").len()}),
+    );
+}
+
+#[tokio::test]
+async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = TempHome::new("wif-bad");
+    let file = t.0.join("token.jwt");
+    let s = Server::start(jb_provider).await;
+    let max = iteron_broker::oauth::flow::MAX_TOKEN_BYTES;
+    let third = "c".repeat(max - 8);
+    let exact = format!("aaa.bbb.{third}");
+    assert_eq!(exact.len(), max);
+    let cases: Vec<(String, u32, &str)> = vec![
+        (String::new(), 0o600, "is empty"),
+        ("not-a-jwt".into(), 0o600, "is not one compact JWT"),
+        ("a.b.c.d".into(), 0o600, "is not one compact JWT"),
+        ("a.b c.d".into(), 0o600, "is not one compact JWT"),
+        ("aaa.bbb.ccc".into(), 0o666, "writable by group or others"),
+        (format!("{exact}c"), 0o600, "is longer than 16 KiB"),
+        (format!("{exact}cc\n"), 0o600, "larger than 16385 bytes"),
+    ];
+    for (content, mode, why) in &cases {
+        std::fs::write(&file, content).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(*mode)).unwrap();
+        let req = jb_request(
+            &s.base(),
+            IdentityToken::new(TokenSource::File(file.clone())),
+            "w",
+        );
+        let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+        let line = e.to_string();
+        assert!(line.contains(why), "{} bytes: {line}", content.len());
+        assert!(
+            !line.contains("aaa.bbb"),
+            "the token reached the error: {line}"
+        );
+    }
+    assert!(s.to("/token").is_empty(), "{:?}", s.to("/token"));
+    // At the bound it is presented (16 KiB and a newline).
+    std::fs::write(&file, format!("{exact}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let req = jb_request(
+        &s.base(),
+        IdentityToken::new(TokenSource::File(file.clone())),
+        "w",
+    );
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(s.to("/token")[0].form()["assertion"], exact);
+    let missing = jb_request(
+        &s.base(),
+        IdentityToken::new(TokenSource::File(t.0.join("absent"))),
+        "w",
+    );
+    let e = grant::obtain(&loopback(), &missing, None)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .starts_with("the identity token file cannot be opened"),
+        "{e}"
+    );
+    report::record(
+        "P5",
+        "broker/tests/oauth_grants.rs::an_identity_token_that_cannot_be_presented_sends_nothing",
+        json!({"max_token_bytes": max}),
     );
 }

@@ -368,7 +368,7 @@ fn login_noninteractive(
         out,
         "logged in to {} without a browser ({} grant, {}): issuer {}, scopes {}",
         server.name,
-        grant.kind.grant_type(),
+        grant.kind.as_str(),
         cred.binding.token_auth.as_str(),
         shown(&cred.binding.issuer, 200),
         if granted.is_empty() {

@@ -343,12 +343,19 @@ pub enum Grant {
     AuthorizationCode,
     /// The client's own credentials (RFC 6749 §4.4): no browser, no user.
     ClientCredentials,
+    /// A workload identity token presented as an RFC 7523 JWT-bearer grant.
+    JwtBearer,
 }
 
 impl Grant {
     /// Every grant, in configuration order.
-    pub const ALL: [Grant; 2] = [Grant::AuthorizationCode, Grant::ClientCredentials];
-    const WORDS: &'static [&'static str] = &["authorization_code", "client_credentials"];
+    pub const ALL: [Grant; 3] = [
+        Grant::AuthorizationCode,
+        Grant::ClientCredentials,
+        Grant::JwtBearer,
+    ];
+    const WORDS: &'static [&'static str] =
+        &["authorization_code", "client_credentials", "jwt_bearer"];
 
     /// The configuration word.
     pub fn as_str(self) -> &'static str {
@@ -452,6 +459,12 @@ pub struct OAuthConfig {
     /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding that key instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_key_env: Option<EnvName>,
+    /// File holding the workload's identity token (`jwt_bearer`), read at every exchange.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_token_file: Option<AbsolutePath>,
+    /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding it instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_token_env: Option<EnvName>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -472,6 +485,8 @@ const OAUTH_KEYS: &[&str] = &[
     "token_endpoint_auth",
     "client_key_file",
     "client_key_env",
+    "identity_token_file",
+    "identity_token_env",
 ];
 
 /// A lifecycle hook event.
@@ -1588,6 +1603,8 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         token_endpoint_auth,
         client_key_file: optional(&f, "client_key_file", parsed(AbsolutePath::parse))?,
         client_key_env: env("client_key_env")?,
+        identity_token_file: optional(&f, "identity_token_file", parsed(AbsolutePath::parse))?,
+        identity_token_env: env("identity_token_env")?,
     };
     check_oauth(&f, &config)?;
     Ok(config)
@@ -1707,6 +1724,36 @@ fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
             return refuse(
                 "grant",
                 "needs issuer (the client's credentials go only to the authorization server the operator pinned)",
+            );
+        }
+    }
+    // The workload's identity token: from one place, for the grant that presents it.
+    let has_identity = o.identity_token_file.is_some() || o.identity_token_env.is_some();
+    if o.identity_token_file.is_some() && o.identity_token_env.is_some() {
+        return refuse(
+            "identity_token_env",
+            "excludes identity_token_file (the identity token comes from one place)",
+        );
+    }
+    if has_identity && o.grant != Some(Grant::JwtBearer) {
+        let key = if f.get("identity_token_file").is_some() {
+            "identity_token_file"
+        } else {
+            "identity_token_env"
+        };
+        return refuse(key, "is only used with grant jwt_bearer");
+    }
+    if o.grant == Some(Grant::JwtBearer) {
+        if !has_identity {
+            return refuse(
+                "grant",
+                "jwt_bearer needs identity_token_file or identity_token_env",
+            );
+        }
+        if matches!(o.client_id, Some(ClientId::Document(_))) {
+            return refuse(
+                "client_id",
+                "jwt_bearer takes a pre-registered client_id (not a metadata document URL)",
             );
         }
     }

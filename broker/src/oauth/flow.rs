@@ -693,6 +693,8 @@ fn client_post(
         HeaderValue::from_static("application/x-www-form-urlencoded"),
     );
     match (client.auth, &client.secret) {
+        // A workload without a client id sends none.
+        (TokenAuth::None, _) if client.id.is_empty() => {}
         (TokenAuth::None, _) => form.push(("client_id", client.id.clone())),
         (TokenAuth::PrivateKeyJwt, _) => {
             let Some(key) = &client.key else {
@@ -962,6 +964,31 @@ pub async fn client_credentials(
     }
     let mut form = vec![
         ("grant_type", "client_credentials".to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    token_request(http, meta, client, form).await
+}
+
+/// The RFC 7523 JWT-bearer grant type.
+pub const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+/// The RFC 7523 §2.1 JWT-bearer grant: `assertion` (a workload identity token, or an ID-JAG)
+/// exchanged for an access token, with `resource` and, when chosen, `scope`. A client without
+/// a secret or key identifies itself by id (when it has one).
+pub async fn jwt_bearer(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    assertion: &SecretString,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<Tokens, OAuthError> {
+    let mut form = vec![
+        ("grant_type", JWT_BEARER_GRANT.to_owned()),
+        ("assertion", assertion.expose_secret().to_owned()),
         ("resource", resource.to_owned()),
     ];
     if let Some(s) = scope {

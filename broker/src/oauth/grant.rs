@@ -7,10 +7,21 @@
 //! required of the authorization server. The client's secret or key authenticates only at the
 //! pinned issuer's own origin ([`flow::check_secret_destination`]), and when the metadata lists
 //! its grant types the grant must be among them — otherwise nothing is sent.
+//!
+//! A workload identity token (`jwt_bearer`) is read from where the operator named it at every
+//! exchange (a rotated file is picked up), checked to be one compact JWS of visible ASCII of
+//! at most [`MAX_TOKEN_BYTES`], and never presented again once the authorization server refused
+//! it: the exchange is not retried, with this token or another grant.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
 
 use iteron_policy::url::EndpointUrl;
 
-use super::flow::{self, OAuthClient};
+use super::flow::{self, MAX_TOKEN_BYTES, OAuthClient};
 use super::login::LoginOutcome;
 use super::metadata::{self, Purpose};
 use super::{Challenge, OAuthError, host_of};
@@ -21,6 +32,8 @@ use crate::net::ZoneClient;
 pub enum Kind {
     /// RFC 6749 §4.4 with the client's secret or key.
     ClientCredentials,
+    /// RFC 7523 §2.1 with the workload's identity token.
+    JwtBearer,
 }
 
 impl Kind {
@@ -28,6 +41,100 @@ impl Kind {
     pub fn grant_type(self) -> &'static str {
         match self {
             Kind::ClientCredentials => "client_credentials",
+            Kind::JwtBearer => flow::JWT_BEARER_GRANT,
+        }
+    }
+
+    /// The configuration word (`oauth.grant`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ClientCredentials => "client_credentials",
+            Kind::JwtBearer => "jwt_bearer",
+        }
+    }
+}
+
+/// Where the workload's identity token comes from.
+#[derive(Clone)]
+pub enum TokenSource {
+    /// A file, read at every exchange.
+    File(PathBuf),
+    /// A value read once (an environment variable or a `$CREDENTIALS_DIRECTORY` credential:
+    /// both are fixed for the life of the process), with what to call it in errors.
+    Value(SecretString, String),
+}
+
+/// The workload's identity token and what was refused of it (shared by every clone: a token
+/// the authorization server refused is never presented again by this process).
+#[derive(Clone)]
+pub struct IdentityToken {
+    source: TokenSource,
+    refused: Arc<Mutex<Option<[u8; 32]>>>,
+}
+
+impl IdentityToken {
+    /// A token from `source`.
+    pub fn new(source: TokenSource) -> IdentityToken {
+        IdentityToken {
+            source,
+            refused: Arc::default(),
+        }
+    }
+
+    fn shown(&self) -> String {
+        match &self.source {
+            TokenSource::File(p) => format!("the identity token file {}", p.display()),
+            TokenSource::Value(_, what) => format!("the identity token {what}"),
+        }
+    }
+
+    /// Read the token now and check its form.
+    fn read(&self) -> Result<SecretString, OAuthError> {
+        let bad = |why: &'static str| OAuthError::Identity {
+            source: self.shown(),
+            why,
+        };
+        let text = match &self.source {
+            TokenSource::File(p) => {
+                let bytes =
+                    super::material::read_shared_file(p, MAX_TOKEN_BYTES + 1).map_err(|why| {
+                        OAuthError::IdentityFile {
+                            why: super::text_line(&why),
+                        }
+                    })?;
+                zeroize::Zeroizing::new(
+                    String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not text"))?,
+                )
+            }
+            TokenSource::Value(v, _) => zeroize::Zeroizing::new(v.expose_secret().to_owned()),
+        };
+        let token = text.trim_end_matches(['\n', '\r']);
+        if token.is_empty() {
+            return Err(bad("is empty"));
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(bad("is longer than 16 KiB"));
+        }
+        let parts: Vec<&str> = token.split('.').collect();
+        let b64url = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if parts.len() != 3 || !parts.iter().all(|p| b64url(p)) {
+            return Err(bad("is not one compact JWT (three base64url parts)"));
+        }
+        Ok(SecretString::from(token.to_owned()))
+    }
+
+    fn digest(token: &SecretString) -> [u8; 32] {
+        Sha256::digest(token.expose_secret().as_bytes()).into()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<[u8; 32]>> {
+        match self.refused.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
         }
     }
 }
@@ -48,6 +155,8 @@ pub struct GrantRequest {
     pub client: OAuthClient,
     /// The grant.
     pub kind: Kind,
+    /// The workload's identity token (`jwt_bearer`).
+    pub identity: Option<IdentityToken>,
 }
 
 /// Discover, check, and run the grant once. Nothing is retried: a refusal is the answer.
@@ -98,6 +207,33 @@ pub async fn obtain(
     let tokens = match req.kind {
         Kind::ClientCredentials => {
             flow::client_credentials(http, &meta, &client, &prm.resource, scope.as_deref()).await?
+        }
+        Kind::JwtBearer => {
+            let identity = req.identity.as_ref().ok_or(OAuthError::NoRegistration(
+                "the jwt_bearer grant needs an identity token",
+            ))?;
+            let token = identity.read()?;
+            let digest = IdentityToken::digest(&token);
+            if *identity.lock() == Some(digest) {
+                return Err(OAuthError::Identity {
+                    source: identity.shown(),
+                    why: "was refused by the authorization server and is not presented again; \
+                          a new token is read at the next exchange",
+                });
+            }
+            let got = flow::jwt_bearer(
+                http,
+                &meta,
+                &client,
+                &token,
+                &prm.resource,
+                scope.as_deref(),
+            )
+            .await;
+            if let Err(OAuthError::Server { .. } | OAuthError::UnusableTokens { .. }) = &got {
+                *identity.lock() = Some(digest);
+            }
+            got?
         }
     };
     Ok(LoginOutcome {

@@ -40,12 +40,48 @@ pub fn read_private_file(path: &Path, max: usize) -> Result<Zeroizing<Vec<u8>>, 
             "readable or writable by group or others (chmod 600): {shown}"
         ));
     }
-    let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    read_bounded(&mut file, meta.len(), max, &shown.to_string())
+}
+
+/// Read a file the operator named that may be shared but not tampered with (a workload's
+/// identity token, which a runtime such as Kubernetes projects through symbolic links and
+/// rotates): the final target must be a regular file owned by the broker's uid or root and
+/// writable by nobody else; at most `max` bytes. Symbolic links are followed.
+pub fn read_shared_file(path: &Path, max: usize) -> Result<Zeroizing<Vec<u8>>, String> {
+    let shown = path.display();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| format!("cannot be opened ({}): {shown}", e.kind()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be inspected ({}): {shown}", e.kind()))?;
+    if !meta.is_file() {
+        return Err(format!("not a regular file: {shown}"));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!("owned by another user: {shown}"));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("writable by group or others: {shown}"));
+    }
+    read_bounded(&mut file, meta.len(), max, &shown.to_string())
+}
+
+/// Read at most `max` bytes into a buffer that never grows (a reallocation would leave an
+/// unzeroed copy): the size seen and one byte more, to notice a file that grew since.
+fn read_bounded(
+    file: &mut std::fs::File,
+    size: u64,
+    max: usize,
+    shown: &str,
+) -> Result<Zeroizing<Vec<u8>>, String> {
+    let len = usize::try_from(size).unwrap_or(usize::MAX);
     if len > max {
         return Err(format!("larger than {max} bytes: {shown}"));
     }
-    // A buffer that never grows (a reallocation would leave an unzeroed copy): the size seen
-    // and one byte more, to notice a file that grew since.
     let mut buf = Zeroizing::new(vec![0u8; len + 1]);
     let mut filled = 0;
     loop {
@@ -104,6 +140,31 @@ mod tests {
             read_private_file(&dir.join("missing"), 10)
                 .unwrap_err()
                 .contains("cannot be opened")
+        );
+        // A shared file (an identity token) may be read by others and reached through a
+        // link, but never written by them.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            read_shared_file(&link, 10).unwrap().as_slice(),
+            b"0123456789"
+        );
+        assert!(
+            read_shared_file(&link, 9)
+                .unwrap_err()
+                .starts_with("larger than 9 bytes")
+        );
+        for mode in [0o664, 0o646] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(
+                read_shared_file(&link, 10)
+                    .unwrap_err()
+                    .contains("writable by group or others")
+            );
+        }
+        assert!(
+            read_shared_file(&dir, 10)
+                .unwrap_err()
+                .contains("not a regular file")
         );
         let _ = std::fs::remove_dir_all(&dir);
         crate::test_report::record(

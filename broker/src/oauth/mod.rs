@@ -74,6 +74,23 @@ pub enum OAuthError {
         /// What became of the tokens it carried.
         revoked: Revoked,
     },
+    /// The workload's identity token cannot be presented (where it comes from, and the rule).
+    Identity {
+        /// Where it comes from (a path or a variable name, never the token).
+        source: String,
+        /// Why (fixed text).
+        why: &'static str,
+    },
+    /// The identity token file cannot be read (the rule and the path).
+    IdentityFile {
+        /// Why, naming the path.
+        why: String,
+    },
+}
+
+/// A line of remote or file-system text made safe for an error.
+pub(crate) fn text_line(s: &str) -> String {
+    iteron_policy::text::single_line_capped(s, 300)
 }
 
 /// What became of tokens Iteron received but could not keep.
@@ -149,6 +166,8 @@ impl fmt::Display for OAuthError {
                 "the token response was refused because {why}; {}",
                 revoked.as_str()
             ),
+            OAuthError::Identity { source, why } => write!(f, "{source} {why}"),
+            OAuthError::IdentityFile { why } => write!(f, "the identity token file {why}"),
         }
     }
 }

@@ -1332,3 +1332,66 @@ fn noninteractive_grants_name_their_client_credentials_consistently() {
         );
     }
 }
+
+#[test]
+fn the_jwt_bearer_grant_names_its_identity_token_once() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let jb = r#""grant": "jwt_bearer", "issuer": "https://as.example""#;
+    for ok in [
+        format!(r#"{jb}, "identity_token_file": "/var/run/secrets/tokens/mcp""#),
+        format!(r#"{jb}, "identity_token_env": "CI_JOB_JWT", "client_id": "wl""#),
+        format!(r#"{jb}, "identity_token_env": "T", "client_id": "wl", "client_secret_env": "S""#),
+    ] {
+        let c = parse(&server(&ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert_eq!(parse(&c.to_json_pretty()).unwrap(), c, "{ok}");
+    }
+    let cases = [
+        (
+            jb.to_owned(),
+            "oauth.grant",
+            "needs identity_token_file or identity_token_env",
+        ),
+        (
+            r#""grant": "jwt_bearer", "identity_token_env": "T""#.to_owned(),
+            "oauth.grant",
+            "needs issuer",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_file": "/t", "identity_token_env": "T""#),
+            "oauth.identity_token_env",
+            "excludes identity_token_file",
+        ),
+        (
+            r#""identity_token_env": "T""#.to_owned(),
+            "oauth.identity_token_env",
+            "only used with grant jwt_bearer",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_file": "t.jwt""#),
+            "oauth.identity_token_file",
+            "absolute path",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_env": "T", "client_id": "https://c.example/m.json""#),
+            "oauth.client_id",
+            "pre-registered client_id",
+        ),
+    ];
+    for (oauth, key, why) in cases {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+}
