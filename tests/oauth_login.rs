@@ -1297,3 +1297,178 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
             "methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
     );
 }
+
+/// POST a JSON-RPC `tools/list` to the MCP server with `authorization` (and no DPoP proof);
+/// returns the HTTP status.
+fn raw_mcp_status(url: &str, authorization: &str) -> u16 {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys,urllib.request,urllib.error\n\
+             r=urllib.request.Request(sys.argv[1],data=b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}',\
+             headers={'Authorization':sys.argv[2],'Content-Type':'application/json','Accept':'application/json, text/event-stream'})\n\
+             try:\n  print(urllib.request.urlopen(r).status)\nexcept urllib.error.HTTPError as e:\n  print(e.code)",
+        )
+        .arg(url)
+        .arg(authorization)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server_that_wants_nonces()
+{
+    let dir = fixture();
+    let home = Home::new_tagged("dpop");
+    let log = home.0.join("requests.log");
+    let log_s = log.to_str().unwrap().to_owned();
+    let secret = "CCDPOPSECRETcanary55";
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s.as_str())],
+        &[
+            ("REQUEST_LOG", log_s.as_str()),
+            ("DPOP_REQUIRE_NONCE", "1"),
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_SECRET", secret),
+        ],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(&home, "guarded", serde_json::json!({"dpop": true}));
+    // The browser login: the code is exchanged with a proof, once refused for a nonce and then
+    // sent with it.
+    let printed = login_via_cli(&home, &dir, &pair, &[], &[]);
+    let cred = home.credential().unwrap();
+    let key = cred["secrets"]["dpop_key"].as_str().unwrap().to_owned();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let info = introspect(&pair.issuer, &access);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    assert!(
+        info["cnf"]["jkt"].as_str().is_some_and(|j| j.len() == 43),
+        "{info}"
+    );
+    let exchanges: Vec<serde_json::Value> = log_lines(&log)
+        .into_iter()
+        .filter(|l| l["route"] == "token" && l["grant_type"] == "authorization_code")
+        .collect();
+    assert_eq!(
+        exchanges
+            .iter()
+            .map(|l| (l["status"].clone(), l["error"].clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (serde_json::json!(400), serde_json::json!("use_dpop_nonce")),
+            (serde_json::json!(200), serde_json::Value::Null),
+        ],
+        "one refusal for the nonce, then exactly one exchange with it"
+    );
+    // A stolen token is useless without the key: presented as Bearer, or as DPoP without a
+    // proof, the server refuses it.
+    assert_eq!(
+        raw_mcp_status(&pair.mcp_url, &format!("Bearer {access}")),
+        401
+    );
+    assert_eq!(
+        raw_mcp_status(&pair.mcp_url, &format!("DPoP {access}")),
+        401
+    );
+    // The token expires (2 s): the refresh is DPoP-bound too, and every request carries a proof.
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = log_lines(&log).len();
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let lines = log_lines(&log)[before..].to_vec();
+    let refreshes: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| {
+            l["route"] == "token" && l["grant_type"] == "refresh_token" && l["status"] == 200
+        })
+        .collect();
+    assert!(!refreshes.is_empty(), "no DPoP-bound refresh");
+    let schemes: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
+        .filter_map(|l| l["scheme"].as_str())
+        .collect();
+    assert!(
+        !schemes.is_empty() && schemes.iter().all(|s| *s == "DPoP"),
+        "{schemes:?}"
+    );
+    let now = home.credential().unwrap();
+    assert_eq!(
+        now["secrets"]["dpop_key"],
+        key.as_str(),
+        "the refresh changed the key"
+    );
+    let renewed = now["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let info = introspect(&pair.issuer, &renewed);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    // A client-credentials grant asks for a DPoP-bound token just the same.
+    let ci = Home::new_tagged("dpop-cc");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET", "dpop": true}),
+    );
+    let login = ci
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        login.status.success(),
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let cc = ci.credential().unwrap();
+    let cc_access = cc["secrets"]["access_token"].as_str().unwrap().to_owned();
+    assert!(cc["secrets"]["dpop_key"].is_string());
+    assert_ne!(
+        cc["secrets"]["dpop_key"],
+        key.as_str(),
+        "two logins share a key"
+    );
+    let info = introspect(&pair.issuer, &cc_access);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    let test_cc = ci
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        test_cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test_cc.stderr)
+    );
+    assert!(!printed.contains(&access) && !printed.contains(&key));
+    assert_no_token(
+        &[&test, &login, &test_cc],
+        &[&access, &refresh, &key, &renewed, &cc_access, secret],
+    );
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server_that_wants_nonces",
+        serde_json::json!({"authorization_server": "oidc-provider", "as_nonce": true,
+            "refreshes": refreshes.len()}),
+    );
+}

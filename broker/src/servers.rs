@@ -16,7 +16,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 use iteron_policy::zone::Zone;
 
-use crate::mcp::client::{Client, McpError, Options};
+use crate::mcp::client::{AccessToken, Client, McpError, Options};
 use crate::net::{Net, NetConfig, NetError, TargetHost, judge_answer, target_host};
 use crate::scrub::Patterns;
 use crate::spawn::{ChildSpec, child_env};
@@ -156,6 +156,7 @@ impl LearnedSecrets {
         std::iter::once(&s.access_token)
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
+            .chain(s.dpop_key.iter())
             .all(|v| self.learn(v.expose_secret()))
     }
 }
@@ -212,6 +213,7 @@ impl KnownSecrets {
         for v in std::iter::once(&s.access_token)
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
+            .chain(s.dpop_key.iter())
         {
             self.fixed.add(v.expose_secret());
         }
@@ -470,13 +472,13 @@ async fn refresh_stored(
     cred: &crate::credentials::Credential,
     network: &NetworkConfig,
     grant: Option<&crate::oauth::grant::GrantRequest>,
-) -> Result<crate::oauth::SecretString, ConnectError> {
+) -> Result<AccessToken, ConnectError> {
     use crate::oauth::{OAuthError, flow, metadata};
     let Some(refresh_token) = &cred.secrets.refresh_token else {
         // A noninteractive grant needs no refresh token: the broker runs it again.
         if let Some(g) = grant {
             let (renewed, _) = obtain_and_store(store, cred, network, g).await?;
-            return Ok(renewed.secrets.access_token);
+            return access_of(&renewed);
         }
         return Err(ConnectError::ReauthRequired(
             if cred.secrets.refresh_failed {
@@ -505,6 +507,8 @@ async fn refresh_stored(
             .clone()
             .or_else(|| grant.and_then(|g| g.client.secret.clone())),
         key: grant.and_then(|g| g.client.key.clone()),
+        // A DPoP-bound grant is refreshed with the key it is bound to.
+        dpop: stored_dpop_key(cred)?,
         auth: cred.binding.token_auth,
         kind: cred.binding.client_kind,
         issuer: cred.binding.issuer.clone(),
@@ -576,7 +580,33 @@ async fn refresh_stored(
             revoked.as_str()
         )));
     }
-    Ok(access)
+    Ok(AccessToken {
+        token: access,
+        dpop: client.dpop,
+    })
+}
+
+/// The access token of a stored credential as it is presented (DPoP-bound when it has a key).
+fn access_of(cred: &crate::credentials::Credential) -> Result<AccessToken, ConnectError> {
+    Ok(AccessToken {
+        token: cred.secrets.access_token.clone(),
+        dpop: stored_dpop_key(cred)?,
+    })
+}
+
+/// The DPoP key a stored credential's tokens are bound to, if any.
+fn stored_dpop_key(
+    cred: &crate::credentials::Credential,
+) -> Result<Option<Arc<crate::oauth::dpop::DpopKey>>, ConnectError> {
+    cred.secrets
+        .dpop_key
+        .as_ref()
+        .map(|k| {
+            crate::oauth::dpop::DpopKey::from_stored(k)
+                .map(Arc::new)
+                .map_err(|_| ConnectError::ReauthRequired("the stored DPoP key cannot be read"))
+        })
+        .transpose()
 }
 
 /// The client's private key, read from where the operator named it (`client_key_file`, else
@@ -622,7 +652,7 @@ pub fn grant_request(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
 ) -> Result<Option<crate::oauth::grant::GrantRequest>, ConnectError> {
     use crate::oauth::flow::{ClientKind, OAuthClient, TokenAuth};
-    use crate::oauth::grant::{GrantRequest, IdentityToken, Kind, TokenSource};
+    use crate::oauth::grant::{GrantRequest, IdentitySource, IdentityToken, Kind};
     use iteron_policy::config::{ClientAuth, Grant};
     let Transport::Http(h) = &server.transport else {
         return Ok(None);
@@ -637,10 +667,10 @@ pub fn grant_request(
     };
     // The identity token: a file is read at every exchange; a variable's value is fixed.
     let identity = match (&o.identity_token_file, &o.identity_token_env) {
-        (Some(path), _) => Some(IdentityToken::new(TokenSource::File(
+        (Some(path), _) => Some(IdentityToken::new(IdentitySource::File(
             std::path::PathBuf::from(path.as_str()),
         ))),
-        (None, Some(var)) => Some(IdentityToken::new(TokenSource::Value(
+        (None, Some(var)) => Some(IdentityToken::new(IdentitySource::Value(
             secret_var(lookup, var)?,
             format!("named by {var}"),
         ))),
@@ -683,12 +713,14 @@ pub fn grant_request(
                 .unwrap_or_default(),
             secret,
             key,
+            dpop: None,
             auth,
             kind: ClientKind::PreRegistered,
             issuer,
         },
         kind,
         identity,
+        dpop: o.dpop == Some(true),
     }))
 }
 
@@ -747,6 +779,7 @@ pub fn credential_of(
             client_secret,
             expires_at,
             refresh_failed: false,
+            dpop_key: outcome.client.dpop.as_ref().map(|k| k.stored()),
         },
     }
 }
@@ -811,6 +844,8 @@ async fn store_outcome(
     cred.secrets.access_token = outcome.tokens.access;
     cred.secrets.refresh_token = outcome.tokens.refresh;
     cred.secrets.refresh_failed = false;
+    // A new grant is bound to the key it was obtained with.
+    cred.secrets.dpop_key = client.dpop.as_ref().map(|k| k.stored());
     let saved = cred.clone();
     let store2 = store.clone();
     let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
@@ -944,10 +979,10 @@ pub async fn connect_with_credentials(
         Some(t) if t <= unix_now() + REFRESH_MARGIN_SECS => {
             refresh_stored(&store, &cred, network, grant.as_ref()).await?
         }
-        _ => cred.secrets.access_token.clone(),
+        _ => access_of(&cred)?,
     };
     // A fresh set per connect: it cannot be full yet, so nothing here can be refused.
-    let _ = learned.learn_credential(&cred) && learned.learn(token.expose_secret());
+    let _ = learned.learn_credential(&cred) && learned.learn(token.token.expose_secret());
     let mut opts = opts;
     opts.token = Some(std::sync::Arc::new(StoredToken {
         store: crate::credentials::CredentialStore::new(home),
@@ -968,7 +1003,8 @@ pub async fn connect_with_credentials(
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
                 token = refresh_stored(&store, &fresh, network, grant.as_ref()).await?;
                 // At most a handful learned so far (one connect, one refresh): never full.
-                let _ = learned.learn_credential(&fresh) && learned.learn(token.expose_secret());
+                let _ =
+                    learned.learn_credential(&fresh) && learned.learn(token.token.expose_secret());
             }
             other => return other,
         }
@@ -1004,7 +1040,7 @@ impl StoredToken {
         }
     }
 
-    async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
+    async fn get(&self, force: bool) -> Result<AccessToken, String> {
         let cred = load_stored(&self.store, &self.server)
             .await?
             .ok_or("the credential was removed; log in again")?;
@@ -1026,11 +1062,11 @@ impl StoredToken {
                 .await
                 .map_err(|e| e.to_string())?
         } else {
-            cred.secrets.access_token.clone()
+            access_of(&cred).map_err(|e| e.to_string())?
         };
         {
             use secrecy::ExposeSecret;
-            if !self.learned.learn(token.expose_secret()) {
+            if !self.learned.learn(token.token.expose_secret()) {
                 return Err(too_many());
             }
         }
@@ -1300,11 +1336,11 @@ impl ExternalToken {
 
 impl crate::mcp::client::TokenSource for ExternalToken {
     fn current(&self) -> crate::mcp::client::TokenFuture<'_> {
-        Box::pin(self.get(false))
+        Box::pin(async { self.get(false).await.map(AccessToken::bearer) })
     }
 
     fn refresh(&self) -> crate::mcp::client::TokenFuture<'_> {
-        Box::pin(self.get(true))
+        Box::pin(async { self.get(true).await.map(AccessToken::bearer) })
     }
 }
 
@@ -1384,19 +1420,21 @@ async fn connect_bearer(
     network: &NetworkConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
-    token: &crate::oauth::SecretString,
+    token: &AccessToken,
     ctx: &SpawnContext,
 ) -> Result<Client, ConnectError> {
-    use secrecy::ExposeSecret;
     let Transport::Http(h) = &server.transport else {
         return connect(server, network, lookup, opts, ctx).await;
     };
     let mut headers = configured_headers(h, lookup)?;
-    let bearer = OsString::from(format!("Bearer {}", token.expose_secret()));
-    headers.insert(
-        AUTHORIZATION,
-        secret_header(bearer, "the stored access token")?,
-    );
+    // A DPoP-bound token needs a proof per request: the client installs it from its token
+    // source before the first one; a Bearer token also rides in the fixed headers.
+    if token.dpop.is_none() {
+        headers.insert(
+            AUTHORIZATION,
+            bearer_header(&token.token, "the stored access token")?,
+        );
+    }
     connect_http_with(h, network, headers, opts).await
 }
 

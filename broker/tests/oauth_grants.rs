@@ -201,12 +201,14 @@ fn cc_request(base: &str, auth: TokenAuth) -> GrantRequest {
             id: "ci client".into(),
             secret,
             key,
+            dpop: None,
             auth,
             kind: ClientKind::PreRegistered,
             issuer: base.to_owned(),
         },
         kind: Kind::ClientCredentials,
         identity: None,
+        dpop: false,
     }
 }
 
@@ -395,7 +397,7 @@ async fn the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_ref
 // Workload identity: the JWT-bearer grant
 // ---------------------------------------------------------------------------------------------
 
-use iteron_broker::oauth::grant::{IdentityToken, TokenSource};
+use iteron_broker::oauth::grant::{IdentitySource, IdentityToken};
 
 const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
@@ -429,12 +431,14 @@ fn jb_request(base: &str, identity: IdentityToken, client_id: &str) -> GrantRequ
             id: client_id.into(),
             secret: None,
             key: None,
+            dpop: None,
             auth: TokenAuth::None,
             kind: ClientKind::PreRegistered,
             issuer: base.to_owned(),
         },
         kind: Kind::JwtBearer,
         identity: Some(identity),
+        dpop: false,
     }
 }
 
@@ -450,7 +454,7 @@ async fn the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_ne
     let t = TempHome::new("wif");
     let file = t.0.join("token.jwt");
     let s = Server::start(jb_provider).await;
-    let identity = IdentityToken::new(TokenSource::File(file.clone()));
+    let identity = IdentityToken::new(IdentitySource::File(file.clone()));
     let req = jb_request(&s.base(), identity.clone(), "workload-1");
     write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bCJ9.c2ln");
     let out = grant::obtain(&loopback(), &req, None).await.unwrap();
@@ -529,7 +533,7 @@ async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(*mode)).unwrap();
         let req = jb_request(
             &s.base(),
-            IdentityToken::new(TokenSource::File(file.clone())),
+            IdentityToken::new(IdentitySource::File(file.clone())),
             "w",
         );
         let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
@@ -546,14 +550,14 @@ async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let req = jb_request(
         &s.base(),
-        IdentityToken::new(TokenSource::File(file.clone())),
+        IdentityToken::new(IdentitySource::File(file.clone())),
         "w",
     );
     grant::obtain(&loopback(), &req, None).await.unwrap();
     assert_eq!(s.to("/token")[0].form()["assertion"], exact);
     let missing = jb_request(
         &s.base(),
-        IdentityToken::new(TokenSource::File(t.0.join("absent"))),
+        IdentityToken::new(IdentitySource::File(t.0.join("absent"))),
         "w",
     );
     let e = grant::obtain(&loopback(), &missing, None)
@@ -569,5 +573,148 @@ async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
         "P5",
         "broker/tests/oauth_grants.rs::an_identity_token_that_cannot_be_presented_sends_nothing",
         json!({"max_token_bytes": max}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// DPoP at the token endpoint
+// ---------------------------------------------------------------------------------------------
+
+/// What the scripted token endpoint does with DPoP requests.
+#[derive(Clone, Copy)]
+enum AsMode {
+    /// Wants the nonce `as-n1`, then issues a DPoP-bound token.
+    Nonce,
+    /// A new nonce every time: never satisfied.
+    NeverSatisfied,
+    /// Refuses the client, offering a nonce anyway.
+    InvalidClient,
+    /// Issues a Bearer token whatever the proof.
+    Bearer,
+}
+
+fn dpop_provider(base: &str, mode: AsMode) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "revocation_endpoint": format!("{base}/revoke"),
+        "dpop_signing_alg_values_supported": ["ES256"]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/revoke") => Reply::json(json!({})),
+        ("POST", "/token") => {
+            let nonce = req
+                .header("dpop")
+                .and_then(iteron_broker::oauth::jose::decode_unverified)
+                .and_then(|(_, c)| c["nonce"].as_str().map(str::to_owned));
+            let challenge = |n: &str| {
+                let mut r = Reply::status(400, json!({"error": "use_dpop_nonce"}));
+                r.headers.push(("DPoP-Nonce".into(), n.into()));
+                r
+            };
+            let bound = json!({"access_token": "bound-at", "token_type": "DPoP", "expires_in": 60});
+            match mode {
+                AsMode::Nonce if nonce.as_deref() == Some("as-n1") => Reply::json(bound),
+                AsMode::Nonce => challenge("as-n1"),
+                AsMode::NeverSatisfied => challenge(&format!("n{}", nonce.unwrap_or_default())),
+                AsMode::InvalidClient => {
+                    let mut r = Reply::status(401, json!({"error": "invalid_client"}));
+                    r.headers.push(("DPoP-Nonce".into(), "as-n9".into()));
+                    r
+                }
+                AsMode::Bearer => Reply::json(
+                    json!({"access_token": "plain-at", "token_type": "Bearer", "expires_in": 60}),
+                ),
+            }
+        }
+        _ => Reply::not_found(),
+    })
+}
+
+fn dpop_request(base: &str) -> GrantRequest {
+    GrantRequest {
+        dpop: true,
+        ..cc_request(base, TokenAuth::Basic)
+    }
+}
+
+#[tokio::test]
+async fn a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token() {
+    let s = Server::start(|base| dpop_provider(base, AsMode::Nonce)).await;
+    let out = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "bound-at");
+    let key = out
+        .client
+        .dpop
+        .clone()
+        .expect("the client holds its DPoP key");
+    let seen = s.to("/token");
+    assert_eq!(
+        seen.len(),
+        2,
+        "refused for the nonce once, then sent with it"
+    );
+    let claims: Vec<Value> = seen
+        .iter()
+        .map(|r| {
+            let (h, c) =
+                iteron_broker::oauth::jose::decode_unverified(r.header("dpop").unwrap()).unwrap();
+            assert_eq!(h["typ"], "dpop+jwt");
+            assert!(h["jwk"].get("d").is_none());
+            c
+        })
+        .collect();
+    for c in &claims {
+        assert_eq!(c["htm"], "POST");
+        assert_eq!(c["htu"], format!("{}/token", s.base()));
+        assert!(c.get("ath").is_none());
+    }
+    assert!(claims[0].get("nonce").is_none());
+    assert_eq!(claims[1]["nonce"], "as-n1");
+    assert_ne!(claims[0]["jti"], claims[1]["jti"]);
+    assert_eq!(
+        seen[0].form(),
+        seen[1].form(),
+        "the same grant, sent once more"
+    );
+    assert_eq!(key.as_nonce().as_deref(), Some("as-n1"));
+    // Never satisfied: exactly one resend, then the refusal.
+    let s = Server::start(|base| dpop_provider(base, AsMode::NeverSatisfied)).await;
+    let e = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        "the authorization server answered 400 use_dpop_nonce"
+    );
+    assert_eq!(s.to("/token").len(), 2);
+    // Another refusal that offers a nonce is not a nonce challenge: no resend.
+    let s = Server::start(|base| dpop_provider(base, AsMode::InvalidClient)).await;
+    assert!(
+        grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+            .await
+            .is_err()
+    );
+    assert_eq!(s.to("/token").len(), 1);
+    // A Bearer token where a DPoP-bound one was asked for is refused and revoked.
+    let s = Server::start(|base| dpop_provider(base, AsMode::Bearer)).await;
+    let e = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, OAuthError::UnusableTokens { why, .. } if why.contains("a DPoP-bound token was asked for")),
+        "{e}"
+    );
+    let revoked = s.to("/revoke");
+    assert_eq!(revoked.len(), 1);
+    assert_eq!(revoked[0].form()["token"], "plain-at");
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token",
+        json!({"resends_per_nonce_challenge": 1}),
     );
 }

@@ -130,6 +130,7 @@ fn public_client(issuer: &str) -> OAuthClient {
         id: CLIENT_ID.into(),
         secret: None,
         key: None,
+        dpop: None,
         auth: TokenAuth::None,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),
@@ -141,6 +142,7 @@ fn confidential_client(issuer: &str, auth: TokenAuth) -> OAuthClient {
         id: CLIENT_ID.into(),
         secret: Some(SecretString::from(SECRET.to_owned())),
         key: None,
+        dpop: None,
         auth,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),
@@ -296,6 +298,7 @@ fn request(server: &Server) -> LoginRequest {
             client_id: Some(CLIENT_ID.into()),
             ..ClientSettings::default()
         },
+        dpop: false,
     }
 }
 

@@ -163,6 +163,7 @@ pub(crate) fn login(
             .map(|c| c.binding.granted_scopes.clone())
             .unwrap_or_default(),
         mode,
+        dpop: oauth.dpop == Some(true),
         client: ClientSettings {
             client_id: client_id.filter(|c| !c.contains("://")),
             client_secret,
@@ -266,6 +267,7 @@ pub(crate) fn login(
         client_secret: outcome.client.secret.clone(),
         expires_at,
         refresh_failed: false,
+        dpop_key: outcome.client.dpop.as_ref().map(|k| k.stored()),
     };
     let cred = Credential { binding, secrets };
     let saved = store.save(&cred);
@@ -716,6 +718,7 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                 id: c.binding.client_id.clone(),
                 secret,
                 key,
+                dpop: None,
                 auth: c.binding.token_auth,
                 kind: c.binding.client_kind,
                 issuer: c.binding.issuer.clone(),

@@ -465,6 +465,9 @@ pub struct OAuthConfig {
     /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding it instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity_token_env: Option<EnvName>,
+    /// Ask for DPoP-bound (sender-constrained) tokens (RFC 9449).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dpop: Option<bool>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -487,6 +490,7 @@ const OAUTH_KEYS: &[&str] = &[
     "client_key_env",
     "identity_token_file",
     "identity_token_env",
+    "dpop",
 ];
 
 /// A lifecycle hook event.
@@ -1605,6 +1609,10 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         client_key_env: env("client_key_env")?,
         identity_token_file: optional(&f, "identity_token_file", parsed(AbsolutePath::parse))?,
         identity_token_env: env("identity_token_env")?,
+        dpop: optional(&f, "dpop", |n, p| match n.value {
+            Value::Bool(b) => Ok(b),
+            _ => Err(wrong_type(p, n, "true or false")),
+        })?,
     };
     check_oauth(&f, &config)?;
     Ok(config)
@@ -1726,6 +1734,12 @@ fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
                 "needs issuer (the client's credentials go only to the authorization server the operator pinned)",
             );
         }
+    }
+    if o.dpop == Some(true) && o.access_token_env.is_some() {
+        return refuse(
+            "dpop",
+            "binds the tokens Iteron obtains and cannot bind access_token_env's (its key is not Iteron's)",
+        );
     }
     // The workload's identity token: from one place, for the grant that presents it.
     let has_identity = o.identity_token_file.is_some() || o.identity_token_env.is_some();

@@ -84,6 +84,8 @@ export function optionsFromEnv(env = process.env) {
       secret: env.RS_CLIENT_SECRET || 'iteron-test-rs-secret',
     },
     requestLog: env.REQUEST_LOG || undefined,
+    // RFC 9449 §8: every DPoP proof at the token endpoint must carry a nonce the AS issued.
+    dpopRequireNonce: flag(env.DPOP_REQUIRE_NONCE, false),
   };
 }
 
@@ -248,6 +250,10 @@ export async function startAuthServer(options) {
       devInteractions: { enabled: false },
       registration: { enabled: true, initialAccessToken: false },
       clientCredentials: { enabled: true },
+      dPoP: {
+        enabled: true,
+        ...(o.dpopRequireNonce ? { nonceSecret: randomBytes(32), requireNonce: () => true } : {}),
+      },
       // A client may revoke only its own tokens (anything else: 200 without effect, RFC 7009 §2.2).
       revocation: { enabled: true, allowedPolicy: async (_ctx, client, token) => token.clientId === client.clientId },
       // Confidential clients (the RS client, a pre-registered secret client) may introspect any

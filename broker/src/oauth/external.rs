@@ -97,6 +97,7 @@ impl Endpoints {
             },
             secret,
             key: None,
+            dpop: None,
             kind: ClientKind::PreRegistered,
             issuer,
         };

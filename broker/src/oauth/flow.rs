@@ -91,6 +91,9 @@ pub struct OAuthClient {
     /// The private key of a `private_key_jwt` client (never stored by Iteron: it is read from
     /// where the operator named it).
     pub key: Option<Arc<SigningKey>>,
+    /// The DPoP key its tokens are bound to (`oauth.dpop`): every token request carries a
+    /// proof, and only DPoP-bound tokens are accepted.
+    pub dpop: Option<Arc<super::dpop::DpopKey>>,
     /// Token endpoint authentication.
     pub auth: TokenAuth,
     /// How it was obtained.
@@ -105,6 +108,7 @@ impl fmt::Debug for OAuthClient {
             .field("id", &self.id)
             .field("secret", &self.secret.as_ref().map(|_| "[not shown]"))
             .field("key", &self.key.as_ref().map(|k| k.alg()))
+            .field("dpop", &self.dpop.as_ref().map(|k| k.thumbprint()))
             .field("auth", &self.auth)
             .field("kind", &self.kind)
             .field("issuer", &self.issuer)
@@ -173,6 +177,7 @@ pub async fn register(
             id: id.clone(),
             secret: settings.client_secret.clone(),
             key: settings.client_key.clone(),
+            dpop: None,
             auth,
             kind: ClientKind::PreRegistered,
             issuer: meta.issuer.clone(),
@@ -194,6 +199,7 @@ pub async fn register(
                 id: cimd.unwrap_or_default(),
                 secret: None,
                 key: None,
+                dpop: None,
                 auth: TokenAuth::None,
                 kind: ClientKind::Cimd,
                 issuer: meta.issuer.clone(),
@@ -266,6 +272,7 @@ pub async fn register(
         id,
         secret,
         key: None,
+        dpop: None,
         auth,
         kind: ClientKind::Dynamic,
         issuer: meta.issuer.clone(),
@@ -542,8 +549,16 @@ impl Tokens {
     }
 }
 
-/// Validate a successful token response (RFC 6749 §5.1). `Err` names the rule it broke.
+/// Validate a successful token response (RFC 6749 §5.1) for a Bearer token. `Err` names the
+/// rule it broke.
 pub fn parse_tokens(doc: &Value) -> Result<Tokens, &'static str> {
+    parse_tokens_as(doc, false)
+}
+
+/// Validate a successful token response; with `dpop`, the token must be DPoP-bound
+/// (`token_type` DPoP), never a Bearer token: a sender-constrained login is never silently
+/// weakened.
+pub fn parse_tokens_as(doc: &Value, dpop: bool) -> Result<Tokens, &'static str> {
     let access = match doc.get("access_token") {
         Some(Value::String(s)) if is_token_text(s) => SecretString::from(s.to_owned()),
         Some(Value::String(s)) if s.len() > MAX_TOKEN_BYTES => {
@@ -555,11 +570,17 @@ pub fn parse_tokens(doc: &Value) -> Result<Tokens, &'static str> {
         _ => return Err("it has no access_token string"),
     };
     match doc.get("token_type").and_then(Value::as_str) {
-        Some(t) if t.eq_ignore_ascii_case("bearer") => {}
-        // Sender-constrained tokens are never asked for, so never accepted.
+        Some(t) if t.eq_ignore_ascii_case("bearer") && !dpop => {}
+        Some(t) if t.eq_ignore_ascii_case("dpop") && dpop => {}
+        // A sender-constrained token that was not asked for cannot be used as one (its key
+        // is not Iteron's), and a Bearer token where DPoP was asked for is weaker than asked.
         Some(t) if t.eq_ignore_ascii_case("dpop") => {
             return Err("its token_type is DPoP, which was not asked for");
         }
+        Some(t) if t.eq_ignore_ascii_case("bearer") => {
+            return Err("its token_type is Bearer, but a DPoP-bound token was asked for");
+        }
+        Some(_) if dpop => return Err("its token_type is not DPoP"),
         Some(_) => return Err("its token_type is not Bearer"),
         None => return Err("it has no token_type"),
     }
@@ -820,31 +841,84 @@ async fn token_request(
     client: &OAuthClient,
     form: Vec<(&'static str, String)>,
 ) -> Result<Tokens, OAuthError> {
-    let mut req = client_post(
-        meta,
-        client,
-        &meta.token_endpoint,
-        "token_endpoint",
-        form,
-        MissingSecret::Refuse,
-    )?;
-    req.headers
-        .insert(ACCEPT, HeaderValue::from_static("application/json"));
-    let resp = http.send(req).await?;
-    let status = resp.status().as_u16();
-    let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
-    let doc: Value =
-        serde_json::from_slice(&bytes).map_err(|_| OAuthError::Malformed("token response"))?;
-    if !(200..300).contains(&status) {
-        return Err(server_error(&doc, status));
-    }
-    match parse_tokens(&doc) {
+    // The form holds the code, refresh token or assertion: wiped however this returns.
+    let form = WipedForm(form);
+    let mut nonce_retried = false;
+    let doc = loop {
+        let mut req = client_post(
+            meta,
+            client,
+            &meta.token_endpoint,
+            "token_endpoint",
+            form.0.clone(),
+            MissingSecret::Refuse,
+        )?;
+        req.headers
+            .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        if let Some(key) = &client.dpop {
+            // A fresh proof for every request, with the server's last nonce.
+            let proof = key
+                .proof(
+                    "POST",
+                    meta.token_endpoint.as_url(),
+                    None,
+                    key.as_nonce().as_deref(),
+                )
+                .map_err(|_| OAuthError::Malformed("DPoP proof (signing failed)"))?;
+            req.headers.insert(
+                reqwest::header::HeaderName::from_static(super::dpop::DPOP_HEADER),
+                HeaderValue::from_str(&proof).map_err(|_| OAuthError::Malformed("DPoP proof"))?,
+            );
+        }
+        let resp = http.send(req).await?;
+        let status = resp.status().as_u16();
+        let offered = resp
+            .headers()
+            .get(super::dpop::NONCE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|n| super::dpop::valid_nonce(n))
+            .map(str::to_owned);
+        let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
+        let doc: Value =
+            serde_json::from_slice(&bytes).map_err(|_| OAuthError::Malformed("token response"))?;
+        if let (Some(key), Some(n)) = (&client.dpop, &offered) {
+            key.set_as_nonce(n);
+        }
+        if !(200..300).contains(&status) {
+            let err = server_error(&doc, status);
+            // RFC 9449 §8: the server refused the request before acting on it and named the
+            // nonce to use: send it once more, with a new proof carrying that nonce.
+            if let (Some(_), Some(_), OAuthError::Server { error, .. }) =
+                (&client.dpop, &offered, &err)
+                && error == super::dpop::USE_DPOP_NONCE
+                && !nonce_retried
+            {
+                nonce_retried = true;
+                continue;
+            }
+            return Err(err);
+        }
+        break doc;
+    };
+    drop(form);
+    match parse_tokens_as(&doc, client.dpop.is_some()) {
         Ok(tokens) => Ok(tokens),
         Err(why) => {
             // The server granted something Iteron will not hold: revoke what it sent rather
             // than leave a live grant behind.
             let revoked = revoke_unusable(http, meta, client, &doc).await;
             Err(OAuthError::UnusableTokens { why, revoked })
+        }
+    }
+}
+
+/// A form whose values are zeroized when it is dropped.
+struct WipedForm(Vec<(&'static str, String)>);
+
+impl Drop for WipedForm {
+    fn drop(&mut self) {
+        for (_, v) in &mut self.0 {
+            zeroize::Zeroize::zeroize(v);
         }
     }
 }
@@ -1051,6 +1125,7 @@ mod tests {
             id: "c1".into(),
             secret: None,
             key: None,
+            dpop: None,
             auth: TokenAuth::None,
             kind: ClientKind::Dynamic,
             issuer: "https://as.example".into(),

@@ -56,7 +56,7 @@ impl Kind {
 
 /// Where the workload's identity token comes from.
 #[derive(Clone)]
-pub enum TokenSource {
+pub enum IdentitySource {
     /// A file, read at every exchange.
     File(PathBuf),
     /// A value read once (an environment variable or a `$CREDENTIALS_DIRECTORY` credential:
@@ -68,13 +68,13 @@ pub enum TokenSource {
 /// the authorization server refused is never presented again by this process).
 #[derive(Clone)]
 pub struct IdentityToken {
-    source: TokenSource,
+    source: IdentitySource,
     refused: Arc<Mutex<Option<[u8; 32]>>>,
 }
 
 impl IdentityToken {
     /// A token from `source`.
-    pub fn new(source: TokenSource) -> IdentityToken {
+    pub fn new(source: IdentitySource) -> IdentityToken {
         IdentityToken {
             source,
             refused: Arc::default(),
@@ -83,8 +83,8 @@ impl IdentityToken {
 
     fn shown(&self) -> String {
         match &self.source {
-            TokenSource::File(p) => format!("the identity token file {}", p.display()),
-            TokenSource::Value(_, what) => format!("the identity token {what}"),
+            IdentitySource::File(p) => format!("the identity token file {}", p.display()),
+            IdentitySource::Value(_, what) => format!("the identity token {what}"),
         }
     }
 
@@ -95,7 +95,7 @@ impl IdentityToken {
             why,
         };
         let text = match &self.source {
-            TokenSource::File(p) => {
+            IdentitySource::File(p) => {
                 let bytes =
                     super::material::read_shared_file(p, MAX_TOKEN_BYTES + 1).map_err(|why| {
                         OAuthError::IdentityFile {
@@ -106,7 +106,7 @@ impl IdentityToken {
                     String::from_utf8(bytes.to_vec()).map_err(|_| bad("is not text"))?,
                 )
             }
-            TokenSource::Value(v, _) => zeroize::Zeroizing::new(v.expose_secret().to_owned()),
+            IdentitySource::Value(v, _) => zeroize::Zeroizing::new(v.expose_secret().to_owned()),
         };
         let token = text.trim_end_matches(['\n', '\r']);
         if token.is_empty() {
@@ -157,6 +157,8 @@ pub struct GrantRequest {
     pub kind: Kind,
     /// The workload's identity token (`jwt_bearer`).
     pub identity: Option<IdentityToken>,
+    /// Ask for DPoP-bound tokens: a new key is made for each grant run.
+    pub dpop: bool,
 }
 
 /// Discover, check, and run the grant once. Nothing is retried: a refusal is the answer.
@@ -186,6 +188,12 @@ pub async fn obtain(
     }
     let mut client = req.client.clone();
     client.issuer = meta.issuer.clone();
+    if req.dpop {
+        client.dpop = Some(Arc::new(
+            super::dpop::DpopKey::generate()
+                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
+        ));
+    }
     flow::check_secret_destination(&meta, &client)?;
     // The operator's scopes as given; otherwise what the server asks for or lists.
     let challenged = challenge

@@ -61,6 +61,8 @@ pub struct LoginRequest {
     pub mode: Mode,
     /// Client settings (pre-registered id and secret, CIMD URL).
     pub client: ClientSettings,
+    /// Ask for DPoP-bound tokens (a new key is made for the login).
+    pub dpop: bool,
 }
 
 /// A completed login. The tokens are secret.
@@ -337,8 +339,14 @@ pub async fn login(
         });
     }
     let callback = Callback::bind().await?;
-    let client =
+    let mut client =
         flow::register(http, &meta, &req.mode, &req.client, &callback.redirect_uri).await?;
+    if req.dpop {
+        client.dpop = Some(std::sync::Arc::new(
+            super::dpop::DpopKey::generate()
+                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
+        ));
+    }
     // A dynamically registered confidential client likewise, before the operator authorizes.
     flow::check_secret_destination(&meta, &client)?;
     // Scope: the operator's choice is used as given; otherwise the configured, challenged or
