@@ -25,7 +25,9 @@ use iteron_broker::mcp::{TransportError, TransportErrorKind};
 use iteron_broker::net::{Net, NetConfig, ZoneClient};
 use iteron_broker::oauth::dpop::DpopKey;
 use iteron_broker::oauth::flow::{self, ClientKind, ClientSettings, Mode, OAuthClient, TokenAuth};
-use iteron_broker::oauth::grant::{self, GrantRequest, IdentitySource, IdentityToken, Kind};
+use iteron_broker::oauth::grant::{
+    self, GrantRequest, IdentityProvider, IdentitySource, IdentityToken, Kind,
+};
 use iteron_broker::oauth::jose::SigningKey;
 use iteron_broker::oauth::metadata;
 use iteron_broker::oauth::{Challenge, ExposeSecret, SecretString};
@@ -57,6 +59,8 @@ struct Login {
     identity: Option<IdentityToken>,
     /// Ask for DPoP-bound tokens (`auth/dpop`, `auth/dpop-nonce`).
     dpop: bool,
+    /// The enterprise identity provider (`auth/enterprise-managed-authorization`).
+    idp: Option<IdentityProvider>,
     clients: HashMap<String, OAuthClient>,
     requested: Vec<String>,
     union: bool,
@@ -102,6 +106,7 @@ impl Login {
                 kind,
                 identity: self.identity.clone(),
                 dpop: self.dpop,
+                idp: self.idp.clone(),
             };
             let out = grant::obtain(&self.http, &req, challenge)
                 .await
@@ -247,10 +252,26 @@ async fn run(
                 Some(Kind::ClientCredentials)
             }
             "auth/wif-jwt-bearer" => Some(Kind::JwtBearer),
+            "auth/enterprise-managed-authorization" => Some(Kind::IdJag),
+            _ => None,
+        },
+        idp: match (text("idp_issuer"), text("idp_client_id")) {
+            (Some(issuer), Some(id)) => Some(IdentityProvider {
+                issuer: issuer.clone(),
+                client: OAuthClient {
+                    id,
+                    secret: None,
+                    key: None,
+                    dpop: None,
+                    auth: TokenAuth::None,
+                    kind: ClientKind::PreRegistered,
+                    issuer,
+                },
+            }),
             _ => None,
         },
         dpop: scenario.starts_with("auth/dpop"),
-        identity: text("valid_jwt").map(|t| {
+        identity: text("valid_jwt").or_else(|| text("idp_id_token")).map(|t| {
             IdentityToken::new(IdentitySource::Value(
                 SecretString::from(t),
                 "of the scenario context".into(),

@@ -664,6 +664,7 @@ pub fn grant_request(
         None | Some(Grant::AuthorizationCode) => return Ok(None),
         Some(Grant::ClientCredentials) => Kind::ClientCredentials,
         Some(Grant::JwtBearer) => Kind::JwtBearer,
+        Some(Grant::IdJag) => Kind::IdJag,
     };
     // The identity token: a file is read at every exchange; a variable's value is fixed.
     let identity = match (&o.identity_token_file, &o.identity_token_env) {
@@ -721,7 +722,45 @@ pub fn grant_request(
         kind,
         identity,
         dpop: o.dpop == Some(true),
+        idp: match (&o.idp_issuer, &o.idp_client_id) {
+            (Some(iss), Some(id)) => {
+                let idp_secret = o
+                    .idp_client_secret_env
+                    .as_ref()
+                    .map(|n| secret_var(lookup, n))
+                    .transpose()?;
+                let issuer = issuer_identifier(iss);
+                Some(crate::oauth::grant::IdentityProvider {
+                    issuer: issuer.clone(),
+                    client: OAuthClient {
+                        id: id.as_str().to_owned(),
+                        auth: if idp_secret.is_some() {
+                            TokenAuth::Basic
+                        } else {
+                            TokenAuth::None
+                        },
+                        secret: idp_secret,
+                        key: None,
+                        dpop: None,
+                        kind: ClientKind::PreRegistered,
+                        issuer,
+                    },
+                })
+            }
+            _ => None,
+        },
     }))
+}
+
+/// A configured issuer as an issuer identifier: the configuration stores URLs normalized, so
+/// an origin reads back with a `/`; an issuer that is an origin is written without it.
+fn issuer_identifier(u: &iteron_policy::url::EndpointUrl) -> String {
+    let url = u.as_url();
+    if url.path() == "/" && url.query().is_none() {
+        url.origin().ascii_serialization()
+    } else {
+        u.as_str().to_owned()
+    }
 }
 
 /// The credential a completed login or grant yields for `server` (bound to its current

@@ -209,6 +209,7 @@ fn cc_request(base: &str, auth: TokenAuth) -> GrantRequest {
         kind: Kind::ClientCredentials,
         identity: None,
         dpop: false,
+        idp: None,
     }
 }
 
@@ -439,6 +440,7 @@ fn jb_request(base: &str, identity: IdentityToken, client_id: &str) -> GrantRequ
         kind: Kind::JwtBearer,
         identity: Some(identity),
         dpop: false,
+        idp: None,
     }
 }
 
@@ -716,5 +718,153 @@ async fn a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_be
         "P16",
         "broker/tests/oauth_grants.rs::a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token",
         json!({"resends_per_nonce_challenge": 1}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enterprise-managed authorization (ID-JAG)
+// ---------------------------------------------------------------------------------------------
+
+use iteron_broker::oauth::grant::IdentityProvider;
+
+const ID_TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0.aWQtdG9rZW4";
+const ID_JAG: &str = "eyJ0eXAiOiJvYXV0aC1pZC1qYWcrand0In0.eyJzdWIiOiJ1c2VyIn0.amFn";
+const IDP_SECRET: &str = "idp-s3cret";
+
+/// An identity provider whose token endpoint answers the exchange with `answer`.
+fn idp_script(base: &str, answer: fn() -> Reply) -> scripted::Script {
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": ["urn:ietf:params:oauth:grant-type:token-exchange"]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/token") => answer(),
+        _ => Reply::not_found(),
+    })
+}
+
+fn jag_issued() -> Reply {
+    Reply::json(json!({"access_token": ID_JAG, "token_type": "N_A",
+        "issued_token_type": "urn:ietf:params:oauth:token-type:id-jag"}))
+}
+
+fn jag_mislabelled() -> Reply {
+    Reply::json(json!({"access_token": ID_JAG, "token_type": "Bearer",
+        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}))
+}
+
+fn jag_refused() -> Reply {
+    Reply::status(400, json!({"error": "invalid_grant"}))
+}
+
+fn jag_request(as_base: &str, idp_base: &str, identity: IdentityToken) -> GrantRequest {
+    GrantRequest {
+        kind: Kind::IdJag,
+        identity: Some(identity),
+        scopes: None,
+        idp: Some(IdentityProvider {
+            issuer: idp_base.to_owned(),
+            client: OAuthClient {
+                id: "idp-client".into(),
+                secret: Some(SecretString::from(IDP_SECRET.to_owned())),
+                key: None,
+                dpop: None,
+                auth: TokenAuth::Basic,
+                kind: ClientKind::PreRegistered,
+                issuer: idp_base.to_owned(),
+            },
+        }),
+        ..cc_request(as_base, TokenAuth::Basic)
+    }
+}
+
+#[tokio::test]
+async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token() {
+    let auth = Server::start(jb_provider).await;
+    let idp = Server::start(|base| idp_script(base, jag_issued)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let out = grant::obtain(
+        &loopback(),
+        &jag_request(&auth.base(), &idp.base(), identity),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "wl-access");
+    let ex = idp.to("/token");
+    assert_eq!(ex.len(), 1);
+    let form = ex[0].form();
+    assert_eq!(
+        form["grant_type"],
+        "urn:ietf:params:oauth:grant-type:token-exchange"
+    );
+    assert_eq!(
+        form["requested_token_type"],
+        "urn:ietf:params:oauth:token-type:id-jag"
+    );
+    assert_eq!(form["subject_token"], ID_TOKEN);
+    assert_eq!(
+        form["subject_token_type"],
+        "urn:ietf:params:oauth:token-type:id_token"
+    );
+    assert_eq!(
+        form["audience"],
+        auth.base(),
+        "the ID-JAG is addressed to the AS issuer"
+    );
+    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert!(
+        ex[0]
+            .header("authorization")
+            .is_some_and(|h| h.starts_with("Basic "))
+    );
+    let grant_req = auth.to("/token");
+    assert_eq!(grant_req.len(), 1);
+    let form = grant_req[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(form["assertion"], ID_JAG);
+    assert!(
+        !grant_req[0].carries(IDP_SECRET),
+        "the IdP secret went to the AS"
+    );
+    assert!(
+        !grant_req[0].body.contains(ID_TOKEN),
+        "the ID token went to the AS"
+    );
+    // Not labelled an ID-JAG: nothing reaches the authorization server's token endpoint.
+    let auth = Server::start(jb_provider).await;
+    let idp = Server::start(|base| idp_script(base, jag_mislabelled)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let e = grant::obtain(
+        &loopback(),
+        &jag_request(&auth.base(), &idp.base(), identity),
+        None,
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("is not an ID-JAG"), "{e}");
+    assert!(auth.to("/token").is_empty());
+    // The identity provider refuses the ID token: it is never presented again.
+    let idp = Server::start(|base| idp_script(base, jag_refused)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let req = jag_request(&auth.base(), &idp.base(), identity);
+    assert!(grant::obtain(&loopback(), &req, None).await.is_err());
+    let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+    assert!(e.to_string().contains("is not presented again"), "{e}");
+    assert_eq!(idp.to("/token").len(), 1);
+    assert!(auth.to("/token").is_empty());
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token",
+        json!({"steps": ["token_exchange", "jwt_bearer"]}),
     );
 }

@@ -345,17 +345,26 @@ pub enum Grant {
     ClientCredentials,
     /// A workload identity token presented as an RFC 7523 JWT-bearer grant.
     JwtBearer,
+    /// Enterprise-managed authorization: the user's ID token from the enterprise identity
+    /// provider exchanged there for an ID-JAG (RFC 8693), presented to the authorization
+    /// server as a JWT-bearer grant.
+    IdJag,
 }
 
 impl Grant {
     /// Every grant, in configuration order.
-    pub const ALL: [Grant; 3] = [
+    pub const ALL: [Grant; 4] = [
         Grant::AuthorizationCode,
         Grant::ClientCredentials,
         Grant::JwtBearer,
+        Grant::IdJag,
     ];
-    const WORDS: &'static [&'static str] =
-        &["authorization_code", "client_credentials", "jwt_bearer"];
+    const WORDS: &'static [&'static str] = &[
+        "authorization_code",
+        "client_credentials",
+        "jwt_bearer",
+        "id_jag",
+    ];
 
     /// The configuration word.
     pub fn as_str(self) -> &'static str {
@@ -468,6 +477,15 @@ pub struct OAuthConfig {
     /// Ask for DPoP-bound (sender-constrained) tokens (RFC 9449).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dpop: Option<bool>,
+    /// The enterprise identity provider (`id_jag`): its issuer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_issuer: Option<EndpointUrl>,
+    /// Iteron's client id at that identity provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_client_id: Option<ClientId>,
+    /// Variable holding that client's secret, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_client_secret_env: Option<EnvName>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -491,6 +509,9 @@ const OAUTH_KEYS: &[&str] = &[
     "identity_token_file",
     "identity_token_env",
     "dpop",
+    "idp_issuer",
+    "idp_client_id",
+    "idp_client_secret_env",
 ];
 
 /// A lifecycle hook event.
@@ -1613,6 +1634,9 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             Value::Bool(b) => Ok(b),
             _ => Err(wrong_type(p, n, "true or false")),
         })?,
+        idp_issuer: url("idp_issuer")?,
+        idp_client_id: optional(&f, "idp_client_id", parsed(ClientId::parse))?,
+        idp_client_secret_env: env("idp_client_secret_env")?,
     };
     check_oauth(&f, &config)?;
     Ok(config)
@@ -1749,25 +1773,53 @@ fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
             "excludes identity_token_file (the identity token comes from one place)",
         );
     }
-    if has_identity && o.grant != Some(Grant::JwtBearer) {
+    let presents_identity = matches!(o.grant, Some(Grant::JwtBearer | Grant::IdJag));
+    if has_identity && !presents_identity {
         let key = if f.get("identity_token_file").is_some() {
             "identity_token_file"
         } else {
             "identity_token_env"
         };
-        return refuse(key, "is only used with grant jwt_bearer");
+        return refuse(key, "is only used with grant jwt_bearer or id_jag");
     }
-    if o.grant == Some(Grant::JwtBearer) {
+    if presents_identity {
         if !has_identity {
             return refuse(
                 "grant",
-                "jwt_bearer needs identity_token_file or identity_token_env",
+                "jwt_bearer and id_jag need identity_token_file or identity_token_env",
             );
         }
         if matches!(o.client_id, Some(ClientId::Document(_))) {
             return refuse(
                 "client_id",
-                "jwt_bearer takes a pre-registered client_id (not a metadata document URL)",
+                "jwt_bearer and id_jag take a pre-registered client_id (not a metadata document URL)",
+            );
+        }
+    }
+    // The enterprise identity provider belongs to id_jag, and id_jag needs all of it.
+    if o.grant != Some(Grant::IdJag) {
+        for key in ["idp_issuer", "idp_client_id", "idp_client_secret_env"] {
+            if f.get(key).is_some() {
+                return refuse(key, "is only used with grant id_jag");
+            }
+        }
+    } else {
+        if o.idp_issuer.is_none() {
+            return refuse(
+                "grant",
+                "id_jag needs idp_issuer (the enterprise identity provider)",
+            );
+        }
+        if !matches!(o.idp_client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "id_jag needs idp_client_id (Iteron's pre-registered client at the identity provider)",
+            );
+        }
+        if !matches!(o.client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "id_jag needs client_id (the client the authorization server knows)",
             );
         }
     }

@@ -1071,6 +1071,71 @@ pub async fn jwt_bearer(
     token_request(http, meta, client, form).await
 }
 
+/// The RFC 8693 token-exchange grant type.
+pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// The token type of an ID token (the subject of the exchange).
+pub const ID_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:id_token";
+/// The token type of an Identity Assertion JWT Authorization Grant.
+pub const ID_JAG_TYPE: &str = "urn:ietf:params:oauth:token-type:id-jag";
+
+/// Enterprise-managed authorization, first step: exchange the user's ID token at the identity
+/// provider's token endpoint (RFC 8693) for an ID-JAG addressed to `audience` (the
+/// authorization server's issuer) for `resource`. The answer must say `issued_token_type` is
+/// an ID-JAG and carry it as one compact JWT of at most [`MAX_TOKEN_BYTES`]; it is an assertion
+/// for the next grant, never presented to a resource.
+pub async fn exchange_for_id_jag(
+    http: &ZoneClient,
+    idp: &ServerMetadata,
+    client: &OAuthClient,
+    id_token: &SecretString,
+    audience: &str,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<SecretString, OAuthError> {
+    let mut form = vec![
+        ("grant_type", TOKEN_EXCHANGE_GRANT.to_owned()),
+        ("requested_token_type", ID_JAG_TYPE.to_owned()),
+        ("subject_token", id_token.expose_secret().to_owned()),
+        ("subject_token_type", ID_TOKEN_TYPE.to_owned()),
+        ("audience", audience.to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    let mut req = client_post(
+        idp,
+        client,
+        &idp.token_endpoint,
+        "token_endpoint",
+        form,
+        MissingSecret::Refuse,
+    )?;
+    req.headers
+        .insert(ACCEPT, HeaderValue::from_static("application/json"));
+    let resp = http.send(req).await?;
+    let status = resp.status().as_u16();
+    let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
+    let doc: Value = serde_json::from_slice(&bytes)
+        .map_err(|_| OAuthError::Malformed("token exchange response"))?;
+    if !(200..300).contains(&status) {
+        return Err(server_error(&doc, status));
+    }
+    if doc.get("issued_token_type").and_then(Value::as_str) != Some(ID_JAG_TYPE) {
+        return Err(OAuthError::Malformed(
+            "token exchange response (issued_token_type is not an ID-JAG)",
+        ));
+    }
+    match doc.get("access_token").and_then(Value::as_str) {
+        Some(t) if is_token_text(t) && t.split('.').count() == 3 => {
+            Ok(SecretString::from(t.to_owned()))
+        }
+        _ => Err(OAuthError::Malformed(
+            "token exchange response (the ID-JAG is not one compact JWT of at most 16 KiB)",
+        )),
+    }
+}
+
 /// RFC 7009 revocation, best effort: `Ok(true)` when the server accepted it, `Ok(false)` when
 /// it offers no revocation endpoint.
 pub async fn revoke(

@@ -34,6 +34,9 @@ pub enum Kind {
     ClientCredentials,
     /// RFC 7523 §2.1 with the workload's identity token.
     JwtBearer,
+    /// Enterprise-managed authorization: the user's ID token exchanged at the identity
+    /// provider for an ID-JAG (RFC 8693), presented as an RFC 7523 JWT-bearer grant.
+    IdJag,
 }
 
 impl Kind {
@@ -41,7 +44,7 @@ impl Kind {
     pub fn grant_type(self) -> &'static str {
         match self {
             Kind::ClientCredentials => "client_credentials",
-            Kind::JwtBearer => flow::JWT_BEARER_GRANT,
+            Kind::JwtBearer | Kind::IdJag => flow::JWT_BEARER_GRANT,
         }
     }
 
@@ -50,8 +53,19 @@ impl Kind {
         match self {
             Kind::ClientCredentials => "client_credentials",
             Kind::JwtBearer => "jwt_bearer",
+            Kind::IdJag => "id_jag",
         }
     }
+}
+
+/// The enterprise identity provider of an ID-JAG grant: its issuer and Iteron's client there
+/// (whose secret, if any, goes only to that issuer's origin).
+#[derive(Clone)]
+pub struct IdentityProvider {
+    /// The provider's issuer (its metadata must name it exactly).
+    pub issuer: String,
+    /// Iteron's client at the provider.
+    pub client: OAuthClient,
 }
 
 /// Where the workload's identity token comes from.
@@ -159,6 +173,8 @@ pub struct GrantRequest {
     pub identity: Option<IdentityToken>,
     /// Ask for DPoP-bound tokens: a new key is made for each grant run.
     pub dpop: bool,
+    /// The enterprise identity provider (`id_jag`).
+    pub idp: Option<IdentityProvider>,
 }
 
 /// Discover, check, and run the grant once. Nothing is retried: a refusal is the answer.
@@ -216,9 +232,9 @@ pub async fn obtain(
         Kind::ClientCredentials => {
             flow::client_credentials(http, &meta, &client, &prm.resource, scope.as_deref()).await?
         }
-        Kind::JwtBearer => {
+        Kind::JwtBearer | Kind::IdJag => {
             let identity = req.identity.as_ref().ok_or(OAuthError::NoRegistration(
-                "the jwt_bearer grant needs an identity token",
+                "the grant needs an identity token",
             ))?;
             let token = identity.read()?;
             let digest = IdentityToken::digest(&token);
@@ -229,15 +245,31 @@ pub async fn obtain(
                           a new token is read at the next exchange",
                 });
             }
-            let got = flow::jwt_bearer(
-                http,
-                &meta,
-                &client,
-                &token,
-                &prm.resource,
-                scope.as_deref(),
-            )
-            .await;
+            let got = match req.kind {
+                Kind::IdJag => {
+                    id_jag(
+                        http,
+                        req,
+                        &meta,
+                        &client,
+                        &token,
+                        &prm.resource,
+                        scope.as_deref(),
+                    )
+                    .await
+                }
+                _ => {
+                    flow::jwt_bearer(
+                        http,
+                        &meta,
+                        &client,
+                        &token,
+                        &prm.resource,
+                        scope.as_deref(),
+                    )
+                    .await
+                }
+            };
             if let Err(OAuthError::Server { .. } | OAuthError::UnusableTokens { .. }) = &got {
                 *identity.lock() = Some(digest);
             }
@@ -251,4 +283,48 @@ pub async fn obtain(
         requested: scope,
         tokens,
     })
+}
+
+/// The two steps of enterprise-managed authorization: the ID token for an ID-JAG at the
+/// identity provider (its metadata discovered and matched exactly, under the same zone, its
+/// client's secret only to its own origin), then the ID-JAG as a JWT-bearer grant at the
+/// authorization server. Neither step is retried.
+async fn id_jag(
+    http: &ZoneClient,
+    req: &GrantRequest,
+    meta: &metadata::ServerMetadata,
+    client: &OAuthClient,
+    id_token: &SecretString,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<flow::Tokens, OAuthError> {
+    let idp = req.idp.as_ref().ok_or(OAuthError::NoRegistration(
+        "the id_jag grant needs an identity provider",
+    ))?;
+    let idp_meta = metadata::discover_server_for(http, &idp.issuer, Purpose::TokenEndpoint).await?;
+    if !idp_meta.grant_types_supported.is_empty()
+        && !idp_meta
+            .grant_types_supported
+            .iter()
+            .any(|g| g == flow::TOKEN_EXCHANGE_GRANT)
+    {
+        return Err(OAuthError::NoRegistration(
+            "the identity provider does not list token exchange in grant_types_supported",
+        ));
+    }
+    let mut idp_client = idp.client.clone();
+    idp_client.issuer = idp_meta.issuer.clone();
+    idp_client.dpop = None;
+    flow::check_secret_destination(&idp_meta, &idp_client)?;
+    let jag = flow::exchange_for_id_jag(
+        http,
+        &idp_meta,
+        &idp_client,
+        id_token,
+        &meta.issuer,
+        resource,
+        scope,
+    )
+    .await?;
+    flow::jwt_bearer(http, meta, client, &jag, resource, scope).await
 }

@@ -1353,7 +1353,7 @@ fn the_jwt_bearer_grant_names_its_identity_token_once() {
         (
             jb.to_owned(),
             "oauth.grant",
-            "needs identity_token_file or identity_token_env",
+            "need identity_token_file or identity_token_env",
         ),
         (
             r#""grant": "jwt_bearer", "identity_token_env": "T""#.to_owned(),
@@ -1368,7 +1368,7 @@ fn the_jwt_bearer_grant_names_its_identity_token_once() {
         (
             r#""identity_token_env": "T""#.to_owned(),
             "oauth.identity_token_env",
-            "only used with grant jwt_bearer",
+            "only used with grant jwt_bearer or id_jag",
         ),
         (
             format!(r#"{jb}, "identity_token_file": "t.jwt""#),
@@ -1393,5 +1393,67 @@ fn the_jwt_bearer_grant_names_its_identity_token_once() {
             line.contains(why) && !line.contains('\n'),
             "{oauth}: {line}"
         );
+    }
+}
+
+#[test]
+fn the_id_jag_grant_names_its_identity_provider_whole() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let full = r#""grant": "id_jag", "issuer": "https://as.example", "client_id": "mcp-client", "client_secret_env": "S", "idp_issuer": "https://idp.example", "idp_client_id": "idp-client", "identity_token_env": "ID_TOKEN""#;
+    let c = parse(&server(full)).unwrap();
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    parse(&server(&format!(
+        r#"{full}, "idp_client_secret_env": "IS""#
+    )))
+    .unwrap();
+    let without = |key: &str| {
+        full.split(", ")
+            .filter(|kv| !kv.starts_with(&format!("\"{key}\"")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (oauth, key, why) in [
+        (
+            without("idp_issuer"),
+            "oauth.grant",
+            "id_jag needs idp_issuer",
+        ),
+        (
+            without("idp_client_id"),
+            "oauth.grant",
+            "id_jag needs idp_client_id",
+        ),
+        (
+            without("client_id"),
+            "oauth.grant",
+            "id_jag needs client_id",
+        ),
+        (
+            without("identity_token_env"),
+            "oauth.grant",
+            "need identity_token_file or identity_token_env",
+        ),
+        (
+            r#""idp_issuer": "https://idp.example""#.to_owned(),
+            "oauth.idp_issuer",
+            "only used with grant id_jag",
+        ),
+        (
+            r#""client_id": "c", "idp_client_secret_env": "X""#.to_owned(),
+            "oauth.idp_client_secret_env",
+            "only used with grant id_jag",
+        ),
+    ] {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        assert!(e.to_string().contains(why), "{oauth}: {e}");
     }
 }
