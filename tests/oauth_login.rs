@@ -1472,3 +1472,142 @@ fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server
             "refreshes": refreshes.len()}),
     );
 }
+
+#[test]
+fn status_and_doctor_show_how_each_server_gets_its_tokens_without_contacting_anything() {
+    let home = Home::new_tagged("grant-kinds");
+    // Nothing listens on these ports: every command below stays local.
+    for (name, url) in [
+        ("browser", "http://127.0.0.1:9/mcp"),
+        ("ci", "http://127.0.0.1:9/ci"),
+        ("workload", "http://127.0.0.1:9/wl"),
+        ("env", "http://127.0.0.1:9/env"),
+    ] {
+        assert!(
+            home.run(&["mcp", "add", name, "--url", url])
+                .status
+                .success()
+        );
+    }
+    let key = private_key_copy(&home);
+    let token = home.0.join("token.jwt");
+    std::fs::write(&token, "aaa.bbb.ccc\n").unwrap();
+    set_oauth(&home, "browser", serde_json::json!({"dpop": true}));
+    set_oauth(
+        &home,
+        "ci",
+        serde_json::json!({"grant": "client_credentials", "client_id": "ci",
+            "issuer": "http://127.0.0.1:9", "client_key_file": key.to_str().unwrap(), "dpop": true}),
+    );
+    set_oauth(
+        &home,
+        "workload",
+        serde_json::json!({"grant": "jwt_bearer", "issuer": "http://127.0.0.1:9",
+            "identity_token_file": token.to_str().unwrap()}),
+    );
+    set_oauth(
+        &home,
+        "env",
+        serde_json::json!({"access_token_env": "CI_TOKEN"}),
+    );
+    let want = [
+        ("browser", "authorization_code", true),
+        ("ci", "client_credentials", true),
+        ("workload", "jwt_bearer", false),
+        ("env", "external", false),
+    ];
+    for (name, grant, dpop) in want {
+        let out = home.run(&["mcp", "auth", "status", name, "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["grant"], grant, "{v}");
+        assert_eq!(v["dpop"], dpop, "{v}");
+        let text = home.run(&["mcp", "auth", "status", name]);
+        let line = String::from_utf8_lossy(&text.stdout).into_owned();
+        assert!(line.contains(&format!("grant {grant}")), "{line}");
+        assert_eq!(line.contains("DPoP-bound"), dpop, "{line}");
+    }
+    let status = home.run(&["mcp", "status", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    for (name, grant, _) in want {
+        let row = v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap();
+        assert_eq!(row["grant"], grant, "{row}");
+    }
+    // doctor reads the key and the identity token now (nothing is sent) and says what is wrong.
+    let doctor = home.run(&["mcp", "doctor", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let grant_check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "grant")
+            .unwrap()
+            .clone()
+    };
+    let ci = grant_check("ci");
+    assert_eq!(ci["ok"], true, "{ci}");
+    assert_eq!(
+        ci["detail"],
+        "client_credentials (private_key_jwt; no browser needed), DPoP-bound"
+    );
+    assert_eq!(grant_check("workload")["ok"], true);
+    assert_eq!(
+        grant_check("browser")["detail"],
+        "authorization_code, DPoP-bound"
+    );
+    // A key file others can read, and an identity token that is not a JWT, fail their check.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&token, "not a jwt\n").unwrap();
+    let doctor = home.run(&["mcp", "doctor", "--format", "json"]);
+    assert_eq!(doctor.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "grant")
+            .unwrap()
+            .clone()
+    };
+    let ci = check("ci");
+    assert_eq!(ci["ok"], false);
+    assert!(
+        ci["detail"]
+            .as_str()
+            .unwrap()
+            .contains("readable or writable by group or others"),
+        "{ci}"
+    );
+    let wl = check("workload");
+    assert_eq!(wl["ok"], false);
+    assert!(
+        wl["detail"]
+            .as_str()
+            .unwrap()
+            .contains("is not one compact JWT"),
+        "{wl}"
+    );
+    let key_body = std::fs::read_to_string(&key)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    assert!(!String::from_utf8_lossy(&doctor.stdout).contains(&key_body));
+}

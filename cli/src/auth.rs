@@ -511,7 +511,43 @@ fn logout_external(
     .map_err(CliError::Output)
 }
 
-/// The state `auth status` reports.
+/// How an HTTP server's tokens are obtained, as `auth status`, `mcp status` and `doctor` show
+/// it: `external` (`access_token_env`), else the configured grant (`authorization_code` by
+/// default, `client_credentials`, `jwt_bearer`, `id_jag`). `None` for stdio.
+pub(crate) fn grant_of(server: &ServerConfig) -> Option<&'static str> {
+    let Transport::Http(h) = &server.transport else {
+        return None;
+    };
+    let o = h.oauth.as_ref();
+    if o.and_then(|o| o.access_token_env.as_ref()).is_some() {
+        return Some("external");
+    }
+    Some(
+        o.and_then(|o| o.grant)
+            .unwrap_or(iteron_policy::config::Grant::AuthorizationCode)
+            .as_str(),
+    )
+}
+
+/// Whether the server's tokens are obtained without a browser (the broker renews them itself).
+fn noninteractive(server: &ServerConfig) -> bool {
+    matches!(&server.transport, Transport::Http(h)
+        if h.oauth.as_ref().and_then(|o| o.grant).is_some_and(|g| g.is_noninteractive()))
+}
+
+/// Whether the server's tokens are DPoP-bound: the stored credential's say; without one, the
+/// configuration.
+fn dpop_of(server: &ServerConfig, cred: Option<&Credential>) -> bool {
+    match cred {
+        Some(c) => c.secrets.dpop_key.is_some(),
+        None => matches!(&server.transport, Transport::Http(h)
+            if h.oauth.as_ref().and_then(|o| o.dpop) == Some(true)),
+    }
+}
+
+/// The state `auth status` reports. A noninteractive grant's credential is never `expired`,
+/// `refresh_failed` or `reauth_required`: the broker runs the grant again by itself (a
+/// credential of another configuration reads as `logged_out`).
 pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
     let Transport::Http(h) = &server.transport else {
         return "logged_out";
@@ -523,9 +559,12 @@ pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'st
     {
         return "external";
     }
+    let renewable = noninteractive(server);
     match cred {
         None => "logged_out",
+        Some(c) if check_binding(&c.binding, server).is_err() && renewable => "logged_out",
         Some(c) if check_binding(&c.binding, server).is_err() => "reauth_required",
+        Some(_) if renewable => "logged_in",
         Some(c) if c.secrets.refresh_failed => "refresh_failed",
         Some(c) => match c.secrets.expires_at {
             Some(t) if t <= now() && c.secrets.refresh_token.is_none() => "expired",
@@ -565,7 +604,8 @@ pub(crate) fn status(
         }
     };
     let state = state_of(server, cred.as_ref());
-    let mut v = json!({"name": server.name.as_str(), "state": state});
+    let mut v = json!({"name": server.name.as_str(), "state": state,
+        "grant": grant_of(server), "dpop": dpop_of(server, cred.as_ref())});
     if state == "refresh_failed"
         && let Some(obj) = v.as_object_mut()
     {
@@ -591,7 +631,7 @@ pub(crate) fn status(
         obj.insert("expires_at".into(), c.secrets.expires_at.into());
         obj.insert(
             "refreshable".into(),
-            c.secrets.refresh_token.is_some().into(),
+            (c.secrets.refresh_token.is_some() || noninteractive(server)).into(),
         );
     }
     print(out, format, &v)
@@ -606,10 +646,13 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
         v["name"].as_str().unwrap_or(""),
         v["state"].as_str().unwrap_or("")
     );
-    for k in ["issuer", "resource", "zone", "store"] {
+    for k in ["grant", "issuer", "resource", "zone", "store"] {
         if let Some(x) = v[k].as_str() {
             line.push_str(&format!(", {k} {x}"));
         }
+    }
+    if v["dpop"] == true {
+        line.push_str(", DPoP-bound");
     }
     if let Some(s) = v["granted_scopes"].as_array() {
         let s: Vec<&str> = s.iter().filter_map(|x| x.as_str()).collect();

@@ -141,6 +141,12 @@ impl IdentityToken {
         Ok(SecretString::from(token.to_owned()))
     }
 
+    /// Whether the token can be read and has the form it must have now (`doctor`); nothing
+    /// is kept.
+    pub fn check(&self) -> Result<(), OAuthError> {
+        self.read().map(|_| ())
+    }
+
     fn digest(token: &SecretString) -> [u8; 32] {
         Sha256::digest(token.expose_secret().as_bytes()).into()
     }
