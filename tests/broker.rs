@@ -1485,7 +1485,7 @@ async fn raw_frame(s: &mut tokio::net::UnixStream) -> Option<Value> {
 #[test]
 fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
     use iteron_broker::daemon::{
-        FRAME_DEADLINE, HELLO_DEADLINE, MAX_CLIENT_LABEL, MAX_CONNECTIONS, MAX_IN_FLIGHT,
+        FRAME_DEADLINE, HELLO_DEADLINE, MAX_CLIENT_LABEL, MAX_CONNECTIONS_PER_UID, MAX_IN_FLIGHT,
     };
     use iteron_broker::ipc::proto::MAX_PROMPT;
     use tokio::io::AsyncWriteExt;
@@ -1550,9 +1550,10 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
             );
         }
 
-        // Open connections: 256 are held, the next one gets `busy` and is closed.
+        // Open connections of one uid: 64 are held, the next one gets `busy` and is closed
+        // (the socket's bound of 256 over several uids is tested below).
         let mut open = Vec::new();
-        for _ in 0..MAX_CONNECTIONS {
+        for _ in 0..MAX_CONNECTIONS_PER_UID {
             open.push(tokio::net::UnixStream::connect(&sock).await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1562,8 +1563,15 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
             .unwrap()
             .unwrap();
         assert_eq!(busy["error"]["code"], "busy", "{busy}");
+        assert!(
+            busy["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("this uid has 64 connections"),
+            "{busy}"
+        );
         assert_eq!(raw_frame(&mut over).await, None);
-        // The 256th was accepted: it is served.
+        // The 64th was accepted: it is served.
         let last = open.last_mut().unwrap();
         let hello = json!({"id": 1, "method": "hello", "params": {"protocol": 1}}).to_string();
         last.write_all(&(hello.len() as u32).to_be_bytes())
@@ -1619,7 +1627,7 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
         "P5",
         "tests/broker.rs::agent_socket_bounds_hold_at_the_limit_and_one_over",
         json!({"client_label": MAX_CLIENT_LABEL, "prompt": MAX_PROMPT, "in_flight": MAX_IN_FLIGHT,
-               "connections": MAX_CONNECTIONS, "hello_deadline_s": HELLO_DEADLINE.as_secs(),
+               "connections_per_uid": MAX_CONNECTIONS_PER_UID, "hello_deadline_s": HELLO_DEADLINE.as_secs(),
                "frame_deadline_s": FRAME_DEADLINE.as_secs()}),
     );
 }
@@ -1945,13 +1953,11 @@ fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
     let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["leak", "structured", "fail"], "{tools}");
+    assert_eq!(
+        tool_names(&tools),
+        ["lk/leak", "lk/structured", "lk/fail"],
+        "{tools}"
+    );
     assert_eq!(tools["unavailable"], json!(["die"]));
     shown.push(text(&out.stdout));
     for tool in ["leak", "structured", "fail"] {
@@ -2004,6 +2010,441 @@ fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
         "P1",
         "tests/broker.rs::every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field",
         serde_json::json!({"outputs": shown.len()}),
+    );
+}
+
+/// The agent socket's 256 connections are shared by uids 64 at a time: four uids fill it and a
+/// fifth is told `busy`; and a session left idle is closed at the idle deadline (and audited),
+/// while one waiting for an answer is not.
+#[test]
+fn connections_are_bounded_per_uid_and_idle_sessions_time_out() {
+    use iteron_broker::daemon::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID};
+    if !is_root() {
+        eprintln!("skipped: connecting as four other uids needs root (CI runs as root)");
+        return;
+    }
+    let area = Area::new("peruid");
+    area.everything();
+    let uids = [65534u32, 65533, 65532, 65531, 65530];
+    let mut args = vec!["--idle-timeout", "2"];
+    let strs: Vec<String> = uids.iter().map(u32::to_string).collect();
+    for u in &strs {
+        args.push("--allow-uid");
+        args.push(u);
+    }
+    let own = nix::unistd::geteuid().as_raw().to_string();
+    args.push("--allow-uid");
+    args.push(&own);
+    let broker = area.broker(&args, &[]);
+    let sock = area.agent_socket();
+    // Each holder connects `n` times as its uid, says how many it got (and the first refusal,
+    // if any), then keeps them open until its stdin closes.
+    let holder = |uid: u32, n: usize| {
+        let script = r#"
+import socket, struct, sys, json, time
+path, n = sys.argv[1], int(sys.argv[2])
+socks = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    socks.append(s)
+time.sleep(1.5)
+held, refusal = [], None
+for s in socks:
+    s.setblocking(False)
+    try:
+        head = s.recv(4)
+        s.setblocking(True)
+        refusal = json.loads(s.recv(struct.unpack(">I", head)[0]))["error"]["message"]
+    except BlockingIOError:
+        held.append(s)
+print(json.dumps({"held": len(held), "refusal": refusal}), flush=True)
+sys.stdin.read()
+"#;
+        Command::new("/usr/bin/python3")
+            .args(["-c", script, sock.to_str().unwrap(), &n.to_string()])
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let read_line = |c: &mut Child| -> Value {
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(c.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let per_socket = MAX_CONNECTIONS / MAX_CONNECTIONS_PER_UID;
+    let mut holders = Vec::new();
+    for uid in &uids[..per_socket] {
+        let mut h = holder(*uid, MAX_CONNECTIONS_PER_UID + 1);
+        let got = read_line(&mut h);
+        assert_eq!(got["held"], MAX_CONNECTIONS_PER_UID, "{got}");
+        assert!(
+            got["refusal"].as_str().unwrap().contains("this uid has"),
+            "{got}"
+        );
+        holders.push(h);
+    }
+    // The socket is full: a fifth uid gets `busy` at once.
+    let mut fifth = holder(uids[per_socket], 1);
+    let got = read_line(&mut fifth);
+    assert_eq!(got["held"], 0, "{got}");
+    assert!(
+        got["refusal"]
+            .as_str()
+            .unwrap()
+            .contains("too many open connections"),
+        "{got}"
+    );
+    drop(fifth);
+    for mut h in holders {
+        drop(h.stdin.take());
+        let _ = h.wait();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Idle: a session with nothing in flight is closed at the deadline; one waiting for an
+    // approval is not.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut idle = Connection::connect(&sock).await.unwrap();
+        idle.hello("idle").await.unwrap();
+        let t = Instant::now();
+        let r = idle.request("list_skills", json!({})).await;
+        assert!(r.is_ok(), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(2600)).await;
+        let r = idle.request("list_skills", json!({})).await;
+        assert!(
+            r.is_err(),
+            "an idle session was still open after {:?}",
+            t.elapsed()
+        );
+        let mut busy = Connection::connect(&sock).await.unwrap();
+        busy.hello("waiting").await.unwrap();
+        let call = busy.request(
+            "call_tool",
+            json!({"server": "ev", "tool": "echo", "arguments": {"message": "m"}}),
+        );
+        let deny = async {
+            tokio::time::sleep(Duration::from_millis(3000)).await;
+            let p = area.wait_pending(1);
+            let id = p[0]["id"].as_u64().unwrap().to_string();
+            assert!(area.run(&["approvals", "deny", &id]).status.success());
+        };
+        let (r, ()) = tokio::join!(call, deny);
+        // Answered (denied), not cut by the idle deadline while it waited.
+        match r {
+            Err(iteron_broker::ipc::client::ClientError::Refused { message, .. }) => {
+                assert!(message.contains("denied"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    assert!(
+        area.audit_records()
+            .iter()
+            .any(|r| r["kind"] == "idle_close"),
+        "the idle close is audited"
+    );
+    support::report::record(
+        "P5",
+        "tests/broker.rs::connections_are_bounded_per_uid_and_idle_sessions_time_out",
+        json!({"per_uid": MAX_CONNECTIONS_PER_UID, "per_socket": MAX_CONNECTIONS}),
+    );
+}
+
+fn scripted(name: &str, mode: &str) -> Value {
+    json!({"name": name, "transport": "stdio", "command": "/usr/bin/python3",
+           "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), mode]})
+}
+
+fn everything_server() -> Value {
+    json!({"name": "ev", "transport": "stdio", "command": node().to_str().unwrap(),
+           "args": [everything_js().to_str().unwrap(), "stdio"]})
+}
+
+fn tool_names(v: &Value) -> Vec<String> {
+    v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            format!(
+                "{}/{}",
+                t["server"].as_str().unwrap(),
+                t["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn server_status(area: &Area, name: &str) -> Value {
+    area.status()["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// An open session follows the operator's configuration: a tool denied after it opened is
+/// gone, a server removed is gone and is stopped by the broker; a server whose policy can
+/// expose no tool is never started and never named to the agent.
+#[test]
+fn configuration_changes_reach_open_sessions_and_removed_servers_stop() {
+    let area = Area::new("reconfig");
+    let mut hidden = scripted("hidden", "legacy");
+    hidden["policy"] = json!({"capabilities": ["read_only"]});
+    let servers = |extra: Value| {
+        let mut ev = everything_server();
+        if !extra.is_null() {
+            ev["tools"] = extra;
+        }
+        json!([ev, hidden.clone()])
+    };
+    area.config(servers(Value::Null));
+    let broker = area.broker(&[], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        c.hello("reconfig").await.unwrap();
+        let listed = c.request("list_tools", json!({})).await.unwrap();
+        let names = tool_names(&listed);
+        assert!(names.contains(&"ev/echo".to_owned()), "{names:?}");
+        assert!(!listed.to_string().contains("hidden"), "{listed}");
+        assert_eq!(server_status(&area, "hidden")["phase"], "idle");
+        // The operator denies echo: the open session no longer lists or calls it.
+        area.config(servers(json!({"deny": ["echo"]})));
+        let listed = c.request("list_tools", json!({})).await.unwrap();
+        assert!(!tool_names(&listed).contains(&"ev/echo".to_owned()));
+        let r = c
+            .request("call_tool", json!({"server": "ev", "tool": "echo", "arguments": {"message": "m"}}))
+            .await;
+        match r {
+            Err(iteron_broker::ipc::client::ClientError::Refused { code, .. }) => {
+                assert_eq!(code, "unknown_tool")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server_status(&area, "ev")["phase"], "ready");
+        // The operator removes the server: gone for the session, stopped by the broker.
+        let mut only_hidden = servers(Value::Null);
+        only_hidden.as_array_mut().unwrap().remove(0);
+        area.config(only_hidden);
+        let r = c
+            .request("call_tool", json!({"server": "ev", "tool": "get-sum", "arguments": {"a": 1, "b": 2}}))
+            .await;
+        assert!(
+            matches!(&r, Err(iteron_broker::ipc::client::ClientError::Refused { code, .. }) if code == "unknown_tool"),
+            "{r:?}"
+        );
+        let listed = c.request("list_tools", json!({})).await.unwrap();
+        assert_eq!(listed["tools"], json!([]));
+        assert_eq!(listed["unavailable"], json!([]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = server_status(&area, "ev");
+            if st["phase"] == "removed" && st["in_flight"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{st}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert_eq!(
+        server_status(&area, "hidden")["phase"],
+        "idle",
+        "never started"
+    );
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    support::report::record(
+        "P13",
+        "tests/broker.rs::configuration_changes_reach_open_sessions_and_removed_servers_stop",
+        json!({}),
+    );
+}
+
+fn zombies_of(pid: i32) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let mut f = rest.split(' ');
+        let state = f.next().unwrap_or("");
+        let ppid: i32 = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == pid && state == "Z" {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// A stdio server whose process ends starts a new generation on the next request; a call
+/// approved for the generation that died is never sent to the next one; after its restart
+/// budget the server stays `failed` with the reason; no zombie is left behind.
+#[test]
+fn a_crashed_server_starts_a_new_generation_and_an_approved_call_never_crosses_to_it() {
+    let area = Area::new("crash");
+    let logs = area.base.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    support::give_to_children(&logs);
+    let log = logs.join("script.log");
+    let mut server = scripted("c", "crash-on-call");
+    server["env"] = json!(["SCRIPT_LOG"]);
+    server["sandbox"] = json!({"writable": [logs.to_str().unwrap()]});
+    area.config(json!([server]));
+    let broker = area.broker(&[], &[("SCRIPT_LOG", log.to_str().unwrap())]);
+    let calls_logged = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("tools/call"))
+            .count()
+    };
+    let call = |n: u32| {
+        area.agent(&[
+            "call",
+            "c",
+            "echo",
+            "--json",
+            &format!(r#"{{"text":"c{n}"}}"#),
+        ])
+        .spawn()
+        .unwrap()
+    };
+    // Two calls wait for approval on generation 1.
+    let a = call(1);
+    area.wait_pending(1);
+    let b = call(2);
+    let mut p = area.wait_pending(2);
+    p.sort_by_key(|i| i["id"].as_u64());
+    let ids: Vec<String> = p
+        .iter()
+        .map(|i| i["id"].as_u64().unwrap().to_string())
+        .collect();
+    assert_eq!(server_status(&area, "c")["generation"], 1);
+    // The first approved call crashes the server (its fate is unknown).
+    assert!(
+        area.run(&["approvals", "approve", &ids[0]])
+            .status
+            .success()
+    );
+    let first = wait_child(a);
+    assert!(
+        text(&first.stderr).contains("may"),
+        "{}",
+        text(&first.stderr)
+    );
+    // The second, approved for the generation that died, is never sent anywhere.
+    assert!(
+        area.run(&["approvals", "approve", &ids[1]])
+            .status
+            .success()
+    );
+    let second = wait_child(b);
+    assert!(!second.status.success());
+    assert!(
+        text(&second.stderr).contains("nothing was sent"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert_eq!(calls_logged(), 1, "only the first call reached a process");
+    assert_eq!(server_status(&area, "c")["phase"], "exited");
+    // Each next call starts a new generation; after the budget the server stays failed.
+    let mut generation = 1;
+    for n in 0..iteron_broker::registry::MAX_CRASH_RESTARTS {
+        let c = call(10 + n);
+        area.approve_next();
+        let _ = wait_child(c);
+        let st = server_status(&area, "c");
+        assert!(st["generation"].as_u64().unwrap() > generation, "{st}");
+        generation = st["generation"].as_u64().unwrap();
+    }
+    let last = wait_child(call(99));
+    assert!(!last.status.success());
+    let st = server_status(&area, "c");
+    assert_eq!(st["phase"], "failed", "{st}");
+    assert!(
+        st["error"].as_str().unwrap().contains("not started again"),
+        "{st}"
+    );
+    assert_eq!(zombies_of(broker.pid()), 0);
+    // The operator's restart gives it a fresh budget.
+    assert!(area.run(&["broker", "restart", "c"]).status.success());
+    assert_eq!(server_status(&area, "c")["phase"], "idle");
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    support::report::record(
+        "P4",
+        "tests/broker.rs::a_crashed_server_starts_a_new_generation_and_an_approved_call_never_crosses_to_it",
+        json!({"restarts": iteron_broker::registry::MAX_CRASH_RESTARTS}),
+    );
+}
+
+/// `list_tools` asks every server at once, each within its deadline: two hung servers cost
+/// one deadline, not two, for each of two agents asking at the same time; a catalog too big
+/// for the answer is left out for its server only, with a note, and the answer is `ok`.
+#[test]
+fn one_bad_server_does_not_break_or_serialize_discovery() {
+    use iteron_broker::daemon::LIST_SERVER_DEADLINE;
+    let area = Area::new("listing");
+    area.config(json!([
+        everything_server(),
+        scripted("hung1", "hang-list"),
+        scripted("hung2", "hang-list"),
+        scripted("big", "big-catalog"),
+    ]));
+    let broker = area.broker(&[], &[]);
+    let t = Instant::now();
+    let agents: Vec<_> = (0..2)
+        .map(|_| area.agent(&["tools", "--format", "json"]).spawn().unwrap())
+        .collect();
+    let outs: Vec<Output> = agents.into_iter().map(wait_child).collect();
+    let took = t.elapsed();
+    for out in &outs {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let names = tool_names(&v);
+        assert!(names.contains(&"ev/echo".to_owned()), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("big/")));
+        let mut unavailable: Vec<String> =
+            serde_json::from_value(v["unavailable"].clone()).unwrap();
+        unavailable.sort();
+        assert_eq!(unavailable, ["hung1", "hung2"]);
+        assert!(
+            v["notes"].to_string().contains("catalog of server big"),
+            "{}",
+            v["notes"]
+        );
+    }
+    // Two deadlines would be the serial cost; allow for a loaded machine below that.
+    assert!(took < LIST_SERVER_DEADLINE * 2, "{took:?}");
+    drop(broker);
+    support::report::record(
+        "P5",
+        "tests/broker.rs::one_bad_server_does_not_break_or_serialize_discovery",
+        json!({"deadline_s": LIST_SERVER_DEADLINE.as_secs(), "took_ms": took.as_millis() as u64}),
     );
 }
 
@@ -3170,5 +3611,93 @@ fn a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind() {
         "P9",
         "tests/broker.rs::a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind",
         json!({"root": is_root(), "grandchildren": 2}),
+    );
+}
+
+/// A `web_egress` server that tries the host's loopback and the cloud metadata address through
+/// its egress path: both refused, the loopback listener sees nothing, `iteron broker status`
+/// counts the refusals and names the last one, and the audit log records each with its host
+/// and port only.
+#[test]
+fn a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited() {
+    if iteron_broker::sys::netns_support().is_err() {
+        eprintln!("skipped: this system offers no network namespace");
+        return;
+    }
+    let area = Area::new("egress");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let lo = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let probe = area.base.join("probe.py");
+    std::fs::write(
+        &probe,
+        "import os, socket, sys\n\
+         host, port = os.environ['HTTPS_PROXY'].rsplit('/', 1)[1].rsplit(':', 1)\n\
+         for t in sys.argv[1:]:\n\
+         \x20   s = socket.create_connection((host, int(port)), timeout=10)\n\
+         \x20   s.sendall(f'CONNECT {t} HTTP/1.1\\r\\nHost: {t}\\r\\n\\r\\n'.encode())\n\
+         \x20   print(s.recv(4096).split(b'\\r\\n')[0].decode(), file=sys.stderr)\n",
+    )
+    .unwrap();
+    let fixtures = repo().join("fixtures/stdio").canonicalize().unwrap();
+    let script = format!(
+        "/usr/bin/python3 {probe} {lo} 169.254.169.254:80 && exec /usr/bin/python3 {fixture}",
+        probe = probe.display(),
+        fixture = fixtures.join("echo_server.py").display(),
+    );
+    area.write_config(&json!({
+        "schema_version": 2,
+        "host_ceiling": ["read_only", "irreversible_external", "web_egress"],
+        "mcp_servers": [{"name": "fetcher", "transport": "stdio", "command": "/bin/sh",
+                         "args": ["-c", script],
+                         "sandbox": {"readable": [fixtures.to_str().unwrap(),
+                                                  area.base.to_str().unwrap()]}}]
+    }));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let out = area.agent(&["tools", "--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = area.status();
+    let fetcher = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "fetcher")
+        .unwrap()
+        .clone();
+    assert_eq!(fetcher["phase"], "ready", "{status}");
+    assert_eq!(fetcher["egress"]["refused"], 2, "{status}");
+    let last = fetcher["egress"]["last_refused"].as_str().unwrap();
+    assert!(
+        last.starts_with("169.254.169.254:80: ") && last.contains("link_local"),
+        "{last}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the loopback listener was reached"
+    );
+    let (code, err) = broker.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let refused: Vec<Value> = area
+        .audit_records()
+        .into_iter()
+        .filter(|r| r["kind"] == "egress_refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for (r, target) in refused.iter().zip([lo.as_str(), "169.254.169.254:80"]) {
+        assert_eq!(r["server"], "fetcher");
+        assert_eq!(r["decision"], "refused");
+        let d = r["detail"].as_str().unwrap();
+        assert!(d.starts_with(&format!("{target}: refused: ")), "{d}");
+        assert!(!d.contains("Host:") && !d.contains("CONNECT"), "{d}");
+    }
+    support::report::record(
+        "P9",
+        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
+        json!({"refused": 2}),
+    );
+    support::report::record(
+        "P3",
+        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
+        json!({}),
     );
 }

@@ -567,7 +567,12 @@ fn cli_add(sb: &Sandbox, target: &Target) -> Result<(), String> {
     Ok(())
 }
 
-/// Add `web_egress` to the host ceiling (what an operator does for a server that fetches).
+/// Add `web_egress` to the host ceiling (what an operator does for a server that fetches), and
+/// name the loopback address in each stdio server's `sandbox.egress`: the pages the farm's
+/// fetch server reads are served on 127.0.0.1, and a `web_egress` server reaches nothing above
+/// the public zone through its egress path unless the operator names it. (The server runs in
+/// a network namespace of its own: its own 127.0.0.1 is another loopback, so a page it reads
+/// came through the broker's egress path.)
 fn admit_web_egress(sb: &Sandbox, needed: bool) -> Result<(), String> {
     if !needed {
         return Ok(());
@@ -581,6 +586,11 @@ fn admit_web_egress(sb: &Sandbox, needed: bool) -> Result<(), String> {
         "irreversible_external",
         "web_egress"
     ]);
+    if let Some(servers) = v["mcp_servers"].as_array_mut() {
+        for s in servers.iter_mut().filter(|s| s.get("command").is_some()) {
+            s["sandbox"]["egress"] = serde_json::json!(["127.0.0.1"]);
+        }
+    }
     std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).map_err(|e| e.to_string())
 }
 
@@ -692,6 +702,7 @@ fn library_call(case: &Case, sb: &Sandbox, seen: &mut Observed) {
             let ctx = iteron_broker::servers::SpawnContext {
                 home: sb.home(),
                 ceiling: config.ceiling(),
+                egress: None,
             };
             let client = iteron_broker::servers::connect(&server, &network, &lookup, opts, &ctx)
                 .await

@@ -783,7 +783,7 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         "--env takes a variable name, not NAME=value",
         "removed MCP server demo-remote",
         "$ iteron agent --socket",
-        "demo-echo/echo  Return the given text.",
+        "demo-echo/echo  [refused_noninteractive]  Return the given text.",
         "unknown_tool: unknown tool",
         "approval_required",
         "[1] call demo-echo/echo from uid ",

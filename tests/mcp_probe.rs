@@ -382,3 +382,208 @@ fn doctor_fails_a_command_out_of_the_childs_uid_reach() {
         "{asroot}"
     );
 }
+
+/// `mcp get` and `doctor` say where a `web_egress` server's network leads: through the
+/// broker's egress path in a namespace of its own by default (with what `sandbox.egress`
+/// names), UNCONFINED with `--sandbox-network host`; `mcp add` refuses a bad egress entry.
+#[test]
+fn get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined() {
+    let h = Home::new("egress-shown");
+    let add = |name: &str, extra: &[&str]| {
+        let mut args = vec!["mcp", "add", name, "--stdio", "/bin/cat"];
+        args.extend_from_slice(extra);
+        let out = h.run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    add(
+        "fenced",
+        &[
+            "--sandbox-egress",
+            "10.0.0.0/8",
+            "--sandbox-egress",
+            "*.corp.example",
+        ],
+    );
+    add("open", &["--sandbox-network", "host"]);
+    let bad = h.run(&[
+        "mcp",
+        "add",
+        "bad",
+        "--stdio",
+        "/bin/cat",
+        "--sandbox-egress",
+        "*.com",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--sandbox-egress") && err.lines().count() == 1,
+        "{err}"
+    );
+    // The default ceiling has no web_egress: no sockets at all.
+    let out = h.run(&["mcp", "get", "fenced", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["confinement"]["network"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied"),
+        "{v}"
+    );
+    assert_eq!(
+        v["sandbox"]["egress"],
+        serde_json::json!(["10.0.0.0/8", "*.corp.example"])
+    );
+    // Admit web_egress on this host.
+    let path = h.0.join("home").join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["host_ceiling"] = serde_json::json!(["read_only", "web_egress"]);
+    std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    let namespaces = iteron_broker::sys::netns_support().is_ok();
+    let out = h.run(&["mcp", "get", "fenced"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("confinement")).unwrap();
+    if namespaces {
+        assert!(
+            line.contains("network only through the broker's egress path")
+                && line.contains("2 destination(s) sandbox.egress names"),
+            "{line}"
+        );
+    } else {
+        assert!(line.contains("CANNOT START"), "{line}");
+    }
+    let out = h.run(&["mcp", "get", "fenced", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["confinement"]["network_namespace"], namespaces, "{v}");
+    assert_eq!(
+        v["confinement"]["egress"],
+        serde_json::json!(["10.0.0.0/8", "*.corp.example"])
+    );
+    let out = h.run(&["mcp", "get", "open"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("network UNCONFINED (sandbox.network \"host\""),
+        "{text}"
+    );
+    let out = h.run(&["mcp", "doctor", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "confinement")
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        check("open")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("UNCONFINED"),
+        "{v}"
+    );
+    assert!(
+        check("fenced")["detail"]
+            .as_str()
+            .unwrap()
+            .contains(if namespaces {
+                "egress path"
+            } else {
+                "CANNOT START"
+            }),
+        "{v}"
+    );
+    if !namespaces {
+        assert_eq!(check("fenced")["ok"], false, "{v}");
+    }
+    support::report::record(
+        "P9",
+        "tests/mcp_probe.rs::get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined",
+        serde_json::json!({"namespaces": namespaces}),
+    );
+}
+
+/// A broker that is not root (here `iteron mcp test` as uid 65534) gives a `web_egress`
+/// server a user namespace that owns its network namespace (its uid mapped to itself) and the
+/// same egress path: a private destination through the proxy is refused.
+#[test]
+fn an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching the test to uid 65534 needs root");
+        return;
+    }
+    let h = Home::new("unprivileged-egress");
+    fs::set_permissions(&h.0, fs::Permissions::from_mode(0o755)).unwrap();
+    let (home, out_dir) = (h.0.join("home"), h.0.join("out"));
+    for d in [&home, &out_dir] {
+        fs::create_dir_all(d).unwrap();
+        support::give_to_children(d);
+    }
+    fs::set_permissions(&home, fs::Permissions::from_mode(0o700)).unwrap();
+    let probe = h.0.join("probe.py");
+    fs::write(
+        &probe,
+        format!(
+            "import os, socket\n\
+             s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+             s.sendall(b'CONNECT 10.1.2.3:80 HTTP/1.1\\r\\n\\r\\n')\n\
+             status = s.recv(200).split(b'\\r\\n')[0].decode()\n\
+             uid_map = ' '.join(open('/proc/self/uid_map').read().split())\n\
+             open('{}', 'w').write(f'{{status}}|{{os.getuid()}}|{{uid_map}}')\n",
+            out_dir.join("r.txt").display()
+        ),
+    )
+    .unwrap();
+    let echo = fixture("echo_server.py");
+    let script = format!(
+        "/usr/bin/python3 {} && exec /usr/bin/python3 {echo}",
+        probe.display()
+    );
+    let config = serde_json::json!({
+        "schema_version": 2,
+        "host_ceiling": ["read_only", "web_egress"],
+        "mcp_servers": [{"name": "f", "command": "/bin/sh", "args": ["-c", script],
+            "sandbox": {"readable": [h.0.to_str().unwrap(),
+                                     std::path::Path::new(&echo).parent().unwrap().to_str().unwrap()],
+                        "writable": [out_dir.to_str().unwrap()]}}]
+    });
+    let path = home.join("config.json");
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    support::give_to_children(&path);
+    let out = Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["mcp", "test", "f"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("ITERON_HOME", &home)
+        .uid(support::CHILD_UID)
+        .gid(support::CHILD_UID)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = fs::read_to_string(out_dir.join("r.txt")).unwrap();
+    assert_eq!(got, "HTTP/1.1 403 Forbidden|65534|65534 65534 1", "{got}");
+    support::report::record(
+        "P9",
+        "tests/mcp_probe.rs::an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace",
+        serde_json::json!({}),
+    );
+}

@@ -44,6 +44,7 @@ fn spec(me: &str, confine: Option<Spec>) -> ChildSpec {
         args: vec!["--serve".into()],
         env,
         confine,
+        egress: None,
     }
 }
 
@@ -100,6 +101,8 @@ fn main() {
         data_bytes: DEFAULT_DATA_BYTES,
         processes: None,
         run_as: RunAs::default(),
+        net_mode: Default::default(),
+        egress: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -43,6 +43,7 @@ async fn ours(me: &str) -> f64 {
         args: vec!["--serve".into()],
         env,
         confine: None,
+        egress: None,
     };
     let c = Client::connect_stdio(spec, Options::default())
         .await

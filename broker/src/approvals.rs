@@ -3,6 +3,12 @@
 //! the agent sends, and both fail closed: a noninteractive broker refuses at once; otherwise
 //! an unanswered item is refused when its deadline passes, and one whose requester went away
 //! (the agent disconnected, the call was cancelled) disappears from the list.
+//!
+//! Deferred approval (opt-in, `approvals.deferred_secs` in the operator's configuration): a
+//! noninteractive broker parks a call no rule approved, for that long, instead of refusing it at
+//! once. A parked call is approved only by its id *and* its argument digest, so an operator-side
+//! automation approves exactly the arguments it checked (a digest that does not match decides
+//! nothing).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -44,6 +50,31 @@ pub enum NotApproved {
     Full,
     /// The broker is stopping.
     ShuttingDown,
+}
+
+/// What became of one `decide`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// The call was approved or denied.
+    Done,
+    /// No such call is waiting.
+    NotWaiting,
+    /// The call is parked (deferred approval): approving it needs its argument digest.
+    DigestRequired,
+    /// The digest given is not the call's: nothing was decided.
+    DigestMismatch,
+}
+
+impl Decided {
+    /// The audit outcome of the operator's `decide`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Decided::Done => "ok",
+            Decided::NotWaiting => "not_found",
+            Decided::DigestRequired => "digest_required",
+            Decided::DigestMismatch => "digest_mismatch",
+        }
+    }
 }
 
 /// Why a form answer was not taken.
@@ -111,14 +142,78 @@ enum Item {
     Call {
         info: CallInfo,
         reply: oneshot::Sender<bool>,
+        /// Parked by a noninteractive broker: approving it needs the digest too.
+        deferred: bool,
     },
     Form {
         server: String,
         message: String,
         schema: Value,
+        /// The approved calls on that server the form came during (the operator sees them).
+        calls: Vec<CallContext>,
         reply: oneshot::Sender<FormAnswer>,
     },
 }
+
+/// An approved call running on a server, as a form asked during it names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallContext {
+    /// Session id.
+    pub session: String,
+    /// The agent's uid.
+    pub peer_uid: u32,
+    /// The tool (or `resources/read`, `prompts/get`).
+    pub tool: String,
+}
+
+/// The approved calls running on one server right now. A server may ask the operator for
+/// input only while one runs: a form is shown with the calls it came during, never unprompted.
+#[derive(Default)]
+pub struct CallsInFlight(Mutex<Vec<(u64, CallContext)>>);
+
+/// Removes a call from [`CallsInFlight`] when it ends however it ends.
+pub struct RunningCall {
+    calls: Arc<CallsInFlight>,
+    token: u64,
+}
+
+impl CallsInFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, CallContext)>> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Count `ctx` as running until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>, ctx: CallContext) -> RunningCall {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let token = NEXT.fetch_add(1, Ordering::SeqCst);
+        self.lock().push((token, ctx));
+        RunningCall {
+            calls: Arc::clone(self),
+            token,
+        }
+    }
+
+    /// The calls running now (at most [`MAX_FORM_CALLS`] are named).
+    pub fn now(&self) -> Vec<CallContext> {
+        self.lock()
+            .iter()
+            .take(MAX_FORM_CALLS)
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+}
+
+impl Drop for RunningCall {
+    fn drop(&mut self) {
+        self.calls.lock().retain(|(t, _)| *t != self.token);
+    }
+}
+
+/// Most running calls a form names.
+pub const MAX_FORM_CALLS: usize = 16;
 
 struct Waiting {
     item: Item,
@@ -204,13 +299,30 @@ impl Approvals {
     /// Ask the operator to approve one call; resolves when they decide, the deadline passes,
     /// or (by dropping the future) the requester gives up.
     pub async fn approve_call(&self, info: CallInfo) -> Result<(), NotApproved> {
-        if !self.interactive {
-            return Err(NotApproved::Noninteractive);
-        }
+        self.approve_or_park(info, None).await
+    }
+
+    /// Like [`Approvals::approve_call`]; a noninteractive broker given `park` (deferred
+    /// approval) parks the call for that long instead of refusing it at once, and then only
+    /// its id with its digest approves it ([`Approvals::decide_checked`]).
+    pub async fn approve_or_park(
+        &self,
+        info: CallInfo,
+        park: Option<Duration>,
+    ) -> Result<(), NotApproved> {
+        let (deadline, deferred) = match (self.interactive, park) {
+            (true, _) => (self.deadline, false),
+            (false, Some(d)) => (d, true),
+            (false, None) => return Err(NotApproved::Noninteractive),
+        };
         let (tx, rx) = oneshot::channel();
-        let id = self.enqueue(Item::Call { info, reply: tx })?;
+        let id = self.enqueue(Item::Call {
+            info,
+            reply: tx,
+            deferred,
+        })?;
         let _remove = Remove(self, id);
-        match tokio::time::timeout(self.deadline, rx).await {
+        match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(NotApproved::Denied),
             Ok(Err(_)) => Err(NotApproved::ShuttingDown),
@@ -218,8 +330,19 @@ impl Approvals {
         }
     }
 
-    async fn ask_form(&self, server: String, request: FormRequest) -> FormAnswer {
+    async fn ask_form(
+        &self,
+        server: String,
+        calls: &CallsInFlight,
+        request: FormRequest,
+    ) -> FormAnswer {
         if !self.interactive {
+            return FormAnswer::Decline;
+        }
+        // Never unprompted: a form reaches the operator only during an approved call on that
+        // server, and names it.
+        let running = calls.now();
+        if running.is_empty() {
             return FormAnswer::Decline;
         }
         let (tx, rx) = oneshot::channel();
@@ -227,6 +350,7 @@ impl Approvals {
             server,
             message: request.message,
             schema: request.schema,
+            calls: running,
             reply: tx,
         }) else {
             return FormAnswer::Cancel;
@@ -240,13 +364,18 @@ impl Approvals {
 
     /// An elicitor for one server's client: its forms go to this queue. `None` for a
     /// noninteractive broker, so the client advertises no form support and fails closed.
-    pub fn elicitor(self: &Arc<Self>, server: &str) -> Option<Arc<dyn Elicitor>> {
+    pub fn elicitor(
+        self: &Arc<Self>,
+        server: &str,
+        calls: Arc<CallsInFlight>,
+    ) -> Option<Arc<dyn Elicitor>> {
         if !self.interactive {
             return None;
         }
         Some(Arc::new(OperatorForms {
             approvals: Arc::clone(self),
             server: server.to_owned(),
+            calls,
         }))
     }
 
@@ -271,9 +400,10 @@ impl Approvals {
             .map(|(id, w)| {
                 let age = w.since.elapsed().map_or(0, |d| d.as_secs());
                 match &w.item {
-                    Item::Call { info, .. } => json!({
+                    Item::Call { info, deferred, .. } => json!({
                         "id": id,
                         "kind": "call",
+                        "deferred": deferred,
                         "age_secs": age,
                         "session": info.session,
                         "peer_uid": info.peer_uid,
@@ -292,8 +422,14 @@ impl Approvals {
                         server,
                         message,
                         schema,
+                        calls,
                         ..
                     } => json!({
+                        "during": calls.iter().map(|c| json!({
+                            "session": c.session,
+                            "peer_uid": c.peer_uid,
+                            "tool": c.tool,
+                        })).collect::<Vec<_>>(),
                         "id": id,
                         "kind": "form",
                         "age_secs": age,
@@ -350,24 +486,41 @@ impl Approvals {
         }))
     }
 
-    /// Approve or deny a waiting call. `false` if there is no such call.
+    /// Approve or deny a waiting call. `false` if there is no such call (or it is parked and
+    /// needs its digest to be approved).
     pub fn decide(&self, id: u64, approve: bool) -> bool {
+        self.decide_checked(id, approve, None) == Decided::Done
+    }
+
+    /// Approve or deny a waiting call, checking `args_sha256` when it is given: a digest that
+    /// is not the call's decides nothing, and a parked call (deferred approval) is approved
+    /// only with its digest (denying one needs none).
+    pub fn decide_checked(&self, id: u64, approve: bool, args_sha256: Option<&str>) -> Decided {
         let mut items = self.lock();
-        if !matches!(
-            items.get(&id),
-            Some(Waiting {
-                item: Item::Call { .. },
-                ..
-            })
-        ) {
-            return false;
+        let Some(Waiting {
+            item: Item::Call { info, deferred, .. },
+            ..
+        }) = items.get(&id)
+        else {
+            return Decided::NotWaiting;
+        };
+        match args_sha256 {
+            Some(d) if d != info.args_sha256 => return Decided::DigestMismatch,
+            None if approve && *deferred => return Decided::DigestRequired,
+            _ => {}
         }
         match items.remove(&id) {
             Some(Waiting {
                 item: Item::Call { reply, .. },
                 ..
-            }) => reply.send(approve).is_ok(),
-            _ => false,
+            }) => {
+                if reply.send(approve).is_ok() {
+                    Decided::Done
+                } else {
+                    Decided::NotWaiting
+                }
+            }
+            _ => Decided::NotWaiting,
         }
     }
 
@@ -407,13 +560,15 @@ impl Approvals {
 struct OperatorForms {
     approvals: Arc<Approvals>,
     server: String,
+    calls: Arc<CallsInFlight>,
 }
 
 impl Elicitor for OperatorForms {
     fn ask(&self, request: FormRequest) -> Pin<Box<dyn Future<Output = FormAnswer> + Send>> {
         let approvals = Arc::clone(&self.approvals);
         let server = self.server.clone();
-        Box::pin(async move { approvals.ask_form(server, request).await })
+        let calls = Arc::clone(&self.calls);
+        Box::pin(async move { approvals.ask_form(server, &calls, request).await })
     }
 }
 
@@ -469,8 +624,82 @@ mod tests {
             rt().block_on(a.approve_call(info())),
             Err(NotApproved::Noninteractive)
         );
-        assert!(a.elicitor("srv").is_none());
+        assert!(a.elicitor("srv", Arc::default()).is_none());
         assert!(a.list().is_empty());
+    }
+
+    #[test]
+    fn a_parked_call_is_approved_only_by_its_id_and_digest_within_its_time() {
+        rt().block_on(async {
+            let a = Approvals::new(false, DEFAULT_DEADLINE);
+            let digest = "ab".repeat(32);
+            let call = CallInfo {
+                args_sha256: digest.clone(),
+                ..info()
+            };
+            // Not parked: a noninteractive broker refuses at once.
+            assert_eq!(
+                a.approve_or_park(call.clone(), None).await,
+                Err(NotApproved::Noninteractive)
+            );
+            let (item, waiter) = {
+                let a2 = Arc::clone(&a);
+                let c = call.clone();
+                let w = tokio::spawn(async move {
+                    a2.approve_or_park(c, Some(Duration::from_secs(5))).await
+                });
+                settle(&a, 1).await;
+                (a.list()[0].clone(), w)
+            };
+            assert_eq!(item["deferred"], true);
+            assert_eq!(item["args_sha256"], digest.as_str());
+            let id = item["id"].as_u64().unwrap();
+            assert_eq!(a.decide_checked(id, true, None), Decided::DigestRequired);
+            assert!(!a.decide(id, true));
+            let wrong = "cd".repeat(32);
+            assert_eq!(
+                a.decide_checked(id, true, Some(&wrong)),
+                Decided::DigestMismatch
+            );
+            assert_eq!(
+                a.list().len(),
+                1,
+                "a refused decide leaves the call waiting"
+            );
+            assert_eq!(
+                a.decide_checked(id + 1, true, Some(&digest)),
+                Decided::NotWaiting
+            );
+            assert_eq!(a.decide_checked(id, true, Some(&digest)), Decided::Done);
+            assert_eq!(waiter.await.unwrap(), Ok(()));
+
+            // Denying a parked call needs no digest.
+            let a2 = Arc::clone(&a);
+            let c = call.clone();
+            let waiter =
+                tokio::spawn(
+                    async move { a2.approve_or_park(c, Some(Duration::from_secs(5))).await },
+                );
+            settle(&a, 1).await;
+            let id = a.list()[0]["id"].as_u64().unwrap();
+            assert_eq!(a.decide_checked(id, false, None), Decided::Done);
+            assert_eq!(waiter.await.unwrap(), Err(NotApproved::Denied));
+
+            // Parked for a bounded time: unanswered, it is refused and leaves the list.
+            assert_eq!(
+                a.approve_or_park(call, Some(Duration::from_millis(30)))
+                    .await,
+                Err(NotApproved::TimedOut)
+            );
+            assert!(a.list().is_empty());
+            // Forms are still refused by a noninteractive broker.
+            assert!(a.elicitor("srv", Arc::default()).is_none());
+        });
+        crate::test_report::record(
+            "P15",
+            "broker/src/approvals.rs::a_parked_call_is_approved_only_by_its_id_and_digest_within_its_time",
+            json!({}),
+        );
     }
 
     #[test]
@@ -687,7 +916,9 @@ mod tests {
     fn forms_have_their_own_smaller_share() {
         rt().block_on(async {
             let a = Approvals::new(true, Duration::from_secs(5));
-            let el = a.elicitor("srv").unwrap();
+            let calls = Arc::new(CallsInFlight::default());
+            let _running = calls.begin(context());
+            let el = a.elicitor("srv", calls).unwrap();
             let schema = json!({"type":"object","properties":{}});
             let mut asks = Vec::new();
             for _ in 0..MAX_PENDING_FORMS {
@@ -720,7 +951,9 @@ mod tests {
     fn forms_are_checked_against_their_schema() {
         rt().block_on(async {
             let a = Approvals::new(true, Duration::from_secs(5));
-            let el = a.elicitor("srv").unwrap();
+            let calls = Arc::new(CallsInFlight::default());
+            let _running = calls.begin(context());
+            let el = a.elicitor("srv", calls).unwrap();
             let schema = json!({"type":"object","properties":{"name":{"type":"string"}},"required":["name"]});
             let ask = tokio::spawn(el.ask(FormRequest {
                 message: "who?\u{202e}".into(),
@@ -729,6 +962,10 @@ mod tests {
             settle(&a, 1).await;
             let listed = a.list();
             assert_eq!(listed[0]["kind"], "form");
+            assert_eq!(
+                listed[0]["during"],
+                json!([{"session": "s1", "peer_uid": 1000, "tool": "t"}])
+            );
             assert!(!listed[0]["message"].as_str().unwrap().contains('\u{202e}'));
             let id = listed[0]["id"].as_u64().unwrap();
             let mut wrong = Map::new();
@@ -739,5 +976,47 @@ mod tests {
             a.answer(id, FormAnswer::Accept(right.clone())).unwrap();
             assert_eq!(ask.await.unwrap(), FormAnswer::Accept(right));
         });
+    }
+
+    fn context() -> CallContext {
+        CallContext {
+            session: "s1".into(),
+            peer_uid: 1000,
+            tool: "t".into(),
+        }
+    }
+
+    /// A form that comes while no approved call runs on its server never reaches the operator
+    /// (declined at once); one that comes during a call names it, and is not asked once the
+    /// call has ended.
+    #[test]
+    fn a_form_reaches_the_operator_only_during_a_call_it_names() {
+        rt().block_on(async {
+            let a = Approvals::new(true, Duration::from_secs(5));
+            let calls = Arc::new(CallsInFlight::default());
+            let el = a.elicitor("srv", Arc::clone(&calls)).unwrap();
+            let form = || FormRequest {
+                message: "m".into(),
+                schema: json!({"type":"object","properties":{}}),
+            };
+            assert_eq!(el.ask(form()).await, FormAnswer::Decline);
+            assert!(a.list().is_empty(), "never shown");
+            let running = calls.begin(context());
+            let ask = tokio::spawn(el.ask(form()));
+            settle(&a, 1).await;
+            assert_eq!(a.list()[0]["during"][0]["tool"], "t");
+            let id = a.list()[0]["id"].as_u64().unwrap();
+            a.answer(id, FormAnswer::Decline).unwrap();
+            assert_eq!(ask.await.unwrap(), FormAnswer::Decline);
+            drop(running);
+            assert!(calls.now().is_empty());
+            assert_eq!(el.ask(form()).await, FormAnswer::Decline);
+            assert!(a.list().is_empty());
+        });
+        crate::test_report::record(
+            "P14",
+            "broker/src/approvals.rs::a_form_reaches_the_operator_only_during_a_call_it_names",
+            serde_json::json!({}),
+        );
     }
 }

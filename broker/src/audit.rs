@@ -453,6 +453,28 @@ fn parse_head(bytes: &[u8]) -> Option<(u64, String)> {
 }
 
 /// Read a private file (never following a symlink, never blocking on a FIFO); `None` if missing.
+/// Open (creating 0600 if needed, never through a symlink) a file of the log for writing —
+/// appending, or in place for the head — and check it is private, ours and not linked twice.
+fn open_private_for_write(path: &Path, append: bool) -> Result<File, AuditError> {
+    let mut o = OpenOptions::new();
+    if append {
+        o.append(true);
+    } else {
+        o.write(true).truncate(false);
+    }
+    let file = o
+        .create(true)
+        .mode(0o600)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .map_err(private_fs::io_err("open", path))?;
+    let meta = file
+        .metadata()
+        .map_err(private_fs::io_err("inspect", path))?;
+    private_fs::check_private(path, &meta, false)?;
+    Ok(file)
+}
+
 fn read_private(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FsError> {
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
     let file = match OpenOptions::new()
@@ -536,7 +558,7 @@ pub fn below_reserve(free: u64) -> bool {
 /// actions, refused peers (bounded on their own), and broker start and stop are always written.
 fn limitable(e: &Event) -> bool {
     e.peer_uid.is_some()
-        && !matches!(e.decision, "approved" | "denied")
+        && !matches!(e.decision, "approved" | "denied" | "approved_by_rule")
         && e.outcome != "dispatching"
         && !e.kind.starts_with("operator_")
         && !e.kind.starts_with("connect_")
@@ -1121,39 +1143,12 @@ impl AuditLog {
         let (time, day) = utc(SystemTime::now());
         if chain.day != day || chain.file.is_none() {
             let path = dir.join(format!("{day}.jsonl"));
-            let file = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(
-                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                )
-                .open(&path)
-                .map_err(private_fs::io_err("open", &path))?;
-            let meta = file
-                .metadata()
-                .map_err(private_fs::io_err("inspect", &path))?;
-            private_fs::check_private(&path, &meta, false)?;
-            chain.file = Some(file);
+            chain.file = Some(open_private_for_write(&path, true)?);
             chain.day = day;
         }
         let head = dir.join(HEAD);
         if chain.head.is_none() {
-            let hf = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(
-                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                )
-                .open(&head)
-                .map_err(private_fs::io_err("open", &head))?;
-            let meta = hf
-                .metadata()
-                .map_err(private_fs::io_err("inspect", &head))?;
-            private_fs::check_private(&head, &meta, false)?;
-            chain.head = Some(hf);
+            chain.head = Some(open_private_for_write(&head, false)?);
         }
         let detail = event
             .detail
@@ -1526,6 +1521,49 @@ pub fn verify(home: &Path, expect: &[Pin]) -> Result<Verified, Tampered> {
         anchor: anchor.map(|(seq, sha256)| Pin { seq, sha256 }),
         expected: expect.len(),
     })
+}
+
+/// Verify the whole log under `home` (as [`verify`]), then hand each verified record to
+/// `visit`, oldest first, as its JSON object. Records written after the verification are not
+/// visited. Reads only.
+pub fn visit(
+    home: &Path,
+    mut visit: impl FnMut(&Map<String, Value>),
+) -> Result<Verified, Tampered> {
+    let verified = verify(home, &[])?;
+    let dir = home.join("audit");
+    let mut left = verified.records;
+    let files = if left == 0 {
+        Vec::new()
+    } else {
+        day_files(&dir).map_err(|e| Tampered {
+            file: None,
+            line: None,
+            why: e.to_string(),
+        })?
+    };
+    for path in &files {
+        if left == 0 {
+            break;
+        }
+        let bytes = read_private(path, u64::MAX)
+            .map_err(|e| Tampered {
+                file: Some(file_name(path)),
+                line: None,
+                why: e.to_string(),
+            })?
+            .unwrap_or_default();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+            if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) {
+                visit(&obj);
+            }
+        }
+    }
+    Ok(verified)
 }
 
 #[cfg(test)]

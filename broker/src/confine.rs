@@ -10,6 +10,13 @@
 //! - **Network** (seccomp, plus Landlock TCP rules from ABI 4): no socket of any family unless
 //!   the server's admitted classes include `web_egress` (then IPv4, IPv6 and netlink only).
 //!   Unix-domain sockets are never allowed, so a child cannot reach the broker's sockets.
+//!   Every child also runs in a **network namespace of its own** where the kernel allows it
+//!   (under a broker that is not root, inside a user namespace that owns it): its only
+//!   interface is loopback, down — except for a `web_egress` server, whose loopback is up and
+//!   holds one listener, `127.0.0.1:`[`PROXY_PORT`], served by the broker ([`crate::egress`]):
+//!   the server's only way out, every destination judged by the zone rules. Where namespaces
+//!   are unavailable a `web_egress` server does not start, unless the operator set
+//!   `sandbox.network: "host"` ([`NetState::Host`], shown as unconfined).
 //! - **Identity**: under a root broker a child runs as uid and gid 65534 (`nobody`) with no
 //!   supplementary groups, unless the operator's `run_as` says `root` or names a dedicated
 //!   `UID:GID` ([`identity`]); so root-only files stay closed to it whatever Landlock grants.
@@ -30,7 +37,9 @@ use serde_json::{Value, json};
 
 use crate::sys::{self, Prepared, landlock};
 
-pub use iteron_policy::config::{NOBODY_ID, RunAs};
+pub use crate::sys::PROXY_PORT;
+pub use iteron_policy::config::{NOBODY_ID, RunAs, SandboxNetwork};
+pub use iteron_policy::egress::EgressRule;
 
 /// Directories a normal program reads (and executes from).
 pub const SYSTEM_READ: &[&str] = &[
@@ -100,6 +109,46 @@ pub struct Spec {
     pub processes: Option<u64>,
     /// Who the child runs as under a root broker (default: `nobody`).
     pub run_as: RunAs,
+    /// Where its sockets lead when `network` is set (default: its own namespace, out only
+    /// through the broker's egress path).
+    pub net_mode: SandboxNetwork,
+    /// Destinations above the public zone its egress path may reach (`sandbox.egress`).
+    pub egress: Vec<EgressRule>,
+}
+
+/// The network a child gets, as planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetState {
+    /// No socket; its own network namespace, loopback down.
+    Isolated,
+    /// No socket (seccomp); this system offers no network namespace (the reason).
+    NoNamespace(String),
+    /// `web_egress`: its own network namespace, out only through the broker's egress path.
+    Egress,
+    /// `web_egress` with `sandbox.network: "host"`: the network as the host sees it.
+    Host,
+    /// `web_egress` needs a network namespace this system does not offer (the reason): the
+    /// server is not started.
+    Refused(String),
+}
+
+impl NetState {
+    /// The plan for a child with (`network`) or without sockets in `mode`, on a system whose
+    /// namespace support is `support`.
+    pub fn plan(network: bool, mode: SandboxNetwork, support: Result<(), String>) -> NetState {
+        match (network, mode, support) {
+            (true, SandboxNetwork::Host, _) => NetState::Host,
+            (true, SandboxNetwork::Namespace, Ok(())) => NetState::Egress,
+            (true, SandboxNetwork::Namespace, Err(why)) => NetState::Refused(why),
+            (false, _, Ok(())) => NetState::Isolated,
+            (false, _, Err(why)) => NetState::NoNamespace(why),
+        }
+    }
+
+    /// Whether the child enters a namespace of its own.
+    pub fn own_namespace(&self) -> bool {
+        matches!(self, NetState::Isolated | NetState::Egress)
+    }
 }
 
 /// The uid and gid a child runs as.
@@ -176,8 +225,12 @@ pub struct Effective {
     pub writable: Vec<PathBuf>,
     /// Never reachable.
     pub denied: Vec<PathBuf>,
-    /// Network allowed.
+    /// Network allowed (sockets of IPv4, IPv6 and routing netlink).
     pub network: bool,
+    /// Where its network leads.
+    pub net: NetState,
+    /// Destinations above the public zone its egress path may reach.
+    pub egress: Vec<EgressRule>,
     /// Grants that were dropped (inside the home, or missing), with why.
     pub dropped: Vec<(PathBuf, &'static str)>,
     /// Who the child runs as, or why its `run_as` cannot be honoured (it is then not started).
@@ -200,11 +253,9 @@ impl Effective {
                 Some(abi) => format!("landlock ABI {abi}: enforced"),
                 None => "not confined: this kernel has no Landlock".to_owned(),
             },
-            "network": if self.network {
-                "allowed (web_egress admitted): IPv4, IPv6, netlink; no Unix-domain sockets"
-            } else {
-                "denied: no sockets (seccomp) and no TCP (landlock)"
-            },
+            "network": self.network_words(),
+            "network_namespace": self.net.own_namespace(),
+            "egress": self.egress.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "runs_as": self.runs_as(),
             "readable": list(&self.readable),
             "writable": list(&self.writable),
@@ -214,6 +265,31 @@ impl Effective {
                 "why": why,
             })).collect::<Vec<_>>(),
         })
+    }
+
+    /// The network the child gets, in words (`iteron mcp get`, `doctor`).
+    pub fn network_words(&self) -> String {
+        let named = match self.egress.len() {
+            0 => String::new(),
+            n => format!(" and {n} destination(s) sandbox.egress names"),
+        };
+        match &self.net {
+            NetState::Isolated => {
+                "denied: no sockets (seccomp), no TCP (landlock), its own network namespace with loopback down".to_owned()
+            }
+            NetState::NoNamespace(why) => format!(
+                "denied: no sockets (seccomp) and no TCP (landlock); no network namespace ({why})"
+            ),
+            NetState::Egress => format!(
+                "egress only through the broker: its own network namespace, an HTTP CONNECT and \
+                 plain-HTTP proxy at 127.0.0.1:{PROXY_PORT} (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) \
+                 reaching the public zone{named}; every destination judged by the zone rules"
+            ),
+            NetState::Host => "UNCONFINED (sandbox.network \"host\"): the network as the host sees it; IPv4, IPv6, netlink; no Unix-domain sockets".to_owned(),
+            NetState::Refused(why) => format!(
+                "cannot start: web_egress needs a network namespace and this system offers none ({why}); set sandbox.network \"host\" to run it unconfined"
+            ),
+        }
     }
 
     /// Who the child runs as, in words (`iteron mcp get`, `doctor`).
@@ -425,6 +501,11 @@ pub fn deny_to_every_child(paths: Vec<PathBuf>) -> bool {
 /// What a confinement would enforce, without enforcing anything (diagnostics, and the first
 /// half of [`prepare`]).
 pub fn plan(spec: &Spec) -> Effective {
+    plan_with(spec, sys::netns_support())
+}
+
+/// [`plan`] on a system whose network-namespace support is `netns`.
+fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
     let identity = identity(spec.run_as);
     // The secrets of /etc (those present) are denied by Landlock to a child that could
     // otherwise open them: one that keeps uid 0 or the broker's groups. A child switched to
@@ -492,6 +573,8 @@ pub fn plan(spec: &Spec) -> Effective {
         writable,
         denied: deny,
         network: spec.network,
+        net: NetState::plan(spec.network, spec.net_mode, netns),
+        egress: spec.egress.clone(),
         dropped,
         identity,
         unreachable,
@@ -532,12 +615,55 @@ fn allow_if_present(
     }
 }
 
-/// Prepare the confinement of one child (in the parent: this allocates and opens files).
-pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
-    let effective = plan(spec);
+/// Prepare the confinement of one child (in the parent: this allocates and opens files). For a
+/// `web_egress` server in its own namespace, also the broker's end of the channel its proxy
+/// listener arrives on ([`crate::sys::receive_proxy_listener`]).
+pub(crate) fn prepare(
+    spec: &Spec,
+) -> std::io::Result<(Prepared, Effective, Option<sys::ProxyListener>)> {
+    prepare_with(spec, sys::netns_support())
+}
+
+/// [`prepare`] on a system whose network-namespace support is `netns`.
+fn prepare_with(
+    spec: &Spec,
+    netns: Result<(), String>,
+) -> std::io::Result<(Prepared, Effective, Option<sys::ProxyListener>)> {
+    let effective = plan_with(spec, netns);
     let id = effective
         .identity
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
+    let (netns, proxy) = match &effective.net {
+        NetState::Refused(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                effective.network_words(),
+            ));
+        }
+        // A namespace made ahead of time when one is ready (a root broker), else the child
+        // makes its own before exec.
+        NetState::Isolated => match sys::take_ready(false) {
+            Some(r) => (Some(sys::NetNs::joining(r.ns)), None),
+            None => (Some(sys::NetNs::for_this_process(None)), None),
+        },
+        NetState::Egress => match sys::take_ready(true) {
+            Some(sys::Ready {
+                ns,
+                listener: Some(l),
+            }) => (
+                Some(sys::NetNs::joining(ns)),
+                Some(sys::ProxyListener::Ready(l)),
+            ),
+            _ => {
+                let (broker_end, child_end) = sys::proxy_channel()?;
+                (
+                    Some(sys::NetNs::for_this_process(Some(child_end))),
+                    Some(sys::ProxyListener::Arrives(broker_end)),
+                )
+            }
+        },
+        NetState::NoNamespace(_) | NetState::Host => (None, None),
+    };
     let (readable, writable) = (&effective.readable, &effective.writable);
     let abi = effective.landlock_abi;
     let mut prepared = Prepared {
@@ -562,6 +688,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
             (r, n.min(hard))
         })
         .collect(),
+        netns,
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;
@@ -610,7 +737,7 @@ pub(crate) fn prepare(spec: &Spec) -> std::io::Result<(Prepared, Effective)> {
         }
         prepared.ruleset = Some(rs);
     }
-    Ok((prepared, effective))
+    Ok((prepared, effective, proxy))
 }
 
 #[cfg(test)]
@@ -662,6 +789,65 @@ mod tests {
             };
             assert!(prepare(&spec).is_err());
         }
+    }
+
+    #[test]
+    fn a_web_egress_server_without_network_namespaces_starts_only_on_the_hosts_network() {
+        let none = || Err::<(), String>("unshare: Operation not permitted".to_owned());
+        let egress = Spec {
+            network: true,
+            ..Spec::default()
+        };
+        // No namespace: it is not started, and the reason says what the operator can do.
+        let e = plan_with(&egress, none());
+        assert!(matches!(e.net, NetState::Refused(_)));
+        assert!(
+            e.network_words().starts_with("cannot start")
+                && e.network_words().contains("sandbox.network \"host\""),
+            "{}",
+            e.network_words()
+        );
+        let err = prepare_with(&egress, none()).err().unwrap();
+        assert!(err.to_string().contains("cannot start"), "{err}");
+        // sandbox.network "host": it starts, unconfined, and says so.
+        let host = Spec {
+            net_mode: SandboxNetwork::Host,
+            ..egress.clone()
+        };
+        let e = plan_with(&host, none());
+        assert_eq!(e.net, NetState::Host);
+        assert!(e.network_words().starts_with("UNCONFINED"));
+        let (prepared, _, proxy) = prepare_with(&host, none()).unwrap();
+        assert!(prepared.netns.is_none() && proxy.is_none());
+        // A server without web_egress still starts: no sockets, whatever the namespaces.
+        let plain = Spec::default();
+        let e = plan_with(&plain, none());
+        assert!(matches!(e.net, NetState::NoNamespace(_)));
+        assert!(e.network_words().starts_with("denied"));
+        assert!(prepare_with(&plain, none()).unwrap().0.netns.is_none());
+        // With namespaces: its own, and for web_egress the proxy channel.
+        assert_eq!(plan_with(&plain, Ok(())).net, NetState::Isolated);
+        let (prepared, e, proxy) = prepare_with(&egress, Ok(())).unwrap();
+        assert_eq!(e.net, NetState::Egress);
+        // Either a namespace made ahead of time with its listener, or the child makes both.
+        match (&prepared.netns, &proxy) {
+            (Some(n), Some(sys::ProxyListener::Ready(_))) => assert!(n.join.is_some()),
+            (Some(n), Some(sys::ProxyListener::Arrives(_))) => assert!(n.proxy.is_some()),
+            other => panic!("{other:?}"),
+        }
+        let json = e.to_json();
+        assert_eq!(json["network_namespace"], true);
+        assert!(
+            json["network"]
+                .as_str()
+                .unwrap()
+                .starts_with("egress only through the broker")
+        );
+        crate::test_report::record(
+            "P9",
+            "broker/src/confine.rs::a_web_egress_server_without_network_namespaces_starts_only_on_the_hosts_network",
+            serde_json::json!({}),
+        );
     }
 
     #[test]

@@ -236,7 +236,16 @@ pub struct ServeOptions {
     pub approval_deadline: Duration,
     /// Skills and agent definitions, discovered once for this run.
     pub catalog: Arc<Catalog>,
+    /// How long a connection may sit with no request in flight and no frame arriving before
+    /// it is closed ([`DEFAULT_IDLE_DEADLINE`] unless the operator says otherwise).
+    pub idle_deadline: Duration,
 }
+
+/// How long an open connection may stay idle (nothing in flight, no frame) by default.
+pub const DEFAULT_IDLE_DEADLINE: Duration = Duration::from_secs(600);
+/// Open connections one uid may hold on the agent socket, so that one agent's connections
+/// (idle or not) can never lock the others out of the socket's [`MAX_CONNECTIONS`].
+pub const MAX_CONNECTIONS_PER_UID: usize = 64;
 
 /// Why the broker could not start.
 #[derive(Debug)]
@@ -268,17 +277,13 @@ struct Peer {
     pid: Option<i32>,
 }
 
-/// A server's exposed tools and the server generation they were taken from.
-type GenerationCatalog = (u64, Arc<Vec<Tool>>);
-
 struct Session {
     id: String,
     peer: Peer,
-    snapshot: Arc<Snapshot>,
-    /// Exposed tools per server, tagged with the server generation they were taken from.
-    catalogs: Mutex<HashMap<String, GenerationCatalog>>,
     /// Set for a child session bound to an agent definition.
     child: Option<Child>,
+    /// Approval rules: calls each rule approved in this session (broker/src/rules.rs).
+    rule_counts: crate::rules::SessionCounts,
 }
 
 /// A child session: a read-only ceiling, no lifecycle hooks, and the budgets the broker can
@@ -297,8 +302,8 @@ struct Child {
 
 impl Session {
     /// The classes this session may use: the host ceiling, narrowed to `read_only` for a child.
-    fn ceiling(&self) -> CapabilitySet {
-        let host = self.snapshot.config.ceiling();
+    fn ceiling(&self, config: &iteron_policy::config::Config) -> CapabilitySet {
+        let host = config.ceiling();
         match self.child {
             Some(_) => host.intersect(CapabilitySet::of(&[Capability::ReadOnly])),
             None => host,
@@ -323,6 +328,10 @@ struct Broker {
     operator_work: Arc<Semaphore>,
     /// The arguments of calls in flight.
     arguments: ArgumentBudget,
+    /// See [`ServeOptions::idle_deadline`].
+    idle_deadline: Duration,
+    /// Approval rules: calls each rule approved in this run (broker/src/rules.rs).
+    rules: crate::rules::RunCounts,
 }
 
 /// One refused peer at second `now`: whether it gets its own record, and how many refusals
@@ -510,7 +519,16 @@ pub async fn serve(
         agent_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
         operator_work: Arc::new(Semaphore::new(MAX_BROKER_IN_FLIGHT)),
         arguments: ArgumentBudget::default(),
+        idle_deadline: opts.idle_deadline,
+        rules: crate::rules::RunCounts::default(),
     });
+    // Refused egress destinations are audited here (weakly held: no reference cycle).
+    let weak = Arc::downgrade(&broker);
+    broker.registry.audit_egress_with(Arc::new(move |e| {
+        if let Some(b) = weak.upgrade() {
+            b.audit(e);
+        }
+    }));
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
     broker.audit(Event {
@@ -583,6 +601,7 @@ async fn accept_loop(
     allowed: Arc<Vec<u32>>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::new(Mutex::new(HashMap::new()));
     let mut shutdown = broker.shutdown.clone();
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -628,6 +647,18 @@ async fn accept_loop(
             );
             continue;
         }
+        let Some(mine) = UidConnection::take(&per_uid, peer.uid, MAX_CONNECTIONS_PER_UID) else {
+            refuse_connection(
+                stream,
+                Refusal::new(
+                    Code::Busy,
+                    &format!(
+                        "this uid has {MAX_CONNECTIONS_PER_UID} connections open already; close one"
+                    ),
+                ),
+            );
+            continue;
+        };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             refuse_connection(
                 stream,
@@ -639,6 +670,7 @@ async fn accept_loop(
         conns.spawn(async move {
             connection(b, stream, role, peer).await;
             drop(permit);
+            drop(mine);
         });
     }
     // Let every connection answer its in-flight requests `shutting_down`, then drop the rest.
@@ -647,6 +679,83 @@ async fn accept_loop(
     })
     .await;
     conns.abort_all();
+}
+
+/// One of a uid's open connections, counted while it lives.
+struct UidConnection {
+    counts: Arc<Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UidConnection {
+    /// Count one more connection for `uid`, unless it already has `max`.
+    fn take(counts: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32, max: usize) -> Option<Self> {
+        let mut c = match counts.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let n = c.entry(uid).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(UidConnection {
+            counts: Arc::clone(counts),
+            uid,
+        })
+    }
+}
+
+impl Drop for UidConnection {
+    fn drop(&mut self) {
+        let mut c = match self.counts.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(n) = c.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// The last moment a connection did something (a frame arrived, a request finished) and how
+/// many of its requests are in flight; [`idle_for`] resolves once it has been idle that long.
+#[derive(Default)]
+struct Activity {
+    last: Mutex<Option<Instant>>,
+    busy: std::sync::atomic::AtomicUsize,
+}
+
+impl Activity {
+    fn touch(&self) {
+        if let Ok(mut l) = self.last.lock() {
+            *l = Some(Instant::now());
+        }
+    }
+}
+
+/// Resolves when nothing has been in flight and nothing arrived for `deadline`.
+async fn idle_for(activity: &Activity, deadline: Duration) {
+    loop {
+        let since = activity
+            .last
+            .lock()
+            .ok()
+            .and_then(|l| *l)
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        if since >= deadline && activity.busy.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        tokio::time::sleep(
+            deadline
+                .saturating_sub(since)
+                .max(Duration::from_millis(50)),
+        )
+        .await;
+    }
 }
 
 /// Serialize an answer; one over the frame bound becomes a `failed` answer that says the
@@ -704,6 +813,8 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
     let mut state = State::AwaitingHello;
     let mut session: Option<Arc<Session>> = None;
     let mut shutdown = broker.shutdown.clone();
+    let activity = Arc::new(Activity::default());
+    activity.touch();
     let kind_of = |role: Role| {
         if role == Role::Agent {
             "agent"
@@ -763,8 +874,23 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
         let got = tokio::select! {
             r = read => r,
             _ = shutdown.wait_for(|s| *s) => break,
-            // Reap finished requests while waiting for the next frame.
+            // An open session with nothing in flight and nothing arriving is closed (and
+            // audited), so idle connections cannot hold the socket's slots.
+            _ = idle_for(&activity, broker.idle_deadline), if state == State::Open => {
+                broker.audit(Event {
+                    session: session.as_ref().map(|s| s.id.clone()),
+                    peer_uid: Some(peer.uid),
+                    peer_pid: peer.pid,
+                    kind: "idle_close",
+                    decision: "refused",
+                    outcome: "connection_closed",
+                    detail: Some(format!("idle for {} s", broker.idle_deadline.as_secs())),
+                    ..Event::default()
+                });
+                break;
+            }
         };
+        activity.touch();
         let body = match got {
             Ok(Some(b)) => b,
             Ok(None) => break,
@@ -876,6 +1002,8 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
             other => {
                 let b = Arc::clone(&broker);
                 let tx = tx.clone();
+                let act = Arc::clone(&activity);
+                act.busy.fetch_add(1, Ordering::SeqCst);
                 let s = session.clone();
                 let flights = Arc::clone(&in_flight);
                 let mut shut = broker.shutdown.clone();
@@ -899,6 +1027,8 @@ async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Role, peer: P
                     }
                     drop(permit);
                     drop(global);
+                    act.touch();
+                    act.busy.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         }
@@ -1026,9 +1156,8 @@ fn open_session(
     let session = Arc::new(Session {
         id: id.clone(),
         peer,
-        snapshot,
-        catalogs: Mutex::new(HashMap::new()),
         child,
+        rule_counts: crate::rules::SessionCounts::default(),
     });
     Ok((Some(session), result))
 }
@@ -1278,79 +1407,165 @@ fn exposed(ceiling: CapabilitySet, server: &ServerConfig, tool: &str) -> bool {
     )
 }
 
-/// The exposed catalog of one server for this session (connecting first if needed).
+/// The configuration as it is now: every request is decided on it, so a server removed or a
+/// tool denied since a session opened is gone for that session too. Reading it costs a `stat`
+/// when the file did not change. Fail closed: an unreadable configuration refuses the request.
+fn current(broker: &Broker) -> Result<Arc<Snapshot>, Refusal> {
+    broker.registry.snapshot().map_err(|_| {
+        Refusal::new(
+            Code::Failed,
+            "the broker's configuration cannot be read; nothing was sent; ask the operator",
+        )
+        .with_certainty("not_sent")
+    })
+}
+
+/// The exposed catalog of one server for this session (connecting first if needed). The
+/// server's full catalog is retained per generation by the registry; what this session may
+/// see is decided here, on the configuration `snap` is.
 async fn session_catalog(
     broker: &Broker,
     s: &Session,
+    snap: &Snapshot,
     server: &ServerConfig,
-) -> Result<(Arc<Slot>, Arc<crate::mcp::client::Client>, Arc<Vec<Tool>>), SlotError> {
-    let (slot, client) = broker.registry.client(&s.snapshot, server).await?;
-    let generation = slot.generation();
-    let cached = s
-        .catalogs
-        .lock()
-        .ok()
-        .and_then(|c| c.get(server.name.as_str()).cloned())
-        .filter(|(g, _)| *g == generation);
-    if let Some((_, tools)) = cached {
-        return Ok((slot, client, tools));
-    }
+) -> Result<(Arc<Slot>, Arc<crate::mcp::client::Client>, Vec<Tool>), SlotError> {
+    let (slot, client) = broker.registry.client(snap, server).await?;
     let all = broker
         .registry
         .catalog(&slot, &client)
         .await
         .map_err(|e| SlotError::Connect(slot.secrets().scrub(&e.to_string())))?;
-    let ceiling = s.ceiling();
+    let ceiling = s.ceiling(&snap.config);
     let tools: Vec<Tool> = all
         .iter()
         .filter(|t| exposed(ceiling, server, &t.name))
         .cloned()
         .collect();
-    let tools = Arc::new(tools);
-    if let Ok(mut c) = s.catalogs.lock() {
-        c.insert(
-            server.name.as_str().to_owned(),
-            (generation, Arc::clone(&tools)),
-        );
-    }
     Ok((slot, client, tools))
 }
 
-async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
-    let mut tools = Vec::new();
-    let mut unavailable = Vec::new();
-    // Every MCP tool carries irreversible_external: a session whose ceiling lacks it (a child)
-    // can see none, so no server is started for it.
-    let servers: &[iteron_policy::config::ServerConfig] =
-        if s.ceiling().contains(Capability::IrreversibleExternal) {
-            &s.snapshot.config.mcp_servers
-        } else {
-            &[]
-        };
-    for server in servers {
-        match session_catalog(broker, s, server).await {
-            Ok((slot, _, catalog)) => {
-                // A server that puts a configured secret into its catalog does not get it shown.
-                let secrets = slot.secrets();
-                for t in catalog.iter() {
-                    let schema = serde_json::to_string(&t.input_schema).unwrap_or_default();
-                    let scrubbed = secrets.scrub(&schema);
-                    let input_schema = if scrubbed == schema {
-                        t.input_schema.clone()
-                    } else {
-                        serde_json::from_str(&scrubbed).unwrap_or(Value::Null)
-                    };
-                    tools.push(json!({
-                        "server": server.name.as_str(),
-                        "name": t.name,
-                        "description": secrets.scrub(&t.description),
-                        "input_schema": input_schema,
-                    }));
+/// How long `list_tools` waits for one server's catalog (connecting included). Servers are
+/// asked at once, so a hung one costs this once, not once per server.
+pub const LIST_SERVER_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Run `futures` concurrently on this task and collect their outputs in order.
+async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futures.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
                 }
             }
-            // The agent learns only that the server is unavailable; the operator sees why in
-            // `iteron broker status`.
-            Err(_) => unavailable.push(server.name.as_str().to_owned()),
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// What one server contributed to a `list_tools` answer.
+enum Listed {
+    Tools(Vec<Value>),
+    Unavailable,
+}
+
+async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
+    let snap = current(broker)?;
+    let ceiling = s.ceiling(&snap.config);
+    // A server none of whose tools the policy can expose is never started and never named
+    // (a child's read-only ceiling exposes no MCP tool at all).
+    let servers: Vec<&ServerConfig> = snap
+        .config
+        .mcp_servers
+        .iter()
+        .filter(|server| {
+            iteron_policy::capability::server_tools_exposed(ceiling, &server.tools, &server.policy)
+        })
+        .collect();
+    let asks: Vec<Pin<Box<dyn Future<Output = Listed> + Send + '_>>> = servers
+        .iter()
+        .map(|server| {
+            let snap = &snap;
+            let ask = async move {
+                match tokio::time::timeout(
+                    LIST_SERVER_DEADLINE,
+                    session_catalog(broker, s, snap, server),
+                )
+                .await
+                {
+                    Ok(Ok((slot, _, catalog))) => {
+                        let secrets = slot.secrets();
+                        Listed::Tools(
+                            catalog
+                                .iter()
+                                .map(|t| {
+                                    // Scrubbed where the server's bytes came in; scrubbed again
+                                    // here, value by value, for what came through another way.
+                                    let mut input_schema = t.input_schema.clone();
+                                    secrets.scrub_json(&mut input_schema);
+                                    json!({
+                                        "server": server.name.as_str(),
+                                        "name": t.name,
+                                        "description": secrets.scrub(&t.description),
+                                        "input_schema": input_schema,
+                                        // Whether calls can be approved (broker/src/rules.rs).
+                                        "approval": crate::rules::marker(
+                                            &broker.rules,
+                                            &s.rule_counts,
+                                            &snap.config,
+                                            server.name.as_str(),
+                                            &t.name,
+                                            s.peer.uid,
+                                            s.child.as_ref().map(|c| c.def.identity.as_str()),
+                                            broker.approvals.interactive(),
+                                        ),
+                                    })
+                                })
+                                .collect(),
+                        )
+                    }
+                    // The agent learns only that the server is unavailable; the operator sees
+                    // why in `iteron broker status`.
+                    _ => Listed::Unavailable,
+                }
+            };
+            Box::pin(ask) as Pin<Box<dyn Future<Output = Listed> + Send + '_>>
+        })
+        .collect();
+    let listed = join_all(asks).await;
+    let mut tools = Vec::new();
+    let mut unavailable = Vec::new();
+    let mut notes = Vec::new();
+    let mut used = 0usize;
+    for (server, got) in servers.iter().zip(listed) {
+        match got {
+            Listed::Tools(entries) => {
+                // A catalog that does not fit in what is left of the answer is left out whole,
+                // for that server only, with a note (the answer itself always fits a frame).
+                let size: usize = entries
+                    .iter()
+                    .map(|e| serde_json::to_vec(e).map_or(usize::MAX, |v| v.len()))
+                    .fold(0usize, usize::saturating_add);
+                if used.saturating_add(size) > MAX_RESULT_TEXT {
+                    notes.push(format!(
+                        "the catalog of server {} ({} tools, {size} bytes) does not fit in the answer (at most {MAX_RESULT_TEXT} bytes) and is left out",
+                        server.name.as_str(),
+                        entries.len()
+                    ));
+                    continue;
+                }
+                used += size;
+                tools.extend(entries);
+            }
+            Listed::Unavailable => unavailable.push(server.name.as_str().to_owned()),
         }
     }
     broker.audit(Event {
@@ -1362,7 +1577,7 @@ async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Refusal> {
         outcome: "ok",
         ..Event::default()
     });
-    Ok(json!({"tools": tools, "unavailable": unavailable}))
+    Ok(json!({"tools": tools, "unavailable": unavailable, "notes": notes}))
 }
 
 /// Writes the call's audit record when the call ends however it ends — including when the
@@ -1373,6 +1588,8 @@ struct CallRecord<'a> {
     event: Event,
     started: Instant,
     done: bool,
+    /// The approval rule that approved the call, named in each of its records.
+    rule: Option<crate::rules::RuleMark>,
 }
 
 impl<'a> CallRecord<'a> {
@@ -1398,6 +1615,7 @@ impl<'a> CallRecord<'a> {
             },
             started: Instant::now(),
             done: false,
+            rule: None,
         };
         if let Err(gate) = broker.audit.effect_gate() {
             record.finish("refused", gate.outcome(), None);
@@ -1409,9 +1627,10 @@ impl<'a> CallRecord<'a> {
 
 impl CallRecord<'_> {
     fn finish(&mut self, decision: &'static str, outcome: &'static str, detail: Option<String>) {
-        self.event.decision = decision;
+        // A rule-approved call says so, and names the rule, in every record.
+        self.event.decision = crate::rules::decision(self.rule.as_ref(), decision);
         self.event.outcome = outcome;
-        self.event.detail = detail;
+        self.event.detail = crate::rules::detail(self.rule.as_ref(), detail);
         self.event.duration_ms = elapsed_ms(self.started);
         self.broker.audit(self.event.clone());
         self.done = true;
@@ -1423,7 +1642,7 @@ impl CallRecord<'_> {
     /// (the log failed, or its disk is under the reserve).
     fn dispatching(&mut self) -> Result<(), audit::Gate> {
         let mut e = self.event.clone();
-        e.decision = "approved";
+        e.decision = crate::rules::decision(self.rule.as_ref(), "approved");
         e.outcome = "dispatching";
         e.duration_ms = elapsed_ms(self.started);
         self.broker.audit.append_effect(&e)
@@ -1505,18 +1724,25 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
     // First, before anything tells known tools from unknown ones: an unwritable audit log
     // refuses every call alike.
     let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
-    let Some(server) = s.snapshot.config.server(&c.server) else {
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let Some(server) = snap.config.server(&c.server) else {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
     };
     record.event.server = Some(server.name.as_str().to_owned());
-    let ceiling = s.ceiling();
+    let ceiling = s.ceiling(&snap.config);
     // Policy and filters first: a hidden tool never starts its server.
     if !exposed(ceiling, server, &c.tool) {
         record.finish("refused", "unknown_tool", None);
         return Err(unknown_tool());
     }
-    let (slot, client, catalog) = match session_catalog(broker, s, server).await {
+    let (slot, client, catalog) = match session_catalog(broker, s, &snap, server).await {
         Ok(x) => x,
         Err(SlotError::StaleSession) => {
             record.finish("refused", "stale_session", None);
@@ -1567,6 +1793,8 @@ async fn call_tool(broker: &Broker, s: &Session, c: proto::CallTool) -> Result<V
     let result = under_cancel(
         &slot,
         epoch,
+        s,
+        &event,
         client.call_tool(&tool.name, event.arguments_map()),
     )
     .await;
@@ -1614,9 +1842,13 @@ fn unknown_server() -> Refusal {
 
 /// The server a resource or prompt request names, if this session may use it. A server that
 /// is not offered answers exactly like one that does not exist, and is never started.
-fn reads_server<'a>(s: &'a Session, name: &str) -> Result<&'a ServerConfig, Refusal> {
-    let server = s.snapshot.config.server(name).ok_or_else(unknown_server)?;
-    if !iteron_policy::capability::server_reads_exposed(s.ceiling(), &server.policy) {
+fn reads_server<'a>(
+    s: &Session,
+    snap: &'a Snapshot,
+    name: &str,
+) -> Result<&'a ServerConfig, Refusal> {
+    let server = snap.config.server(name).ok_or_else(unknown_server)?;
+    if !iteron_policy::capability::server_reads_exposed(s.ceiling(&snap.config), &server.policy) {
         return Err(unknown_server());
     }
     Ok(server)
@@ -1676,7 +1908,8 @@ async fn list_reads(
             ..Event::default()
         });
     };
-    let server = match reads_server(s, server_name) {
+    let snap = current(broker)?;
+    let server = match reads_server(s, &snap, server_name) {
         Ok(x) => x,
         Err(r) => {
             audit("refused", "unknown_server", None);
@@ -1684,7 +1917,7 @@ async fn list_reads(
         }
     };
     let name = server.name.as_str().to_owned();
-    let (slot, client) = match broker.registry.client(&s.snapshot, server).await {
+    let (slot, client) = match broker.registry.client(&snap, server).await {
         Ok(x) => x,
         Err(e) => {
             let (outcome, r) = slot_refusal(&e);
@@ -1829,7 +2062,14 @@ async fn server_read(
     };
     let (arguments, args_sha256, _charge) = take_arguments(broker, s, args)?;
     let mut record = CallRecord::open(broker, s, kind, &args_sha256)?;
-    let server = match reads_server(s, server_name) {
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let server = match reads_server(s, &snap, server_name) {
         Ok(x) => x,
         Err(r) => {
             record.finish("refused", "unknown_server", None);
@@ -1853,7 +2093,7 @@ async fn server_read(
         record.finish("refused", "bad_request", None);
         return Err(Refusal::new(Code::Refused, why).with_certainty("not_sent"));
     }
-    let (slot, client) = match broker.registry.client(&s.snapshot, server).await {
+    let (slot, client) = match broker.registry.client(&snap, server).await {
         Ok(x) => x,
         Err(e) => {
             let (outcome, r) = slot_refusal(&e);
@@ -1885,7 +2125,7 @@ async fn server_read(
             Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
         }
     };
-    let result = under_cancel(&slot, epoch, effect).await;
+    let result = under_cancel(&slot, epoch, s, &event, effect).await;
     let secrets = slot.secrets();
     let (answer, outcome, detail) = match result {
         None => cancelled_effect(),
@@ -1935,19 +2175,53 @@ async fn before_effect(
     record.event.decision = "awaiting_approval";
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
-    let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
-    let approval = broker
-        .approvals
-        .approve_call(CallInfo {
-            session: s.id.clone(),
-            peer_uid: s.peer.uid,
-            peer_pid: s.peer.pid,
-            server: event.server.clone(),
-            tool: event.tool.clone(),
-            args_sha256,
-            arguments: preview,
-        })
-        .await;
+    // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
+    // of time; whatever they leave undecided goes on to the operator as before.
+    // Judged on the rules as they are now: a rule the operator removed no longer approves.
+    let snap = match current(broker) {
+        Ok(x) => x,
+        Err(r) => {
+            record.finish("refused", "config_unreadable", None);
+            return Err(r);
+        }
+    };
+    let judged = crate::rules::judge(
+        &broker.rules,
+        &s.rule_counts,
+        &snap.config.approvals,
+        &crate::rules::Facts {
+            server: &event.server,
+            tool: &event.tool,
+            arguments: &event.arguments,
+            args_sha256: &args_sha256,
+            uid: s.peer.uid,
+            identity: s.child.as_ref().map(|c| c.def.identity.as_str()),
+        },
+    );
+    let (approval, note) = match judged {
+        crate::rules::Judged::Approved(mark) => {
+            record.event.detail = Some(mark.detail());
+            record.rule = Some(mark);
+            (Ok(()), None)
+        }
+        crate::rules::Judged::Denied(mark) => {
+            record.finish("denied_by_rule", "refused", Some(mark.detail()));
+            return Err(crate::rules::denied_refusal(&mark));
+        }
+        crate::rules::Judged::Ask { note, park } => {
+            let preview = approvals::Arguments::from_canonical(Arc::clone(&event.arguments));
+            let info = CallInfo {
+                session: s.id.clone(),
+                peer_uid: s.peer.uid,
+                peer_pid: s.peer.pid,
+                server: event.server.clone(),
+                tool: event.tool.clone(),
+                args_sha256,
+                arguments: preview,
+            };
+            (broker.approvals.approve_or_park(info, park).await, note)
+        }
+    };
     if let Err(why) = approval {
         let (code, outcome, msg) = not_approved(why);
         record.finish(
@@ -1957,8 +2231,9 @@ async fn before_effect(
                 "refused"
             },
             outcome,
-            None,
+            note.clone(),
         );
+        let msg = crate::rules::with_note(&msg, note.as_deref());
         return Err(Refusal::new(code, &msg).with_certainty("not_sent"));
     }
     record.event.decision = "approved";
@@ -1990,8 +2265,21 @@ async fn before_effect(
 
 /// Run `effect` as one call on `slot`: `None` if the operator cancels calls on the server (a
 /// cancel, restart or stop) before it completes.
-async fn under_cancel<T>(slot: &Slot, epoch: u64, effect: impl Future<Output = T>) -> Option<T> {
-    let mut guard = slot.begin_call(epoch);
+async fn under_cancel<T>(
+    slot: &Slot,
+    epoch: u64,
+    s: &Session,
+    event: &ToolEvent,
+    effect: impl Future<Output = T>,
+) -> Option<T> {
+    let mut guard = slot.begin_call(
+        epoch,
+        approvals::CallContext {
+            session: s.id.clone(),
+            peer_uid: s.peer.uid,
+            tool: event.tool.clone(),
+        },
+    );
     tokio::select! {
         biased;
         _ = guard.cancelled.changed() => None,
@@ -2190,7 +2478,7 @@ fn not_approved(why: NotApproved) -> (Code, &'static str, String) {
         NotApproved::Noninteractive => (
             Code::ApprovalRequired,
             "approval_required",
-            "operator approval is required for every tool call, and this broker is noninteractive; nothing was sent".to_owned(),
+            "this call needs an operator's approval (no approval rule approves it), and this broker is noninteractive; nothing was sent".to_owned(),
         ),
         NotApproved::Denied => (
             Code::Refused,
@@ -2257,6 +2545,10 @@ fn describe_failure(e: &McpError, secrets: &KnownSecrets) -> String {
         McpError::Limit { what, max } => format!("a bound was exceeded: {what} (at most {max})"),
         McpError::InputRefused(why) => format!("the server needed input that was refused: {why}"),
         McpError::UnknownTool => "unknown tool".to_owned(),
+        McpError::AfterInputRounds { rounds, error } => format!(
+            "{} (after {rounds} input rounds had reached the server)",
+            describe_failure(error, secrets)
+        ),
         _ => "the tool call failed".to_owned(),
     }
 }
@@ -2336,27 +2628,51 @@ async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Re
         }
         Request::Decide(d) => {
             // Each call is decided — and audited — on its own, also when several are named.
+            if d.args_sha256.is_some() && (d.id.is_none() || !d.ids.is_empty()) {
+                return Err(Refusal::new(
+                    Code::Refused,
+                    "a digest names one call: give it with id, not ids",
+                ));
+            }
             let mut decided = Vec::new();
             let mut missing = Vec::new();
+            let mut last = crate::approvals::Decided::NotWaiting;
             for item in d.all() {
-                let done = broker.approvals.decide(item, d.approve);
+                // Deferred approval: a parked call is approved only with its digest.
+                last = broker
+                    .approvals
+                    .decide_checked(item, d.approve, d.args_sha256.as_deref());
                 broker.audit(Event {
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
                     kind: "operator_decide",
+                    args_sha256: d
+                        .args_sha256
+                        .clone()
+                        .filter(|x| iteron_policy::rules::Sha256Hex::parse(x).is_some()),
                     decision: if d.approve { "approved" } else { "denied" },
-                    outcome: if done { "ok" } else { "not_found" },
+                    outcome: last.outcome(),
                     detail: Some(format!("pending item {item}")),
                     ..Event::default()
                 });
-                if done {
+                if last == crate::approvals::Decided::Done {
                     decided.push(item);
                 } else {
                     missing.push(item);
                 }
             }
             if d.id.is_some() && decided.is_empty() {
-                Err(Refusal::new(Code::NotFound, "no such call is waiting"))
+                Err(match last {
+                    crate::approvals::Decided::DigestRequired => Refusal::new(
+                        Code::Refused,
+                        "this call was parked by a noninteractive broker: approve it with its args_sha256",
+                    ),
+                    crate::approvals::Decided::DigestMismatch => Refusal::new(
+                        Code::Refused,
+                        "the digest is not that of the waiting call; nothing was decided",
+                    ),
+                    _ => Refusal::new(Code::NotFound, "no such call is waiting"),
+                })
             } else {
                 Ok(json!({"decided": decided, "not_found": missing}))
             }

@@ -144,7 +144,8 @@ impl HookRunner {
     /// A hook's confinement: it reads the operator's filesystem except the home (Landlock, as
     /// siblings of the home) and the secrets of `/etc`, and writes only its scratch directory
     /// and `hooks_writable` (so it cannot plant code in the operator's shell files or
-    /// binaries) — all as far as its uid's file modes allow; no sockets (seccomp), no keyrings,
+    /// binaries) — all as far as its uid's file modes allow; no sockets (seccomp) and a network
+    /// namespace of its own with loopback down (where the system offers one), no keyrings,
     /// no capabilities, bounded open files and memory.
     fn confinement(&self) -> crate::confine::Spec {
         crate::confine::Spec {
@@ -156,6 +157,8 @@ impl HookRunner {
             data_bytes: crate::confine::DEFAULT_DATA_BYTES,
             processes: None,
             run_as: self.run_as,
+            net_mode: crate::confine::SandboxNetwork::Namespace,
+            egress: Vec::new(),
         }
     }
 
@@ -257,6 +260,7 @@ async fn run_one(
         args: Vec::new(),
         env,
         confine: Some(confine),
+        egress: None,
     };
     let mut child = match spawn::spawn(spec).await {
         Ok(c) => c,

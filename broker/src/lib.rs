@@ -19,6 +19,8 @@ pub mod credentials;
 #[cfg(feature = "broker")]
 pub mod daemon;
 #[cfg(feature = "broker")]
+pub mod egress;
+#[cfg(feature = "broker")]
 pub mod hooks;
 pub mod ipc;
 #[cfg(feature = "broker")]
@@ -33,6 +35,8 @@ pub mod oauth;
 pub mod private_fs;
 #[cfg(feature = "broker")]
 pub mod registry;
+#[cfg(feature = "broker")]
+pub mod rules;
 #[cfg(feature = "broker")]
 pub mod scrub;
 #[cfg(feature = "broker")]

@@ -66,6 +66,17 @@ pub enum Dns {
     Nameservers(Vec<SocketAddr>),
 }
 
+impl Dns {
+    /// The DNS servers the operator configured (`network.nameservers`), else the system's.
+    pub fn of(network: &NetworkConfig) -> Dns {
+        if network.nameservers.is_empty() {
+            Dns::System
+        } else {
+            Dns::Nameservers(network.nameservers.iter().map(|n| n.0).collect())
+        }
+    }
+}
+
 /// Settings of the network layer. Build it from the operator configuration; tests build it
 /// directly (the same public constructor, no test-only switch).
 #[derive(Clone)]
@@ -102,11 +113,7 @@ impl NetConfig {
     /// CA bundle, read here once (a regular file, not a symlink, at most
     /// [`MAX_CA_BUNDLE_BYTES`]).
     pub fn from_operator(network: &NetworkConfig) -> Result<NetConfig, NetError> {
-        let dns = if network.nameservers.is_empty() {
-            Dns::System
-        } else {
-            Dns::Nameservers(network.nameservers.iter().map(|n| n.0).collect())
-        };
+        let dns = Dns::of(network);
         let extra_roots_pem = match &network.ca_bundle {
             None => None,
             Some(path) => Some(read_ca_bundle(std::path::Path::new(path.as_str()))?),

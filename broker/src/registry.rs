@@ -39,7 +39,18 @@ pub enum Phase {
     Failed,
     /// Stopped by the operator (stays down until restarted).
     Stopped,
+    /// Its process ended (crashed, or was killed): the next request starts a new generation,
+    /// within [`MAX_CRASH_RESTARTS`].
+    Exited,
+    /// No longer in the configuration: stopped, and never started again by this broker.
+    Removed,
 }
+
+/// Most times a server whose process ended is started again before the operator looks; after
+/// that it stays `failed` (with the reason) until `iteron broker restart`.
+pub const MAX_CRASH_RESTARTS: u32 = 3;
+/// The pause before the first restart of a server that ended; it doubles each time.
+pub const CRASH_BACKOFF: Duration = Duration::from_millis(200);
 
 impl Phase {
     /// The wire name.
@@ -50,6 +61,8 @@ impl Phase {
             Phase::Ready => "ready",
             Phase::Failed => "failed",
             Phase::Stopped => "stopped",
+            Phase::Exited => "exited",
+            Phase::Removed => "removed",
         }
     }
 }
@@ -59,6 +72,8 @@ impl Phase {
 pub enum SlotError {
     /// The operator stopped it.
     Stopped,
+    /// It is no longer in the configuration.
+    Removed,
     /// Connecting failed (sanitized, secret-free text).
     Connect(String),
     /// The session's configuration of this server is older than the running one.
@@ -71,6 +86,7 @@ impl std::fmt::Display for SlotError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SlotError::Stopped => f.write_str("the server was stopped by the operator"),
+            SlotError::Removed => f.write_str("the server is no longer in the configuration"),
             SlotError::Connect(why) => write!(f, "the server could not be started: {why}"),
             SlotError::StaleSession => f.write_str(
                 "the server's configuration changed since this session started; start a new session",
@@ -87,6 +103,31 @@ pub struct Snapshot {
     /// The configuration.
     pub config: Config,
     digest: String,
+    /// What the configuration file looked like on disk when it was read (`None`: unknown).
+    stamp: Option<FileStamp>,
+}
+
+/// Enough of a file's metadata to tell that it was replaced or written (a rename gives a new
+/// inode; a write changes mtime, ctime or size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn stamp(path: &std::path::Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some(FileStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
 }
 
 struct SlotState {
@@ -100,6 +141,8 @@ struct SlotState {
     digest: String,
     epoch: u64,
     secrets: Arc<KnownSecrets>,
+    /// Times its process ended since the operator last restarted it.
+    exits: u32,
 }
 
 /// One configured server's live state.
@@ -112,11 +155,16 @@ pub struct Slot {
     /// Bumped to cancel every call in flight on this server.
     cancel: watch::Sender<u64>,
     in_flight: AtomicUsize,
+    /// Destinations its egress path refused, over every start (`web_egress` stdio servers).
+    egress: Arc<crate::egress::Observer>,
+    /// The approved calls running on it (what a form it asks for names).
+    calls: Arc<crate::approvals::CallsInFlight>,
 }
 
 /// A call in flight on a slot (counted; cancellable).
 pub struct CallGuard<'a> {
     slot: &'a Slot,
+    _running: crate::approvals::RunningCall,
     /// Fires when the operator cancels, restarts or stops the server.
     pub cancelled: watch::Receiver<u64>,
 }
@@ -145,10 +193,10 @@ impl Slot {
         self.lock().generation
     }
 
-    /// Whether the server is connected.
+    /// Whether the server is connected (and its process, for stdio, still there).
     pub fn is_ready(&self) -> bool {
         let s = self.lock();
-        s.phase == Phase::Ready && s.client.is_some()
+        s.phase == Phase::Ready && s.client.as_ref().is_some_and(|c| !c.is_closed())
     }
 
     /// Secrets the server's configuration names, to scrub from what it sends back.
@@ -163,7 +211,7 @@ impl Slot {
 
     /// Start counting a call queued at cancel counter `epoch`; its `cancelled` fires on
     /// cancel/restart/stop — at once if one happened since `epoch`.
-    pub fn begin_call(&self, epoch: u64) -> CallGuard<'_> {
+    pub fn begin_call(&self, epoch: u64, ctx: crate::approvals::CallContext) -> CallGuard<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let mut rx = self.cancel.subscribe();
         if *rx.borrow_and_update() == epoch {
@@ -173,21 +221,28 @@ impl Slot {
         }
         CallGuard {
             slot: self,
+            _running: self.calls.begin(ctx),
             cancelled: rx,
         }
     }
 
     fn status(&self) -> Value {
         let s = self.lock();
+        let phase = match &s.client {
+            Some(c) if s.phase == Phase::Ready && c.is_closed() => Phase::Exited,
+            _ => s.phase,
+        };
         json!({
             "name": self.name,
             "transport": self.transport,
-            "phase": s.phase.as_str(),
+            "phase": phase.as_str(),
+            "exits": s.exits,
             "generation": s.generation,
             "version": s.version,
             "tools": s.catalog.as_ref().map(|c| c.len()),
             "in_flight": self.in_flight.load(Ordering::SeqCst),
             "error": s.last_error,
+            "egress": self.egress.status_json(),
         })
     }
 }
@@ -200,6 +255,8 @@ pub struct Registry {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     snapshot: Mutex<Option<Arc<Snapshot>>>,
     closed: std::sync::atomic::AtomicBool,
+    /// Where egress refusals are audited (set once by the daemon, before any slot exists).
+    egress_audit: std::sync::OnceLock<crate::egress::AuditSink>,
 }
 
 fn config_digest(c: &Config) -> String {
@@ -217,13 +274,37 @@ impl Registry {
             slots: Mutex::new(HashMap::new()),
             snapshot: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            egress_audit: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Audit every egress refusal through `sink` (the daemon's log). Only the first call
+    /// counts, and only slots made after it use it: call it before the first snapshot.
+    pub fn audit_egress_with(&self, sink: crate::egress::AuditSink) -> bool {
+        self.egress_audit.set(sink).is_ok()
     }
 
     /// The configuration for a new session: loaded from disk now; the same snapshot (and epoch)
     /// as before when nothing changed.
     pub fn snapshot(&self) -> Result<Arc<Snapshot>, String> {
+        let path = self.home.config_path();
+        let before = stamp(&path);
+        {
+            let current = match self.snapshot.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            // Unchanged on disk: no read, no parse (this runs for every request).
+            if let Some(s) = current.as_ref()
+                && before.is_some()
+                && s.stamp == before
+            {
+                return Ok(Arc::clone(s));
+            }
+        }
         let config = self.home.load().map_err(|e| e.to_string())?;
+        // Read between two equal stamps, or it is not trusted to stand for the file.
+        let after = stamp(&path);
         let digest = config_digest(&config);
         let mut current = match self.snapshot.lock() {
             Ok(g) => g,
@@ -232,6 +313,16 @@ impl Registry {
         if let Some(s) = current.as_ref()
             && s.digest == digest
         {
+            if before == after && s.stamp != after {
+                let same = Arc::new(Snapshot {
+                    epoch: s.epoch,
+                    config,
+                    digest,
+                    stamp: after,
+                });
+                *current = Some(Arc::clone(&same));
+                return Ok(same);
+            }
             return Ok(Arc::clone(s));
         }
         let epoch = current.as_ref().map_or(1, |s| s.epoch + 1);
@@ -239,13 +330,55 @@ impl Registry {
             epoch,
             config,
             digest,
+            stamp: if before == after { after } else { None },
         });
         *current = Some(Arc::clone(&snap));
-        // Every configured server gets a slot (idle) so status shows it before first use.
+        drop(current);
+        // Every configured server gets a slot (idle) so status shows it before first use; a
+        // slot whose server left the configuration is stopped and marked removed.
         for server in &snap.config.mcp_servers {
             self.slot_for(server);
         }
+        self.retire_removed(&snap.config);
         Ok(snap)
+    }
+
+    /// Stop every server that is no longer configured (its calls are cancelled, its process
+    /// stopped and reaped in the background) and mark it removed; one configured again later
+    /// comes back idle.
+    fn retire_removed(&self, config: &Config) {
+        let slots: Vec<Arc<Slot>> = match self.slots.lock() {
+            Ok(g) => g.values().cloned().collect(),
+            Err(p) => p.into_inner().values().cloned().collect(),
+        };
+        for slot in slots {
+            if config.server(&slot.name).is_some() {
+                let mut s = slot.lock();
+                if s.phase == Phase::Removed {
+                    s.phase = Phase::Idle;
+                    s.last_error = None;
+                }
+                continue;
+            }
+            let old = {
+                let mut s = slot.lock();
+                if s.phase == Phase::Removed {
+                    continue;
+                }
+                s.phase = Phase::Removed;
+                s.catalog = None;
+                s.last_error = Some("removed from the configuration; stopped".into());
+                s.client.take()
+            };
+            slot.cancel.send_modify(|x| *x += 1);
+            if let Some(c) = old
+                && let Ok(rt) = tokio::runtime::Handle::try_current()
+            {
+                rt.spawn(async move {
+                    c.close().await;
+                });
+            }
+        }
     }
 
     fn slot_for(&self, server: &ServerConfig) -> Arc<Slot> {
@@ -271,10 +404,16 @@ impl Registry {
                             digest: String::new(),
                             epoch: 0,
                             secrets: Arc::new(KnownSecrets::default()),
+                            exits: 0,
                         }),
                         starting: tokio::sync::Mutex::new(()),
                         cancel,
                         in_flight: AtomicUsize::new(0),
+                        egress: Arc::new(crate::egress::Observer::new(
+                            server.name.as_str(),
+                            self.egress_audit.get().cloned(),
+                        )),
+                        calls: Arc::default(),
                     })
                 }),
         )
@@ -301,10 +440,57 @@ impl Registry {
         let slot = self.slot_for(server);
         let digest = crate::credentials::config_digest(server);
         let _starting = slot.starting.lock().await;
+        // A server whose process ended: reap it, and start a new generation within the budget.
+        let crashed = {
+            let mut s = slot.lock();
+            match s.client.as_ref() {
+                Some(c) if c.is_closed() => {
+                    s.exits += 1;
+                    s.catalog = None;
+                    s.phase = Phase::Exited;
+                    s.client.take()
+                }
+                _ => None,
+            }
+        };
+        if let Some(dead) = crashed {
+            let how = dead
+                .closed_reason()
+                .map_or_else(|| "it ended".to_owned(), |r| s_line(&r));
+            // Reaped here: no zombie is left behind.
+            dead.close().await;
+            let mut s = slot.lock();
+            if s.exits > MAX_CRASH_RESTARTS {
+                s.phase = Phase::Failed;
+                s.last_error = Some(format!(
+                    "the server's process ended {} times ({how}); it is not started again until iteron broker restart {}",
+                    s.exits, slot.name
+                ));
+            } else {
+                s.last_error = Some(format!(
+                    "the server's process ended ({how}); restart {} of {MAX_CRASH_RESTARTS}",
+                    s.exits
+                ));
+            }
+        }
+        let backoff = {
+            let s = slot.lock();
+            if s.phase == Phase::Failed && s.exits > MAX_CRASH_RESTARTS {
+                return Err(SlotError::Connect(s.last_error.clone().unwrap_or_default()));
+            }
+            (s.phase == Phase::Exited)
+                .then(|| CRASH_BACKOFF.saturating_mul(1 << s.exits.saturating_sub(1).min(4)))
+        };
+        if let Some(pause) = backoff {
+            tokio::time::sleep(pause).await;
+        }
         let stale_client = {
             let mut s = slot.lock();
             if s.phase == Phase::Stopped {
                 return Err(SlotError::Stopped);
+            }
+            if s.phase == Phase::Removed {
+                return Err(SlotError::Removed);
             }
             match (s.client.clone(), s.digest == digest) {
                 (Some(c), true) => {
@@ -338,9 +524,13 @@ impl Registry {
         // The client scrubs every message and stderr line with the same secrets the daemon
         // scrubs answers with, before anything reads or cuts them.
         let opts = Options {
-            elicitor: self.approvals.elicitor(server.name.as_str()),
+            elicitor: self
+                .approvals
+                .elicitor(server.name.as_str(), Arc::clone(&slot.calls)),
             auth_context: digest.clone(),
             scrub: Some(Arc::clone(&secrets) as Arc<dyn crate::mcp::Scrub>),
+            // A dead process is replaced by the registry (a new generation), never behind it.
+            auto_restart: false,
             ..Options::default()
         };
         let lookup = Arc::clone(&self.lookup);
@@ -352,7 +542,11 @@ impl Registry {
                 &move |k| lookup(k),
                 opts,
                 &self.home,
-                snap.config.ceiling(),
+                servers::SpawnContext {
+                    home: self.home.dir().to_path_buf(),
+                    ceiling: snap.config.ceiling(),
+                    egress: Some(Arc::clone(&slot.egress)),
+                },
                 &learned,
             ),
         )
@@ -471,6 +665,10 @@ impl Registry {
             s.catalog = None;
             s.version = None;
             s.last_error = None;
+            s.exits = 0;
+            if s.phase == Phase::Removed {
+                return None;
+            }
             s.phase = if stop { Phase::Stopped } else { Phase::Idle };
             s.client.take()
         };
@@ -525,6 +723,10 @@ impl Registry {
         }
         while closing.join_next().await.is_some() {}
     }
+}
+
+fn s_line(t: &str) -> String {
+    iteron_policy::text::single_line_capped(t, 200)
 }
 
 /// A connect failure (already scrubbed: a secret cut in half would no longer be recognised)

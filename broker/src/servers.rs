@@ -279,11 +279,16 @@ pub struct SpawnContext {
     pub home: std::path::PathBuf,
     /// The host ceiling.
     pub ceiling: iteron_policy::capability::CapabilitySet,
+    /// Where a `web_egress` server's refused destinations are counted and audited (`None`:
+    /// counted for that one start only).
+    pub egress: Option<std::sync::Arc<crate::egress::Observer>>,
 }
 
 /// The confinement of a stdio server: the home denied; what its `sandbox` block grants;
-/// network only when its admitted classes include `web_egress`; its limits or the defaults;
-/// its `run_as` (default `nobody` under a root broker).
+/// network only when its admitted classes include `web_egress` (through the broker's egress
+/// path unless `sandbox.network` is `host`; `sandbox.egress` names what it may reach above the
+/// public zone); its limits or the defaults; its `run_as` (default `nobody` under a root
+/// broker).
 pub fn stdio_confinement(
     server: &ServerConfig,
     st: &iteron_policy::config::StdioServer,
@@ -314,6 +319,8 @@ pub fn stdio_confinement(
             .map_or(crate::confine::DEFAULT_DATA_BYTES, |mb| mb << 20),
         processes: st.sandbox.max_processes,
         run_as: st.sandbox.run_as.unwrap_or_default(),
+        net_mode: st.sandbox.network.unwrap_or_default(),
+        egress: st.sandbox.egress.clone(),
     }
 }
 
@@ -333,6 +340,15 @@ pub async fn connect(
                 args: st.args.clone(),
                 env,
                 confine: Some(stdio_confinement(server, st, ctx)),
+                egress: Some(crate::egress::Route {
+                    dns: crate::net::Dns::of(network),
+                    observer: ctx.egress.clone().unwrap_or_else(|| {
+                        std::sync::Arc::new(crate::egress::Observer::new(
+                            server.name.as_str(),
+                            None,
+                        ))
+                    }),
+                }),
             };
             Client::connect_stdio(spec, opts)
                 .await
@@ -971,14 +987,10 @@ pub async fn connect_with_credentials(
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
     home: &crate::store::Home,
-    ceiling: iteron_policy::capability::CapabilitySet,
+    ctx: SpawnContext,
     learned: &LearnedSecrets,
 ) -> Result<Client, ConnectError> {
     use secrecy::ExposeSecret;
-    let ctx = SpawnContext {
-        home: home.dir().to_path_buf(),
-        ceiling,
-    };
     // An externally managed token is the server's credential, whatever a login once stored.
     if let Transport::Http(h) = &server.transport
         && external_var(h).is_some()
@@ -1493,5 +1505,114 @@ mod tests {
         assert_eq!(z("https://169.254.169.254/"), Zone::LinkLocal);
         // A literal that is never a destination does not even make an endpoint URL.
         assert!(EndpointUrl::parse("https://224.0.0.1/").is_err());
+    }
+
+    fn arb_secret() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        proptest::collection::vec(
+            prop_oneof![
+                Just('"'),
+                Just('\\'),
+                Just('/'),
+                Just('\n'),
+                Just('\u{7}'),
+                Just('<'),
+                Just('&'),
+                Just(' '),
+                Just('+'),
+                Just('%'),
+                Just('é'),
+                Just('\u{202e}'),
+                Just('😀'),
+                proptest::char::range('a', 'z'),
+                proptest::char::range('0', '9'),
+            ],
+            8..20,
+        )
+        .prop_map(|c| c.into_iter().collect())
+    }
+
+    /// A server message with the secrets (one inside the other, every special character) in
+    /// any of their forms planted in any string — keys included, at any depth — holds none of
+    /// them, in no form, once scrubbed and serialized: what any field of it shows (a tool name,
+    /// a description, a schema, a MIME type, structured content, an error) is clean.
+    #[test]
+    fn every_field_of_a_server_message_is_scrubbed_of_every_form_fuzzed_record() {
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+        let strategy = (
+            arb_secret(),
+            arb_secret(),
+            proptest::collection::vec((0usize..64, 0usize..8, any::<bool>()), 1..6),
+        );
+        let mut runner =
+            proptest::test_runner::TestRunner::new(proptest::test_runner::Config::with_cases(256));
+        let executions = std::cell::Cell::new(0u64);
+        runner
+            .run(&strategy, |(a, b, plants)| {
+                executions.set(executions.get() + 1);
+                let outer = format!("{b}{a}{b}");
+                let learned = LearnedSecrets::default();
+                prop_assert!(learned.learn(&a) && learned.learn(&outer));
+                let k = KnownSecrets::default().with_learned(learned);
+                let mut msg = json!({"jsonrpc": "2.0", "id": 1, "result": {
+                    "tools": [{"name": "t", "description": "d", "inputSchema": {"type": "object", "properties": {"p": {"description": "x"}}}}],
+                    "content": [{"type": "image", "mimeType": "image/png", "data": "AAAA"}],
+                    "structuredContent": {"k": ["v"]},
+                    "error": {"message": "m"}
+                }});
+                let slots = [
+                    "/result/tools/0/name", "/result/tools/0/description",
+                    "/result/tools/0/inputSchema/properties/p/description",
+                    "/result/content/0/mimeType", "/result/structuredContent/k/0",
+                    "/result/error/message",
+                ];
+                for (which, slot, key) in &plants {
+                    let secret = if which % 2 == 0 { &a } else { &outer };
+                    let all = crate::scrub::forms(secret);
+                    let form = all[which % all.len()].as_str().to_owned();
+                    let path = slots[slot % slots.len()];
+                    if *key {
+                        // As an object key, next to the field.
+                        let (parent, _) = path.rsplit_once('/').unwrap_or(("", ""));
+                        if let Some(Value::Object(m)) = msg.pointer_mut(parent) {
+                            m.insert(format!("k{form}k"), json!(1));
+                        } else if let Some(Value::Array(v)) = msg.pointer_mut(parent) {
+                            v.push(json!({ format!("k{form}k"): 1 }));
+                        }
+                    } else if let Some(v) = msg.pointer_mut(path) {
+                        *v = Value::String(format!("{}{form}{}", "p".repeat(which * 7), "q"));
+                    }
+                }
+                k.scrub_json(&mut msg);
+                let shown = msg.to_string();
+                for secret in [&a, &outer] {
+                    for form in crate::scrub::forms(secret) {
+                        prop_assert!(!shown.contains(form.as_str()));
+                    }
+                    // And as the strings themselves hold them (after JSON decoding).
+                    let mut strings = Vec::new();
+                    fn walk(v: &Value, out: &mut Vec<String>) {
+                        match v {
+                            Value::String(s) => out.push(s.clone()),
+                            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+                            Value::Object(m) => m.iter().for_each(|(k, x)| {
+                                out.push(k.clone());
+                                walk(x, out)
+                            }),
+                            _ => {}
+                        }
+                    }
+                    walk(&msg, &mut strings);
+                    prop_assert!(!strings.iter().any(|s| s.contains(secret.as_str())));
+                }
+                Ok(())
+            })
+            .unwrap();
+        crate::test_report::record(
+            "P10",
+            "broker/src/servers.rs::every_field_of_a_server_message_is_scrubbed_of_every_form_fuzzed_record",
+            serde_json::json!({"executions": executions.get(), "crashes": 0}),
+        );
     }
 }

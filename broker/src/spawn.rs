@@ -150,6 +150,10 @@ pub struct ChildSpec {
     /// may read, a private scratch directory (its `TMPDIR`, removed when it ends) to what it may
     /// write. `None` only for the MCP client's own unit tests and benchmarks.
     pub confine: Option<crate::confine::Spec>,
+    /// For a confined `web_egress` server in its own network namespace: the DNS servers its
+    /// egress path resolves with and where its refusals are counted ([`crate::egress`]).
+    /// `None` there: the broker's system resolver, refusals counted for this child alone.
+    pub egress: Option<crate::egress::Route>,
 }
 
 impl fmt::Debug for ChildSpec {
@@ -161,6 +165,7 @@ impl fmt::Debug for ChildSpec {
             .field("args", &self.args.len())
             .field("env_names", &names)
             .field("confined", &self.confine.is_some())
+            .field("egress", &self.egress.is_some())
             .finish()
     }
 }
@@ -417,6 +422,8 @@ pub struct ChildProcess {
     /// ended ([`sweep`]), scratch directory removed.
     reaped: watch::Receiver<bool>,
     confinement: Option<Box<crate::confine::Effective>>,
+    /// The egress proxy of a `web_egress` server (ends with the handle).
+    _egress: Option<crate::egress::ProxyHandle>,
 }
 
 impl fmt::Debug for ChildProcess {
@@ -448,6 +455,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         .stderr(Stdio::piped());
     let mut scratch = None;
     let mut confinement = None;
+    let mut proxy_channel = None;
     let prepared = match &spec.confine {
         None => None,
         Some(c) => {
@@ -461,7 +469,13 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
                 let _ = std::fs::remove_dir_all(&dir);
                 SpawnError::Confine(e.to_string())
             };
-            let (prepared, effective) = crate::confine::prepare(&c).map_err(fail)?;
+            let (prepared, effective, channel) = crate::confine::prepare(&c).map_err(fail)?;
+            if channel.is_some() {
+                for (k, v) in crate::egress::proxy_env() {
+                    cmd.env(k, v);
+                }
+            }
+            proxy_channel = channel;
             // The scratch directory belongs to the uid the child runs as.
             if let Some((uid, gid)) = prepared.identity {
                 std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(fail)?;
@@ -477,7 +491,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         let sender = spawner().ok_or(SpawnError::Spawner)?;
         let guard = sender.lock().map_err(|_| SpawnError::Spawner)?;
         guard
-            .send((cmd, shown, reply_tx))
+            .send((cmd, shown.clone(), reply_tx))
             .map_err(|_| SpawnError::Spawner)?;
     }
     let started = tokio::task::spawn_blocking(move || reply_rx.recv())
@@ -496,6 +510,41 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         }
     };
     let pid = child.id() as i32;
+    // A web_egress server's proxy listener arrived before its exec: serve it, or end the child
+    // (a server without its only way out would fail in ways that are hard to read).
+    let egress = match proxy_channel {
+        None => None,
+        Some(ch) => {
+            let rules = spec
+                .confine
+                .as_ref()
+                .map(|c| c.egress.clone())
+                .unwrap_or_default();
+            let route = spec.egress.clone().unwrap_or_else(|| crate::egress::Route {
+                dns: crate::net::Dns::System,
+                observer: Arc::new(crate::egress::Observer::new(&shown, None)),
+            });
+            match ch
+                .listener()
+                .and_then(|l| crate::egress::serve(l, rules, route))
+            {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                    let mut owners = lock_owners();
+                    let _ = child.wait();
+                    owners.remove(&pid);
+                    drop(owners);
+                    if let Some(d) = &scratch {
+                        let _ = std::fs::remove_dir_all(d);
+                    }
+                    return Err(SpawnError::Confine(format!(
+                        "the egress path could not be set up: {e}"
+                    )));
+                }
+            }
+        }
+    };
     let stdin = child
         .stdin
         .take()
@@ -594,6 +643,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         reap: Some(reap_tx),
         reaped: reaped_rx,
         confinement,
+        _egress: egress,
     })
 }
 
@@ -852,6 +902,7 @@ mod tests {
             ],
             env,
             confine: None,
+            egress: None,
         })
         .await
         .unwrap();
@@ -894,6 +945,7 @@ mod tests {
             args: vec![],
             env: env.clone(),
             confine: None,
+            egress: None,
         })
         .await
         .unwrap();
@@ -906,6 +958,7 @@ mod tests {
             args: vec!["-c".into(), "exec sleep 60".into()],
             env: env.clone(),
             confine: None,
+            egress: None,
         })
         .await
         .unwrap();
@@ -922,6 +975,7 @@ mod tests {
             ],
             env,
             confine: None,
+            egress: None,
         })
         .await
         .unwrap();
@@ -944,6 +998,7 @@ mod tests {
             ],
             env,
             confine: None,
+            egress: None,
         })
         .await
         .unwrap();
@@ -995,6 +1050,7 @@ mod tests {
                 args: vec![],
                 env: env.clone(),
                 confine: None,
+                egress: None,
             })
         };
         // A child not stopped yet: settle gives up at its deadline.
@@ -1036,6 +1092,7 @@ mod tests {
             args: vec![],
             env: vec![("PATH".into(), "/bin".into())],
             confine: None,
+            egress: None,
         })
         .await
         .unwrap_err();
@@ -1045,6 +1102,7 @@ mod tests {
             args: vec![],
             env: vec![],
             confine: None,
+            egress: None,
         })
         .await
         .unwrap_err();

@@ -28,8 +28,11 @@ use nix::sys::signal::Signal;
 ///    nothing the broker holds (sockets, credential files) leaks into the child. Descriptors are
 ///    marked, not closed: std's exec-error pipe must survive until exec.
 ///
-/// A confined child then, in this order: sets its resource limits; empties the capability
-/// bounding set (while it may); switches to its uid and gid with no supplementary groups
+/// A confined child then, in this order: sets its resource limits; enters a network namespace
+/// of its own when [`Prepared::netns`] says so (under a broker that is not root, with a user
+/// namespace that owns it), bringing its loopback up and handing the broker a listener on it
+/// for a `web_egress` server ([`PROXY_PORT`]); empties the capability bounding set (while it
+/// may); switches to its uid and gid with no supplementary groups
 /// when [`Prepared::identity`] says so (its stdio pipes are handed to that uid first, so
 /// `/dev/stdin` and `/dev/stderr` still open) and arms the parent-death signal again (the
 /// kernel clears it when the effective uid changes); empties every capability set; joins a new
@@ -70,6 +73,11 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
         if let Some(c) = &confine {
             for (resource, limit) in &c.rlimits {
                 setrlimit(*resource, *limit, *limit).map_err(std::io::Error::from)?;
+            }
+            // Before anything is dropped: a root child needs CAP_SYS_ADMIN to unshare; an
+            // unprivileged one gets its namespaces' capabilities here, dropped below.
+            if let Some(ns) = &c.netns {
+                enter_netns(ns)?;
             }
             // The bounding set needs CAP_SETPCAP, which the uid switch below takes away.
             drop_bounding_set();
@@ -118,8 +126,9 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
         Ok(())
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // system calls (setsid, prctl, getppid, setrlimit, close_range, fstat, fchown, set*id,
-    // capset, keyctl, landlock, seccomp), allocates nothing (the error values are plain
+    // system calls (setsid, prctl, getppid, setrlimit, close_range, unshare, open, write,
+    // close, socket, ioctl, bind, listen, sendmsg, fstat, fchown, set*id, capset, keyctl,
+    // landlock, seccomp), allocates nothing (the error values are plain
     // integers), and touches no lock the parent could hold.
     unsafe {
         cmd.pre_exec(hook);
@@ -293,6 +302,454 @@ pub(crate) struct Prepared {
     pub(crate) rlimits: Vec<(Resource, u64)>,
     /// The uid and gid to switch to (`None`: keep the broker's).
     pub(crate) identity: Option<(u32, u32)>,
+    /// A network namespace of its own to enter (`None`: the broker's, `sandbox.network:
+    /// "host"`, or a system without network namespaces).
+    pub(crate) netns: Option<NetNs>,
+}
+
+/// The port of the egress proxy inside a child's own network namespace (nothing else listens
+/// there: the namespace is new).
+pub const PROXY_PORT: u16 = 3128;
+/// Connections the proxy listener queues before the broker accepts them.
+const PROXY_BACKLOG: nix::libc::c_int = 128;
+
+/// How a child enters a network namespace of its own, prepared in the parent.
+#[derive(Debug, Default)]
+pub(crate) struct NetNs {
+    /// A namespace made ahead of time for this child alone ([`take_ready`]): join it (`setns`)
+    /// instead of making one; nothing else below applies.
+    pub(crate) join: Option<OwnedFd>,
+    /// For a broker that is not root: a user namespace too (only it lets an unprivileged
+    /// process own a network namespace), with these `uid_map` and `gid_map` lines mapping the
+    /// child's own uid and gid to themselves.
+    pub(crate) user: Option<(Vec<u8>, Vec<u8>)>,
+    /// For a `web_egress` server: bring loopback up, listen on `127.0.0.1:`[`PROXY_PORT`] and
+    /// send that listener to the broker over this socket (the child's end of a pair).
+    pub(crate) proxy: Option<OwnedFd>,
+}
+
+impl NetNs {
+    /// What this process's children need: a user namespace unless the process is root.
+    pub(crate) fn for_this_process(proxy: Option<OwnedFd>) -> NetNs {
+        let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+        NetNs {
+            join: None,
+            user: (!uid.is_root()).then(|| {
+                (
+                    format!("{uid} {uid} 1\n").into_bytes(),
+                    format!("{gid} {gid} 1\n").into_bytes(),
+                )
+            }),
+            proxy,
+        }
+    }
+
+    /// Join `ns`, a namespace made ahead of time for this child alone.
+    pub(crate) fn joining(ns: OwnedFd) -> NetNs {
+        NetNs {
+            join: Some(ns),
+            ..NetNs::default()
+        }
+    }
+}
+
+/// Where a `web_egress` server's proxy listener comes from.
+#[derive(Debug)]
+pub(crate) enum ProxyListener {
+    /// Made with its namespace ahead of time ([`take_ready`]).
+    Ready(std::net::TcpListener),
+    /// Sent by the child before `exec`, over the broker's end of this pair.
+    Arrives(OwnedFd),
+}
+
+impl ProxyListener {
+    /// The listener (for [`ProxyListener::Arrives`], once the spawn returned).
+    pub(crate) fn listener(self) -> std::io::Result<std::net::TcpListener> {
+        match self {
+            ProxyListener::Ready(l) => Ok(l),
+            ProxyListener::Arrives(ch) => receive_proxy_listener(&ch),
+        }
+    }
+}
+
+/// A network namespace a root broker made ahead of time for one child: making one costs more
+/// than a millisecond, joining one a system call, so a start does not wait for it.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    /// The namespace (`/proc/thread-self/ns/net` of the thread that made it).
+    pub(crate) ns: OwnedFd,
+    /// For a `web_egress` child: loopback up, and this listener on `127.0.0.1:`[`PROXY_PORT`].
+    pub(crate) listener: Option<std::net::TcpListener>,
+}
+
+/// Namespaces kept ready, of each kind (without and with the proxy listener).
+pub const READY_NAMESPACES: usize = 2;
+
+struct Pool {
+    /// `[plain, egress]`, and whether egress ones are wanted yet (after the first one taken).
+    ready: std::sync::Mutex<([Vec<Ready>; 2], bool)>,
+    low: std::sync::Condvar,
+}
+
+fn make_ready(egress: bool) -> std::io::Result<Ready> {
+    // SAFETY: unshare(2) takes a flags word; CLONE_NEWNET moves only the calling thread (the
+    // pool's own, which does nothing else) into a new network namespace.
+    if unsafe { nix::libc::unshare(nix::libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ns = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net")?);
+    let listener = if egress {
+        loopback_up()?;
+        let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, PROXY_PORT))?;
+        Some(l)
+    } else {
+        None
+    };
+    Ok(Ready { ns, listener })
+}
+
+/// The pool of a root broker (`None` otherwise, or when its thread cannot start); its thread
+/// keeps [`READY_NAMESPACES`] of each kind made, and stops at the first failure (the children
+/// then make their own, or report why they cannot).
+fn pool() -> Option<&'static Pool> {
+    static POOL: std::sync::OnceLock<Option<Pool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        std::thread::Builder::new()
+            .name("iteron-netns".into())
+            .spawn(|| {
+                let Some(p) = pool() else { return };
+                loop {
+                    let egress = {
+                        let mut g = p
+                            .ready
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        loop {
+                            let (kinds, want_egress) = &*g;
+                            if kinds[0].len() < READY_NAMESPACES {
+                                break false;
+                            }
+                            if *want_egress && kinds[1].len() < READY_NAMESPACES {
+                                break true;
+                            }
+                            g = p
+                                .low
+                                .wait(g)
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        }
+                    };
+                    let Ok(r) = make_ready(egress) else { return };
+                    p.ready
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0[usize::from(egress)]
+                    .push(r);
+                }
+            })
+            .ok()?;
+        Some(Pool {
+            ready: std::sync::Mutex::new(([Vec::new(), Vec::new()], false)),
+            low: std::sync::Condvar::new(),
+        })
+    })
+    .as_ref()
+}
+
+/// A namespace made ahead of time (with the proxy listener when `egress`), if one is ready;
+/// the pool makes another in the background.
+pub(crate) fn take_ready(egress: bool) -> Option<Ready> {
+    let p = pool()?;
+    let mut g = p
+        .ready
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    g.1 |= egress;
+    let r = g.0[usize::from(egress)].pop();
+    p.low.notify_one();
+    r
+}
+
+/// Write `bytes` to the file at `path` with plain system calls (async-signal-safe).
+fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<()> {
+    use nix::libc as c;
+    // SAFETY: open(2) reads the NUL-terminated path, which lives for the call.
+    let fd = unsafe { c::open(path.as_ptr(), c::O_WRONLY | c::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: write(2) reads `bytes.len()` bytes of a live slice.
+    let n = unsafe { c::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: close(2) on the descriptor just opened, owned by nobody else.
+    unsafe { c::close(fd) };
+    if usize::try_from(n).ok() != Some(bytes.len()) {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Bring the loopback interface of the current network namespace up.
+fn loopback_up() -> std::io::Result<()> {
+    use nix::libc as c;
+    // SAFETY: socket(2) takes integers only.
+    let s = unsafe { c::socket(c::AF_INET, c::SOCK_DGRAM | c::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: an all-zero ifreq is a valid value (a name of NULs, zero flags).
+    let mut req: c::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo") {
+        *dst = *src as c::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of the live ifreq.
+    let mut rc = unsafe { c::ioctl(s, c::SIOCGIFFLAGS, &mut req as *mut c::ifreq) };
+    if rc == 0 {
+        // SAFETY: the kernel just wrote the flags member of the union.
+        unsafe { req.ifr_ifru.ifru_flags |= c::IFF_UP as c::c_short };
+        // SAFETY: SIOCSIFFLAGS reads the live ifreq.
+        rc = unsafe { c::ioctl(s, c::SIOCSIFFLAGS, &req as *const c::ifreq) };
+    }
+    let err = std::io::Error::last_os_error();
+    // SAFETY: close(2) on the socket just made.
+    unsafe { c::close(s) };
+    if rc != 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// The control message that carries one descriptor (`CMSG_SPACE(sizeof(int))` bytes).
+#[repr(C)]
+struct OneFd {
+    header: nix::libc::cmsghdr,
+    fd: nix::libc::c_int,
+    _pad: nix::libc::c_int,
+}
+
+/// Listen on `127.0.0.1:`[`PROXY_PORT`] in the current namespace and send the listener over
+/// the stream or seqpacket socket `to`; the listener is closed here afterwards.
+fn send_proxy_listener(to: nix::libc::c_int) -> std::io::Result<()> {
+    use nix::libc as c;
+    // SAFETY: socket(2) takes integers only.
+    let l = unsafe { c::socket(c::AF_INET, c::SOCK_STREAM | c::SOCK_CLOEXEC, 0) };
+    if l < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let addr = c::sockaddr_in {
+        sin_family: c::AF_INET as c::sa_family_t,
+        sin_port: PROXY_PORT.to_be(),
+        sin_addr: c::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: bind(2) reads a live sockaddr_in of the size given.
+    let mut rc = unsafe {
+        c::bind(
+            l,
+            (&addr as *const c::sockaddr_in).cast(),
+            std::mem::size_of::<c::sockaddr_in>() as c::socklen_t,
+        )
+    };
+    if rc == 0 {
+        // SAFETY: listen(2) takes integers only.
+        rc = unsafe { c::listen(l, PROXY_BACKLOG) };
+    }
+    if rc == 0 {
+        let mut byte = [b'L'];
+        let mut iov = c::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = OneFd {
+            // SAFETY: an all-zero cmsghdr is a valid value; its fields are set below.
+            header: unsafe { std::mem::zeroed() },
+            fd: l,
+            _pad: 0,
+        };
+        control.header.cmsg_len =
+            std::mem::size_of::<c::cmsghdr>() + std::mem::size_of::<c::c_int>();
+        control.header.cmsg_level = c::SOL_SOCKET;
+        control.header.cmsg_type = c::SCM_RIGHTS;
+        // SAFETY: an all-zero msghdr is a valid value; its fields are set below.
+        let mut msg: c::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = (&mut control as *mut OneFd).cast();
+        msg.msg_controllen = std::mem::size_of::<OneFd>();
+        // SAFETY: sendmsg(2) reads the live message, its one-byte buffer and its control
+        // message, all on this stack frame.
+        let n = unsafe { c::sendmsg(to, &msg, c::MSG_NOSIGNAL) };
+        rc = if n == 1 { 0 } else { -1 };
+    }
+    let err = std::io::Error::last_os_error();
+    // SAFETY: close(2) on the listener made here (the broker has its own copy now).
+    unsafe { c::close(l) };
+    if rc != 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Enter a new network namespace (and, for a broker that is not root, a user namespace that
+/// owns it), as [`NetNs`] says. Only plain system calls on memory prepared before the fork.
+fn enter_netns(ns: &NetNs) -> std::io::Result<()> {
+    use nix::libc as c;
+    if let Some(fd) = &ns.join {
+        // SAFETY: setns(2) takes a descriptor number and a flags word; the child still has
+        // CAP_SYS_ADMIN (a root broker's, dropped further on).
+        if unsafe { c::setns(fd.as_raw_fd(), c::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    }
+    let flags = c::CLONE_NEWNET
+        | if ns.user.is_some() {
+            c::CLONE_NEWUSER
+        } else {
+            0
+        };
+    // SAFETY: unshare(2) takes a flags word only.
+    if unsafe { c::unshare(flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if let Some((uid_map, gid_map)) = &ns.user {
+        write_proc(c"/proc/self/setgroups", b"deny")?;
+        write_proc(c"/proc/self/uid_map", uid_map)?;
+        write_proc(c"/proc/self/gid_map", gid_map)?;
+    }
+    if let Some(to) = &ns.proxy {
+        loopback_up()?;
+        send_proxy_listener(to.as_raw_fd())?;
+    }
+    Ok(())
+}
+
+/// Whether children can get a network namespace of their own here: tried once, in a forked
+/// process that enters one (with a user namespace when this process is not root) and brings
+/// its loopback up, as a `web_egress` server's would. `Err` holds the reason, for `doctor`
+/// and `mcp get`. The answer is kept for the life of the process.
+pub fn netns_support() -> Result<(), String> {
+    static ANSWER: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ANSWER
+        .get_or_init(|| {
+            let ns = NetNs::for_this_process(None);
+            // SAFETY: the forked child only makes plain system calls on memory prepared before
+            // the fork (enter_netns, loopback_up) and leaves with _exit; the parent waits for
+            // exactly that pid.
+            let pid = unsafe { nix::libc::fork() };
+            if pid == 0 {
+                let code = match enter_netns(&ns).and_then(|()| loopback_up()) {
+                    Ok(()) => 0,
+                    Err(e) => e.raw_os_error().unwrap_or(255).clamp(1, 255),
+                };
+                // SAFETY: _exit(2) ends the forked child without running any handler.
+                unsafe { nix::libc::_exit(code) };
+            }
+            if pid < 0 {
+                return Err(format!(
+                    "cannot fork to try: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let status = loop {
+                match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other,
+                }
+            };
+            match status {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+                Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => Err(format!(
+                    "{}: {}",
+                    if ns.user.is_some() {
+                        "no user and network namespace for an unprivileged broker"
+                    } else {
+                        "no network namespace"
+                    },
+                    std::io::Error::from_raw_os_error(code)
+                )),
+                _ => Err("the namespace probe did not exit".to_owned()),
+            }
+        })
+        .clone()
+}
+
+/// A connected pair of seqpacket sockets, both close-on-exec: `(broker's end, child's end)`.
+pub(crate) fn proxy_channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use nix::libc as c;
+    let mut fds = [-1 as c::c_int; 2];
+    // SAFETY: socketpair(2) writes two descriptors into the live two-element array.
+    let rc = unsafe {
+        c::socketpair(
+            c::AF_UNIX,
+            c::SOCK_SEQPACKET | c::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned these two descriptors to us and nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Receive the proxy listener a child sent before `exec` ([`send_proxy_listener`]); it is
+/// already there once the spawn returned, so this never waits. The descriptor must be a TCP
+/// listener on `127.0.0.1:`[`PROXY_PORT`].
+pub(crate) fn receive_proxy_listener(from: &OwnedFd) -> std::io::Result<std::net::TcpListener> {
+    use nix::libc as c;
+    let mut byte = [0u8; 1];
+    let mut iov = c::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: an all-zero OneFd is a valid value (the kernel fills it).
+    let mut control: OneFd = unsafe { std::mem::zeroed() };
+    // SAFETY: an all-zero msghdr is a valid value; its fields are set below.
+    let mut msg: c::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = (&mut control as *mut OneFd).cast();
+    msg.msg_controllen = std::mem::size_of::<OneFd>();
+    // SAFETY: recvmsg(2) writes at most one byte into the live buffer and at most
+    // `msg_controllen` bytes into the live control structure.
+    let n = unsafe {
+        c::recvmsg(
+            from.as_raw_fd(),
+            &mut msg,
+            c::MSG_DONTWAIT | c::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let whole = std::mem::size_of::<c::cmsghdr>() + std::mem::size_of::<c::c_int>();
+    if n != 1
+        || msg.msg_flags & c::MSG_CTRUNC != 0
+        || msg.msg_controllen < whole
+        || control.header.cmsg_level != c::SOL_SOCKET
+        || control.header.cmsg_type != c::SCM_RIGHTS
+        || control.header.cmsg_len != whole
+        || control.fd < 0
+    {
+        return Err(std::io::Error::other(
+            "the child did not send its proxy listener",
+        ));
+    }
+    // SAFETY: SCM_RIGHTS just installed this descriptor in our table; nothing else owns it.
+    let listener = std::net::TcpListener::from(unsafe { OwnedFd::from_raw_fd(control.fd) });
+    let expected = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, PROXY_PORT));
+    if listener.local_addr().ok() != Some(expected) {
+        return Err(std::io::Error::other(
+            "the descriptor the child sent is not its proxy listener",
+        ));
+    }
+    Ok(listener)
 }
 
 /// Landlock access rights on files and directories (Linux `landlock.h`), by ABI version.
@@ -715,6 +1172,41 @@ mod tests {
     const NATIVE: u32 = 0xc000_00b7;
     const ALLOW: u32 = 0x7fff_0000;
     const EPERM: u32 = 0x0005_0000 | nix::libc::EPERM as u32;
+
+    #[test]
+    fn a_root_brokers_namespaces_made_ahead_are_fresh_and_hold_the_proxy_listener() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() || netns_support().is_err() {
+            return; // only a root broker keeps namespaces ready
+        }
+        let ours = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        let mut seen = Vec::new();
+        for egress in [false, true, true] {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let r = loop {
+                if let Some(r) = take_ready(egress) {
+                    break r;
+                }
+                assert!(std::time::Instant::now() < deadline, "none made");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            };
+            // A namespace of its own, never handed out twice.
+            let ino = std::fs::File::from(r.ns).metadata().unwrap().ino();
+            assert_ne!(ino, ours);
+            assert!(!seen.contains(&ino));
+            seen.push(ino);
+            match r.listener {
+                Some(l) => {
+                    assert!(egress);
+                    assert_eq!(
+                        l.local_addr().unwrap(),
+                        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, PROXY_PORT))
+                    );
+                }
+                None => assert!(!egress),
+            }
+        }
+    }
 
     #[test]
     fn the_seccomp_filter_decides_as_documented() {

@@ -165,6 +165,7 @@ fn run(
             args,
             env,
             confine,
+            egress: None,
         })
         .await
         .unwrap();
@@ -196,6 +197,8 @@ fn spec(fx: &Fixture) -> Spec {
         data_bytes: 1 << 30,
         processes: Some(4096),
         run_as: RunAs::default(),
+        net_mode: Default::default(),
+        egress: Vec::new(),
     }
 }
 
@@ -304,26 +307,41 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
     );
 }
 
+/// A `web_egress` child opens TCP sockets in a network namespace of its own: the host's
+/// loopback listener is out of its reach (its `127.0.0.1` is another loopback), and Unix
+/// sockets stay refused. With `sandbox.network: "host"` the same probe reaches the listener,
+/// so the refusal comes from the namespace.
 #[test]
-fn web_egress_admits_tcp_but_never_unix_sockets() {
+fn web_egress_gets_its_own_network_namespace_and_never_unix_sockets() {
     let fx = Fixture::new("egress");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let unix_path = fx.p("broker.sock");
     let _unix = std::os::unix::net::UnixListener::bind(&unix_path).unwrap();
     let mut s = spec(&fx);
     s.network = true;
+    if iteron_broker::sys::netns_support().is_ok() {
+        let v = run(&fx, Some(s.clone()), port, &unix_path, None);
+        assert_eq!(v["tcp_loopback"][0], "denied", "{v}");
+        assert_eq!(v["tcp_loopback"][2], nix::libc::ECONNREFUSED, "{v}");
+        assert_eq!(v["unix_socket"][0], "denied", "{v}");
+        assert_eq!(v["read_credential"][0], "denied", "{v}");
+        assert!(listener.accept().is_err(), "the host listener was reached");
+    }
+    s.net_mode = iteron_broker::confine::SandboxNetwork::Host;
     let v = run(&fx, Some(s), port, &unix_path, None);
     assert_eq!(v["tcp_loopback"][0], "ok", "{v}");
     assert_eq!(v["unix_socket"][0], "denied", "{v}");
     assert_eq!(v["read_credential"][0], "denied", "{v}");
+    listener.set_nonblocking(false).unwrap();
     let mut buf = [0u8; 1];
     let (mut conn, _) = listener.accept().unwrap();
     let _ = conn.read(&mut buf);
     report::record(
         "P9",
-        "broker/tests/confine.rs::web_egress_admits_tcp_but_never_unix_sockets",
-        serde_json::json!({}),
+        "broker/tests/confine.rs::web_egress_gets_its_own_network_namespace_and_never_unix_sockets",
+        serde_json::json!({"namespace": iteron_broker::sys::netns_support().is_ok()}),
     );
 }
 
@@ -392,6 +410,7 @@ fn output_of(command: &str, args: Vec<String>, confine: Option<Spec>) -> String 
             args,
             env,
             confine,
+            egress: None,
         })
         .await
         .unwrap();
@@ -603,6 +622,7 @@ fn no_setsid_grandchild_outlives_its_stdio_server() {
             args: vec!["-c".into(), script.into()],
             env,
             confine: Some(spec(&fx)),
+            egress: None,
         })
         .await
         .unwrap();

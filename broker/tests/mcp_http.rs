@@ -706,7 +706,9 @@ async fn a_401_refreshes_the_managed_token_once_and_a_403_never_does() {
         2,
         "refused once, then sent with the new token"
     );
-    // Still refused after the one refresh: reported, not retried again.
+    // An effect is sent once: refused, the token is refreshed for the next request, and the
+    // call is reported, not sent again.
+    let refreshed = source.refreshed.load(std::sync::atomic::Ordering::SeqCst);
     let e = c.call_tool("t", Map::new()).await.unwrap_err();
     assert!(
         matches!(
@@ -718,7 +720,11 @@ async fn a_401_refreshes_the_managed_token_once_and_a_403_never_does() {
         ),
         "{e}"
     );
-    assert_eq!(server.count("tools/call"), 2);
+    assert_eq!(server.count("tools/call"), 1);
+    assert_eq!(
+        source.refreshed.load(std::sync::atomic::Ordering::SeqCst),
+        refreshed + 1
+    );
     // 403 insufficient_scope: never a refresh, never a replay.
     let before = source.refreshed.load(std::sync::atomic::Ordering::SeqCst);
     assert!(c.list_prompts().await.is_err());
@@ -857,4 +863,75 @@ async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answe
         "broker/tests/mcp_http.rs::a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answered_exactly_once",
         json!({"resends_per_nonce_challenge": 1}),
     );
+}
+
+/// A call the server rejects before acting — an unsupported version (-32022) or a header
+/// mismatch (-32020) — is reported `not_sent` and never sent again by the client; what would
+/// make it work (the version, the catalog) is fixed for the next request.
+#[tokio::test]
+async fn an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_sent() {
+    let server = Server::start(modern(|req| {
+        let calls = req.body.as_ref().and_then(|b| b["params"]["arguments"]["n"].as_u64());
+        match (req.rpc_method(), calls) {
+            (Some("tools/list"), _) => Reply::json(ok(
+                req,
+                json!({"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "resultType": "complete"}),
+            )),
+            (Some("tools/call"), Some(0)) => Reply::status(400, json!({"jsonrpc": "2.0", "id": id_of(req), "error": {
+                "code": -32022, "message": "unsupported", "data": {"supported": ["2026-07-28"], "requested": "2026-07-28"}}})),
+            (Some("tools/call"), Some(1)) => Reply::status(400, rpc_err(req, -32020, "header mismatch")),
+            (Some("tools/call"), _) => Reply::json(ok(req, json!({"content": [], "resultType": "complete"}))),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let c = connect(&server, VersionPolicy::Pin(Version::V2026_07_28))
+        .await
+        .unwrap();
+    for (n, code) in [(0u64, -32022i64), (1, -32020)] {
+        let mut args = Map::new();
+        args.insert("n".into(), json!(n));
+        let e = c.call_tool("t", args).await.unwrap_err();
+        match e {
+            McpError::Rpc { certainty, error } => {
+                assert_eq!(certainty, Certainty::NotSent);
+                assert_eq!(error.code, code);
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(server.count("tools/call"), n as usize + 1, "sent once");
+    }
+    // The header mismatch re-listed the catalog for the next call, which goes through.
+    assert!(server.count("tools/list") >= 1);
+    let mut args = Map::new();
+    args.insert("n".into(), json!(2));
+    c.call_tool("t", args).await.unwrap();
+    assert_eq!(server.count("tools/call"), 3);
+    report::record(
+        "P4",
+        "broker/tests/mcp_http.rs::an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_sent",
+        serde_json::json!({"codes": [-32022, -32020]}),
+    );
+}
+
+/// Only a 400 Bad Request whose body is not a recognised modern error is the legacy signature:
+/// a 404, a 429 or a 5xx to the first probe is reported as an error and never downgrades (no
+/// `initialize` is sent).
+#[tokio::test]
+async fn a_404_429_or_5xx_to_the_probe_is_an_error_never_a_downgrade() {
+    for status in [404u16, 405, 429, 500, 503] {
+        for body in [true, false] {
+            let server = Server::start(Arc::new(move |req: &Seen, _: &[Seen]| {
+                if body {
+                    Reply::status(status, rpc_err(req, -32000, "Server not initialized"))
+                } else {
+                    Reply::empty(status)
+                }
+            }))
+            .await;
+            let e = connect(&server, VersionPolicy::Auto).await.err();
+            assert!(e.is_some(), "{status}: connected");
+            assert_eq!(server.count("initialize"), 0, "{status} {body}: downgraded");
+        }
+    }
 }

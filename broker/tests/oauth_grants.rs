@@ -70,7 +70,11 @@ async fn connect(
         lookup,
         Options::default(),
         home,
-        Config::default().ceiling(),
+        servers::SpawnContext {
+            home: home.dir().to_path_buf(),
+            ceiling: Config::default().ceiling(),
+            egress: None,
+        },
         &LearnedSecrets::default(),
     )
     .await

@@ -8,6 +8,10 @@
 //! Reports p50/p99 latency with 1 agent, calls/s and p50/p99 with 64 concurrent agents (each
 //! its own connection and session), and the broker's RSS idle and with 64 open sessions.
 //!
+//! The same run also measures calls an operator's approval rule approves (`approvals.rules`
+//! in the benchmark's configuration: `echo` with `text` equal to `r`): no operator round trip,
+//! the rule's decision, the `dispatching` and outcome records, the effect.
+//!
 //! The fixture is this binary re-executed with `--serve` (a minimal stdio MCP server with one
 //! `echo` tool), so the figures measure the broker, not a server.
 //!
@@ -56,12 +60,60 @@ fn us(d: Duration) -> f64 {
 }
 
 fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:` for the peak).
+fn status_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+/// The worst legal load: `AGENTS` agents each send one call whose arguments hold as many JSON
+/// nodes as a frame may carry, and nobody approves. Returns how many were refused `busy` (the
+/// argument budget) once all have been answered or are waiting; the connections stay open
+/// until the returned handles are dropped.
+async fn heavy_calls(socket: &Path) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
+    let pad = vec![json!({}); iteron_broker::ipc::proto::MAX_NODES - 16];
+    let args = json!({"text": "x", "pad": pad});
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for _ in 0..AGENTS {
+        let s = socket.to_path_buf();
+        let args = args.clone();
+        let busy = Arc::clone(&busy);
+        // One after the other, as in the end-to-end test: each frame is decoded before the next.
+        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+        held.push(tokio::spawn(async move {
+            let mut c = Connection::connect(&s).await.unwrap();
+            c.hello("bench-heavy").await.unwrap();
+            let call = c.request(
+                "call_tool",
+                json!({"server": "bench", "tool": "echo", "arguments": args}),
+            );
+            tokio::pin!(call);
+            let answered = tokio::time::timeout(Duration::from_millis(500), &mut call).await;
+            let _ = sent_tx.send(());
+            match answered {
+                Ok(Err(iteron_broker::ipc::client::ClientError::Refused { code, .. }))
+                    if code == "busy" =>
+                {
+                    busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(other) => panic!("unexpected answer: {other:?}"),
+                // Waiting for an approval that never comes: hold it open.
+                Err(_) => {
+                    let _ = call.await;
+                }
+            }
+        }));
+        let _ = sent_rx.await;
+    }
+    (busy.load(std::sync::atomic::Ordering::SeqCst), held)
 }
 
 fn args(text: &str) -> Map<String, Value> {
@@ -92,6 +144,7 @@ async fn direct(exe: &Path) -> (Stats, Stats) {
         args: vec!["--serve".into()],
         env,
         confine: None,
+        egress: None,
     };
     let client = Arc::new(
         Client::connect_stdio(spec, Options::default())
@@ -157,19 +210,23 @@ async fn operator(socket: PathBuf, stop: Arc<std::sync::atomic::AtomicBool>) {
 }
 
 async fn agent_calls(socket: &Path, n: usize) -> Vec<Duration> {
+    calls_with(socket, n, "z").await
+}
+
+/// Calls the benchmark's approval rule approves (`text` = `r`): no operator round trip.
+async fn ruled_calls(socket: &Path, n: usize) -> Vec<Duration> {
+    calls_with(socket, n, "r").await
+}
+
+async fn calls_with(socket: &Path, n: usize, text: &str) -> Vec<Duration> {
     let mut c = Connection::connect(socket).await.unwrap();
     c.hello("bench-agent").await.unwrap();
     let mut lat = Vec::with_capacity(n);
+    let params = json!({"server": "bench", "tool": "echo", "arguments": {"text": text}});
     for _ in 0..n {
         let t = Instant::now();
-        let v = c
-            .request(
-                "call_tool",
-                json!({"server": "bench", "tool": "echo", "arguments": {"text": "z"}}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(v["text"], "z");
+        let v = c.request("call_tool", params.clone()).await.unwrap();
+        assert_eq!(v["text"], text);
         lat.push(t.elapsed());
     }
     lat
@@ -247,13 +304,21 @@ async fn floor_round_trips(s: &mut tokio::net::UnixStream, n: usize) -> Vec<Dura
     lat
 }
 
-/// Rounds of the three one-agent paths, interleaved so that each round sees the same machine
-/// state: (direct p50, brokered p50, bare round-trip p50) per round.
+/// One round of the interleaved one-agent paths: p50s in µs.
+struct Round {
+    direct: f64,
+    brokered: f64,
+    ruled: f64,
+    bare: f64,
+}
+
+/// Rounds of the four one-agent paths, interleaved so that each round sees the same machine
+/// state: direct, brokered (operator approval), rule-approved and bare round-trip p50s.
 async fn interleaved(
     exe: &Path,
     agent_socket: &Path,
     pong: &mut tokio::net::UnixStream,
-) -> Vec<(f64, f64, f64)> {
+) -> Vec<Round> {
     let (env, _) = child_env(&[], None, |_: &str| None);
     let client = Client::connect_stdio(
         ChildSpec {
@@ -261,6 +326,7 @@ async fn interleaved(
             args: vec!["--serve".into()],
             env,
             confine: None,
+            egress: None,
         },
         Options::default(),
     )
@@ -304,8 +370,25 @@ async fn interleaved(
                 .unwrap();
             brokered.push(t.elapsed());
         }
+        let mut ruled = Vec::with_capacity(PER_ROUND);
+        for _ in 0..PER_ROUND {
+            let t = Instant::now();
+            agent
+                .request(
+                    "call_tool",
+                    json!({"server": "bench", "tool": "echo", "arguments": {"text": "r"}}),
+                )
+                .await
+                .unwrap();
+            ruled.push(t.elapsed());
+        }
         let bare = floor_round_trips(pong, PER_ROUND).await;
-        rounds.push((p50(direct), p50(brokered), p50(bare)));
+        rounds.push(Round {
+            direct: p50(direct),
+            brokered: p50(brokered),
+            ruled: p50(ruled),
+            bare: p50(bare),
+        });
     }
     client.close().await;
     rounds
@@ -341,7 +424,9 @@ fn main() {
         .unwrap();
     let config = json!({"schema_version": 2, "mcp_servers": [{
         "name": "bench", "transport": "stdio",
-        "command": exe.to_str().unwrap(), "args": ["--serve"]}]});
+        "command": exe.to_str().unwrap(), "args": ["--serve"]}],
+        "approvals": {"rules": [{"id": "bench-r", "effect": "allow", "server": "bench",
+            "tool": "echo", "arguments": {"text": {"equals": "r"}}}]}});
     std::fs::write(home.join("config.json"), config.to_string()).unwrap();
     std::fs::set_permissions(
         home.join("config.json"),
@@ -409,44 +494,74 @@ fn main() {
         }
         (one, stats(all, t0.elapsed()))
     });
-    let (broker_one, broker_many, rss_sessions, rounds) = rt.block_on(async {
-        // Warm-up: the first call starts the server.
-        agent_calls(&agent_socket, 200).await;
-        let t0 = Instant::now();
-        let lat = agent_calls(&agent_socket, SEQUENTIAL).await;
-        let one = stats(lat, t0.elapsed());
-        let t0 = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..AGENTS {
-            let s = agent_socket.clone();
-            tasks.push(tokio::spawn(
-                async move { agent_calls(&s, PER_AGENT).await },
-            ));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.unwrap());
-        }
-        let many = stats(all, t0.elapsed());
-        let rounds = interleaved(&exe, &agent_socket, &mut pong).await;
-        // 64 open sessions, idle.
-        let mut conns = Vec::new();
-        for _ in 0..AGENTS {
-            let mut c = Connection::connect(&agent_socket).await.unwrap();
-            c.hello("bench-idle").await.unwrap();
-            c.request("list_tools", json!({})).await.unwrap();
-            conns.push(c);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let rss = rss_kib(broker.id());
-        drop(conns);
-        (one, many, rss, rounds)
-    });
+    let (broker_one, broker_many, ruled_one, ruled_many, rss_sessions, rounds) =
+        rt.block_on(async {
+            // Warm-up: the first call starts the server.
+            agent_calls(&agent_socket, 200).await;
+            let t0 = Instant::now();
+            let lat = agent_calls(&agent_socket, SEQUENTIAL).await;
+            let one = stats(lat, t0.elapsed());
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..AGENTS {
+                let s = agent_socket.clone();
+                tasks.push(tokio::spawn(
+                    async move { agent_calls(&s, PER_AGENT).await },
+                ));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            let many = stats(all, t0.elapsed());
+            // Rule-approved calls: the operator task stays up but is never asked.
+            ruled_calls(&agent_socket, 200).await;
+            let t0 = Instant::now();
+            let ruled_one = stats(ruled_calls(&agent_socket, SEQUENTIAL).await, t0.elapsed());
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..AGENTS {
+                let s = agent_socket.clone();
+                tasks.push(tokio::spawn(
+                    async move { ruled_calls(&s, PER_AGENT).await },
+                ));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            let ruled_many = stats(all, t0.elapsed());
+            let rounds = interleaved(&exe, &agent_socket, &mut pong).await;
+            // 64 open sessions, idle.
+            let mut conns = Vec::new();
+            for _ in 0..AGENTS {
+                let mut c = Connection::connect(&agent_socket).await.unwrap();
+                c.hello("bench-idle").await.unwrap();
+                c.request("list_tools", json!({})).await.unwrap();
+                conns.push(c);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let rss = rss_kib(broker.id());
+            drop(conns);
+            (one, many, ruled_one, ruled_many, rss, rounds)
+        });
     let _ = ponger.kill();
     let _ = ponger.wait();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     rt.block_on(async {
         let _ = tokio::time::timeout(Duration::from_secs(2), op).await;
+    });
+    // Nobody approves from here on: the worst legal load waits.
+    let rss_before_heavy = rss_kib(broker.id());
+    let (heavy_busy, heavy_rss, heavy_peak) = rt.block_on(async {
+        let (busy, held) = heavy_calls(&agent_socket).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rss = rss_kib(broker.id());
+        let peak = status_kib(broker.id(), "VmHWM:");
+        for h in held {
+            h.abort();
+        }
+        (busy, rss, peak)
     });
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(broker.id() as i32),
@@ -456,63 +571,114 @@ fn main() {
     let _ = std::fs::remove_dir_all(&base);
 
     let added = us(broker_one.p50) - us(direct_one.p50);
-    let table = format!(
-        "| path | agents | p50 (µs) | p99 (µs) | calls/s |\n|---|---|---|---|---|\n\
-         | direct in-process `Client::call_tool` | 1 | {:.1} | {:.1} | {:.0} |\n\
-         | agent → broker (approval, audit) → fixture | 1 | {:.1} | {:.1} | {:.0} |\n\
-         | direct in-process, 64 concurrent tasks | 64 | {:.1} | {:.1} | {:.0} |\n\
-         | agent → broker → fixture, 64 agents | 64 | {:.1} | {:.1} | {:.0} |\n\
-         | agent → broker, refused (unknown tool; no approval, no effect) | 1 | {:.1} | {:.1} | {:.0} |\n\
-         | agent → broker, refused, 64 agents | 64 | {:.1} | {:.1} | {:.0} |\n\
-         | floor: bare frame round trip to another process (no JSON, no checks) | 1 | {:.1} | {:.1} | – |\n\n\
-         Added by the broker at p50 with one agent: **{:.1} µs** (target ≤ 50 µs). \
+    let ruled_added = us(ruled_one.p50) - us(direct_one.p50);
+    let spread = |f: &dyn Fn(&Round) -> f64| {
+        let v: Vec<f64> = rounds.iter().map(f).collect();
+        (
+            median(v.clone()),
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    let (added_med, added_min, added_max) = spread(&|r| r.brokered - r.direct);
+    let (ruled_med, ruled_min, ruled_max) = spread(&|r| r.ruled - r.direct);
+    let (bare_med, _, _) = spread(&|r| r.bare);
+    let row = |path: &str, agents: usize, s: &Stats| {
+        format!(
+            "| {path} | {agents} | {:.1} | {:.1} | {:.0} |\n",
+            us(s.p50),
+            us(s.p99),
+            s.per_sec
+        )
+    };
+    let mut table =
+        String::from("| path | agents | p50 (µs) | p99 (µs) | calls/s |\n|---|---|---|---|---|\n");
+    table.push_str(&row(
+        "direct in-process `Client::call_tool`",
+        1,
+        &direct_one,
+    ));
+    table.push_str(&row(
+        "agent → broker (approval, audit) → fixture",
+        1,
+        &broker_one,
+    ));
+    table.push_str(&row(
+        "agent → broker (approved by a rule, audit) → fixture",
+        1,
+        &ruled_one,
+    ));
+    table.push_str(&row(
+        "direct in-process, 64 concurrent tasks",
+        64,
+        &direct_many,
+    ));
+    table.push_str(&row(
+        "agent → broker → fixture, 64 agents",
+        64,
+        &broker_many,
+    ));
+    table.push_str(&row(
+        "agent → broker (approved by a rule) → fixture, 64 agents",
+        64,
+        &ruled_many,
+    ));
+    table.push_str(&row(
+        "agent → broker, refused (unknown tool; no approval, no effect)",
+        1,
+        &refused_one,
+    ));
+    table.push_str(&row(
+        "agent → broker, refused, 64 agents",
+        64,
+        &refused_many,
+    ));
+    table.push_str(&format!(
+        "| floor: bare frame round trip to another process (no JSON, no checks) | 1 | {:.1} | {:.1} | – |\n\n",
+        us(floor.p50),
+        us(floor.p99)
+    ));
+    table.push_str(&format!(
+        "Added by the broker at p50 with one agent: **{added:.1} µs** (target ≤ 50 µs). \
          A brokered call makes two more process round trips than the direct call (agent ↔ broker, \
          broker ↔ operator for the per-call approval), so on this machine the floor for what any \
          broker of this shape adds is about **{:.1} µs** (2 × the bare round trip), before any \
          checking, approval bookkeeping or audit. \
-         Interleaved, {} rounds of {} calls per path: added at p50 **{:.1} µs** (median of the \
-         rounds; range {:.1}–{:.1}), against a floor of **{:.1} µs** (2 × the bare round trip, \
-         median). \
+         Interleaved, {ROUNDS} rounds of {PER_ROUND} calls per path: added at p50 **{added_med:.1} µs** \
+         (median of the rounds; range {added_min:.1}–{added_max:.1}), against a floor of \
+         **{:.1} µs** (2 × the bare round trip, median). \
          With 64 agents: **{:.0} calls/s** (target ≥ 20,000). \
-         Broker RSS: **{:.1} MiB idle**, **{:.1} MiB with 64 open sessions** (target ≤ 10 MiB idle).",
-        us(direct_one.p50),
-        us(direct_one.p99),
-        direct_one.per_sec,
-        us(broker_one.p50),
-        us(broker_one.p99),
-        broker_one.per_sec,
-        us(direct_many.p50),
-        us(direct_many.p99),
-        direct_many.per_sec,
-        us(broker_many.p50),
-        us(broker_many.p99),
-        broker_many.per_sec,
-        us(refused_one.p50),
-        us(refused_one.p99),
-        refused_one.per_sec,
-        us(refused_many.p50),
-        us(refused_many.p99),
-        refused_many.per_sec,
-        us(floor.p50),
-        us(floor.p99),
-        added,
+         Broker RSS: **{:.1} MiB idle**, **{:.1} MiB with 64 open sessions** (target ≤ 10 MiB idle).\n\n",
         2.0 * us(floor.p50),
-        ROUNDS,
-        PER_ROUND,
-        median(rounds.iter().map(|(d, b, _)| b - d).collect()),
-        rounds
-            .iter()
-            .map(|(d, b, _)| b - d)
-            .fold(f64::INFINITY, f64::min),
-        rounds
-            .iter()
-            .map(|(d, b, _)| b - d)
-            .fold(f64::NEG_INFINITY, f64::max),
-        median(rounds.iter().map(|(_, _, f)| 2.0 * f).collect()),
+        2.0 * bare_med,
         broker_many.per_sec,
         rss_idle as f64 / 1024.0,
         rss_sessions as f64 / 1024.0,
-    );
+    ));
+    table.push_str(&format!(
+        "Approved by a rule (no operator round trip, one more process round trip than the direct \
+         call): added at p50 with one agent **{ruled_added:.1} µs**, **{:.2} ×** the bare round \
+         trip of {:.1} µs (target ≤ 1.5 ×); interleaved, **{ruled_med:.1} µs** (median of the \
+         rounds; range {ruled_min:.1}–{ruled_max:.1}), **{:.2} ×** the median bare round trip of \
+         {bare_med:.1} µs. With 64 agents: **{:.0} calls/s** (target ≥ 50,000).\n\n",
+        ruled_added / us(floor.p50),
+        us(floor.p50),
+        ruled_med / bare_med,
+        ruled_many.per_sec,
+    ));
+    table.push_str(&format!(
+        "Worst legal load: 64 agents each send one call whose arguments hold {} JSON nodes (the \
+         bound), and nobody approves: {} wait, {} are refused `busy` by the argument budget \
+         (32 MiB per uid, 96 MiB in all). Broker RSS **{:.1} MiB** with them waiting (from \
+         {:.1} MiB just before), peak over the whole run **{:.1} MiB** (target: under 128 MiB; \
+         before calls kept bytes instead of trees, 64 such 1 MiB calls took it to 3.2 GB).",
+        iteron_broker::ipc::proto::MAX_NODES - 16 + 3,
+        AGENTS - heavy_busy,
+        heavy_busy,
+        heavy_rss as f64 / 1024.0,
+        rss_before_heavy as f64 / 1024.0,
+        heavy_peak as f64 / 1024.0,
+    ));
     println!("{table}");
     if write_docs {
         docs::write_table(START, END, &table);

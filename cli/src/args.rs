@@ -87,6 +87,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) approval_timeout: u64,
+    /// Seconds a connection may sit with nothing in flight before it is closed (1-86400).
+    #[arg(long, value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub(crate) idle_timeout: u64,
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +142,52 @@ pub(crate) enum Approvals {
     /// Ask about each waiting call and form on the terminal as it arrives, until end of input
     /// (stdin must be a terminal: what was typed before an item was shown is discarded).
     Watch,
+    /// The approval rules of $ITERON_HOME/config.json: list them, check that each can match,
+    /// or explain which rule would decide a call (never makes one).
+    #[command(subcommand)]
+    Rules(Rules),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Rules {
+    /// Every rule: id, effect, server/tool, constraints, digest.
+    List(FormatArg),
+    /// Report every rule that can never match (exits 8 when there is one, like doctor); with
+    /// --connect, also against each named server's catalog (tool listed, arguments in its
+    /// input schema).
+    Check(RulesCheckArgs),
+    /// Which rule would decide this call and why, without making it.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RulesCheckArgs {
+    /// Also connect to the servers the rules name and check against their catalogs.
+    #[arg(long)]
+    pub(crate) connect: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExplainArgs {
+    /// Server name.
+    pub(crate) server: String,
+    /// Tool name (or resources/read, prompts/get).
+    pub(crate) tool: String,
+    /// The call's arguments, a JSON object.
+    #[arg(long, value_name = "OBJECT", default_value = "{}")]
+    pub(crate) json: String,
+    /// The agent's uid (default: this process's uid).
+    #[arg(long, value_name = "UID")]
+    pub(crate) uid: Option<u32>,
+    /// The session's agent-definition identity (a child session), 64 hex digits.
+    #[arg(long, value_name = "SHA256")]
+    pub(crate) agent_identity: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +204,10 @@ pub(crate) struct IdsArg {
     /// The waiting calls' ids (from `iteron approvals list`); each is decided on its own.
     #[arg(required = true, num_args = 1..=64)]
     pub(crate) ids: Vec<u64>,
+    /// The call's argument digest (one id only): nothing is decided unless it is the waiting
+    /// call's; a call parked by a noninteractive broker is approved only with it.
+    #[arg(long, value_name = "SHA256")]
+    pub(crate) sha256: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -279,6 +333,9 @@ pub(crate) struct CallArgs {
 pub(crate) enum Audit {
     /// Check the whole hash chain: any edit, reordering or removal fails.
     Verify(VerifyArgs),
+    /// Per approval rule (id and digest): calls approved, refused and not matched, from the
+    /// verified log.
+    Rules(FormatArg),
 }
 
 #[derive(Debug, Args)]
@@ -433,6 +490,16 @@ pub(crate) struct AddArgs {
     /// Under a root broker, run the stdio server as `nobody` (the default), `root`, or UID:GID.
     #[arg(long = "sandbox-run-as", value_name = "nobody|root|UID:GID")]
     pub(crate) sandbox_run_as: Option<String>,
+
+    /// The stdio server's network: `namespace` (its own; with web_egress, out only through the
+    /// broker's zone-judged egress path; the default) or `host` (unconfined).
+    #[arg(long = "sandbox-network", value_name = "namespace|host")]
+    pub(crate) sandbox_network: Option<String>,
+
+    /// Let the stdio server's egress path reach this destination above the public zone: a
+    /// host name, *.suffix, an IP address or a CIDR.
+    #[arg(long = "sandbox-egress", value_name = "NAME|*.SUFFIX|CIDR")]
+    pub(crate) sandbox_egress: Vec<String>,
 
     /// HTTP header whose value comes from an environment variable: HEADER=ENV_NAME.
     #[arg(long = "header-env", value_name = "HEADER=ENV_NAME")]

@@ -137,6 +137,20 @@ fn status_text(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
             field("tools"),
             field("in_flight"),
         );
+        if let Some(n) = s
+            .get("egress")
+            .and_then(|e| e.get("refused"))
+            .and_then(Value::as_u64)
+            .filter(|n| *n > 0)
+        {
+            let last = s
+                .get("egress")
+                .and_then(|e| e.get("last_refused"))
+                .and_then(Value::as_str)
+                .map(|l| text::single_line_capped(l, 200))
+                .unwrap_or_default();
+            line.push_str(&format!("  egress_refused={n} (last: {last})"));
+        }
         if s.get("error").is_some_and(Value::is_string) {
             line.push_str(&format!("  error: {}", field("error")));
         }
@@ -194,6 +208,10 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         .unwrap_or_else(|| default_operator_socket(&home));
     let interactive = !args.noninteractive;
     let config = home.load()?;
+    // A rule that can never match is said at start, not left to fail silently.
+    for line in crate::rules::start_warnings(&config) {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
     // Secrets systemd hands the unit (LoadCredential=): read once, checked, and the directory
     // denied to every child from here on.
     let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
@@ -220,6 +238,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         allow_uids: allow,
         interactive,
         approval_deadline: Duration::from_secs(args.approval_timeout),
+        idle_deadline: Duration::from_secs(args.idle_timeout),
     };
     let mut err = std::io::stderr();
     if let Some(u) = &unit {
@@ -332,8 +351,9 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
                 }
             }
         }
-        Approvals::Approve(a) => decide(&socket, &a.ids, true, out),
-        Approvals::Deny(a) => decide(&socket, &a.ids, false, out),
+        Approvals::Approve(a) => decide(&socket, &a.ids, a.sha256.as_deref(), true, out),
+        Approvals::Deny(a) => decide(&socket, &a.ids, a.sha256.as_deref(), false, out),
+        Approvals::Rules(cmd) => crate::rules::run(cmd, out),
         Approvals::Answer(a) => {
             let (action, content) = if a.decline {
                 ("decline", Map::new())
@@ -449,13 +469,33 @@ fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError
     out_line(out, &text::terminal_safe_json(&arguments, true))
 }
 
-/// Approve or deny waiting calls by id. One id that is not waiting exits 4 (as it always has);
-/// with several, those not waiting are named and the command exits 4 if any was missing.
-fn decide(socket: &Path, ids: &[u64], approve: bool, out: &mut dyn Write) -> Result<(), CliError> {
+/// Approve or deny waiting calls by id (and, for one, its argument digest). One id that is
+/// not waiting exits 4 (as it always has); with several, those not waiting are named and the
+/// command exits 4 if any was missing.
+fn decide(
+    socket: &Path,
+    ids: &[u64],
+    sha256: Option<&str>,
+    approve: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let word = if approve { "approved" } else { "denied" };
-    let params = match ids {
-        [one] => json!({"id": one, "approve": approve}),
-        many => json!({"ids": many, "approve": approve}),
+    let params = match (ids, sha256) {
+        ([one], Some(d)) => {
+            if iteron_policy::rules::Sha256Hex::parse(d).is_none() {
+                return Err(CliError::Usage(
+                    "--sha256 must be 64 lowercase hex digits".into(),
+                ));
+            }
+            json!({"id": one, "approve": approve, "args_sha256": d})
+        }
+        (_, Some(_)) => {
+            return Err(CliError::Usage(
+                "--sha256 names one call: give exactly one id with it".into(),
+            ));
+        }
+        ([one], None) => json!({"id": one, "approve": approve}),
+        (many, None) => json!({"ids": many, "approve": approve}),
     };
     let v = operator_request(socket, "decide", params)?;
     let list = |k: &str| -> Vec<u64> {
@@ -497,9 +537,28 @@ fn describe_item(item: &Value) -> String {
     };
     let id = item.get("id").and_then(Value::as_u64).unwrap_or(0);
     if s("kind") != "call" {
+        let during: Vec<String> = item
+            .get("during")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                format!(
+                    "{} for uid {} (session {})",
+                    c.get("tool").and_then(Value::as_str).unwrap_or("-"),
+                    c.get("peer_uid").and_then(Value::as_u64).unwrap_or(0),
+                    c.get("session").and_then(Value::as_str).unwrap_or("-"),
+                )
+            })
+            .collect();
         let line = format!(
-            "[{id}] form from {}: {} (schema {})",
+            "[{id}] form from {} during {}: {} (schema {})",
             s("server"),
+            if during.is_empty() {
+                "no call".to_owned()
+            } else {
+                during.join(", ")
+            },
             s("message"),
             item.get("schema").map(Value::to_string).unwrap_or_default()
         );
@@ -642,6 +701,11 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             };
             match rt.block_on(conn.request(method, params)) {
                 Ok(_) => out_line(out, "sent")?,
+                // An answer that does not fit the form leaves it waiting: ask it again.
+                Err(e @ ClientError::Refused { .. }) if method == "answer" => {
+                    out_line(out, &text::single_line(&format!("not sent: {e}")))?;
+                    asked.remove(&id);
+                }
                 Err(e) => out_line(out, &text::single_line(&format!("not sent: {e}")))?,
             }
         }
@@ -840,10 +904,16 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                     let empty = Vec::new();
                     for t in v.get("tools").and_then(Value::as_array).unwrap_or(&empty) {
                         let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
+                        // Whether calls can be approved: rule, operator, deferred,
+                        // denied_by_rule or refused_noninteractive.
+                        let approval = match s("approval") {
+                            "" => String::new(),
+                            a => format!("  [{a}]"),
+                        };
                         out_line(
                             out,
                             &text::single_line(&format!(
-                                "{}/{}  {}",
+                                "{}/{}{approval}  {}",
                                 s("server"),
                                 s("name"),
                                 s("description")
@@ -861,6 +931,12 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
                                 "{}: unavailable",
                                 u.as_str().unwrap_or("")
                             )),
+                        )?;
+                    }
+                    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
+                        out_line(
+                            out,
+                            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
                         )?;
                     }
                     Ok(())
@@ -914,7 +990,10 @@ fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
 /// `iteron audit verify [--expect SEQ:SHA256]...`
 pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError> {
     use iteron_broker::audit::{MAX_PINS, Pin};
-    let Audit::Verify(f) = cmd;
+    let f = match cmd {
+        Audit::Verify(f) => f,
+        Audit::Rules(f) => return crate::rules::audit_rules(f.format, out),
+    };
     if f.expect.len() > MAX_PINS {
         return Err(CliError::Usage(format!(
             "--expect is given at most {MAX_PINS} times"

@@ -10,6 +10,7 @@ mod mcp;
 mod output;
 mod probe;
 mod rt;
+mod rules;
 
 use std::io::Write;
 use std::process::ExitCode;

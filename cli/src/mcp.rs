@@ -87,6 +87,8 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
         ("--sandbox-readable", !a.sandbox_readable.is_empty()),
         ("--sandbox-writable", !a.sandbox_writable.is_empty()),
         ("--sandbox-run-as", a.sandbox_run_as.is_some()),
+        ("--sandbox-network", a.sandbox_network.is_some()),
+        ("--sandbox-egress", !a.sandbox_egress.is_empty()),
     ];
     let http_flags = [
         ("--header-env", !a.header_env.is_empty()),
@@ -233,6 +235,30 @@ fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
                     .as_deref()
                     .map(|r| value("--sandbox-run-as", iteron_policy::config::RunAs::parse(r)))
                     .transpose()?,
+                network: a
+                    .sandbox_network
+                    .as_deref()
+                    .map(|r| {
+                        value(
+                            "--sandbox-network",
+                            iteron_policy::config::SandboxNetwork::parse(r),
+                        )
+                    })
+                    .transpose()?,
+                egress: {
+                    let mut out = Vec::new();
+                    for r in &a.sandbox_egress {
+                        let rule = value(
+                            "--sandbox-egress",
+                            iteron_policy::egress::EgressRule::parse(r)
+                                .map_err(iteron_policy::config::ValueError::Egress),
+                        )?;
+                        if !out.contains(&rule) {
+                            out.push(rule);
+                        }
+                    }
+                    out
+                },
                 ..Default::default()
             },
         })

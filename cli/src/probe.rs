@@ -51,6 +51,15 @@ fn probe_json(server: &ServerConfig, outcome: Result<Value, String>) -> Value {
 /// Connect to one server (with the operator's stored OAuth credential, if any) and list its
 /// tools, within [`PROBE_DEADLINE`].
 async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Value, String> {
+    probe_tools(home, config, server).await.map(|(v, _)| v)
+}
+
+/// [`probe`], also giving the tools themselves (names and input schemas).
+pub(crate) async fn probe_tools(
+    home: &Home,
+    config: &Config,
+    server: &ServerConfig,
+) -> Result<(Value, Vec<iteron_broker::mcp::client::Tool>), String> {
     let work = async {
         let client = servers::connect_with_credentials(
             server,
@@ -58,7 +67,11 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             &lookup,
             Options::default(),
             home,
-            config.ceiling(),
+            servers::SpawnContext {
+                home: home.dir().to_path_buf(),
+                ceiling: config.ceiling(),
+                egress: None,
+            },
             &servers::LearnedSecrets::default(),
         )
         .await
@@ -87,13 +100,14 @@ async fn probe(home: &Home, config: &Config, server: &ServerConfig) -> Result<Va
             }
         };
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-        Ok(json!({
+        let summary = json!({
             "protocol_version": era.version().as_str(),
             "tool_count": tools.len(),
             "tools": names,
             "server": info.map(|(n, v)| json!({"name": n, "version": v})),
             "dropped_tools": dropped.iter().map(|d| json!({"name": d.name, "reason": d.reason})).collect::<Vec<_>>(),
-        }))
+        });
+        Ok((summary, tools))
     };
     let secrets = servers::KnownSecrets::of(server, &lookup);
     match tokio::time::timeout(PROBE_DEADLINE, work).await {
@@ -311,6 +325,7 @@ pub(crate) fn confinement_of(
     let ctx = servers::SpawnContext {
         home: home.dir().to_path_buf(),
         ceiling,
+        egress: None,
     };
     let spec = servers::stdio_confinement(s, st, &ctx);
     let program = resolve_program(st.command.as_str(), SAFE_PATH)
@@ -339,10 +354,28 @@ pub(crate) fn confinement_line(e: &iteron_broker::confine::Effective) -> String 
         ),
         None => "filesystem NOT confined: this kernel has no Landlock".to_owned(),
     };
-    let net = if e.network {
-        "network allowed (web_egress)"
-    } else {
-        "network denied"
+    use iteron_broker::confine::NetState;
+    let net = match &e.net {
+        NetState::Isolated => {
+            "network denied (its own network namespace, loopback down)".to_owned()
+        }
+        NetState::NoNamespace(_) => {
+            "network denied (no network namespace on this system)".to_owned()
+        }
+        NetState::Egress => format!(
+            "network only through the broker's egress path (its own network namespace; the public zone{})",
+            match e.egress.len() {
+                0 => String::new(),
+                n => format!(" and {n} destination(s) sandbox.egress names"),
+            }
+        ),
+        NetState::Host => {
+            "network UNCONFINED (sandbox.network \"host\": the network as the host sees it)"
+                .to_owned()
+        }
+        NetState::Refused(why) => format!(
+            "network: CANNOT START (web_egress needs a network namespace, which this system does not offer: {why}; set sandbox.network \"host\" to run it unconfined)"
+        ),
     };
     let mut line = format!(
         "{fs}; {net}; no Unix sockets; no keyrings; no_new_privs; runs as {}",
@@ -469,6 +502,8 @@ pub(crate) fn doctor(
         None
     };
     let mut all_ok = true;
+    // The catalogs listed by --connect, for checking the approval rules against them.
+    let mut catalogs = std::collections::BTreeMap::new();
     for s in &config.mcp_servers {
         let mut checks = check_server(s, Some(home));
         if let Some(eff) = confinement_of(s, home, config.ceiling()) {
@@ -478,6 +513,7 @@ pub(crate) fn doctor(
                 // (a run_as it cannot honour, a command it cannot read) would fail to start.
                 "ok": eff.landlock_abi.is_some()
                     && eff.identity.is_ok()
+                    && !matches!(eff.net, iteron_broker::confine::NetState::Refused(_))
                     && !eff.unreachable.iter().any(|(p, _)| {
                         confinement_command(s).is_some_and(|c| c == *p)
                     }),
@@ -485,11 +521,12 @@ pub(crate) fn doctor(
             }));
         }
         if let Some(rt) = &rt {
-            let r = rt.block_on(probe(home, &config, s));
-            checks.push(match r {
-                Ok(found) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
+            let r = rt.block_on(probe_tools(home, &config, s));
+            checks.push(match &r {
+                Ok((found, _)) => json!({"check": "connect", "ok": true, "detail": format!("protocol {}, {} tools", found["protocol_version"].as_str().unwrap_or("?"), found["tool_count"])}),
                 Err(e) => json!({"check": "connect", "ok": false, "detail": e}),
             });
+            catalogs.insert(s.name.as_str().to_owned(), r.map(|(_, tools)| tools));
         }
         all_ok &= checks.iter().all(|c| c["ok"] == Value::Bool(true));
         servers.push(
@@ -510,6 +547,9 @@ pub(crate) fn doctor(
     });
     let audit = crate::broker::audit_state(home);
     all_ok &= audit["state"] == "ok";
+    // Every approval rule that can never match is a problem, not a silent no-op.
+    let approval_rules = crate::rules::report(&config, connect.then_some(&catalogs));
+    all_ok &= approval_rules.iter().all(|r| r["ok"] == Value::Bool(true));
     let report = json!({
         "home": home.dir().display().to_string(),
         "config": "valid",
@@ -517,6 +557,7 @@ pub(crate) fn doctor(
         "network": network,
         "audit": audit,
         "servers": servers,
+        "approval_rules": approval_rules,
         "ok": all_ok,
     });
     if format == Format::Json {
@@ -564,6 +605,19 @@ pub(crate) fn doctor(
                     c["check"].as_str().unwrap_or(""),
                     text::single_line_capped(c["detail"].as_str().unwrap_or(""), 400)
                 ));
+            }
+        }
+        if !approval_rules.is_empty() {
+            buf.push_str(&format!(
+                "approval rules ({})\n",
+                if connect {
+                    "checked against the servers' catalogs"
+                } else {
+                    "tools and argument names not checked against the servers: use --connect"
+                }
+            ));
+            for line in crate::rules::report_lines(&approval_rules) {
+                buf.push_str(&format!("  {line}\n"));
             }
         }
         out.write_all(buf.as_bytes()).map_err(CliError::Output)?;

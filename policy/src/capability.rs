@@ -212,6 +212,28 @@ pub fn server_reads_exposed(ceiling: CapabilitySet, policy: &ServerPolicy) -> bo
     CapabilitySet::MCP_TOOL.iter().all(|c| set.contains(c))
 }
 
+/// Whether any tool of a server could be exposed: an MCP tool needs
+/// [`CapabilitySet::MCP_TOOL`] admitted by the ceiling and the server's bound, and a non-empty
+/// allow list must name a tool that is neither denied nor bound below it. A server for which
+/// this is false is never started for an agent and never named to one. Only ever narrows: it
+/// is true whenever [`decide_exposure`] could expose one of its tools.
+pub fn server_tools_exposed(
+    ceiling: CapabilitySet,
+    filter: &ToolFilter,
+    policy: &ServerPolicy,
+) -> bool {
+    if !server_reads_exposed(ceiling, policy) {
+        return false;
+    }
+    filter.allow.is_empty()
+        || filter.allow.iter().any(|t| {
+            matches!(
+                decide_exposure(ceiling, filter, policy, t, CapabilitySet::MCP_TOOL),
+                Exposure::Expose(_)
+            )
+        })
+}
+
 /// Why a tool is not exposed. Internal: the agent sees an unexposed tool exactly as an unknown
 /// one; these reasons are for the operator's diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +309,54 @@ mod tests {
 
     fn tool(s: &str) -> ToolName {
         ToolName::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_server_with_no_exposable_tool_is_known_without_its_catalog() {
+        let all = CapabilitySet(63);
+        let open = ServerPolicy::default();
+        let none = ToolFilter::default();
+        assert!(server_tools_exposed(all, &none, &open));
+        let bound = ServerPolicy {
+            capabilities: Some(CapabilitySet::of(&[Capability::ReadOnly])),
+            ..ServerPolicy::default()
+        };
+        assert!(!server_tools_exposed(all, &none, &bound));
+        // Every allowed tool denied, or bound below what a call carries.
+        let allow_denied = ToolFilter {
+            allow: vec![tool("a")],
+            deny: vec![tool("a")],
+        };
+        assert!(!server_tools_exposed(all, &allow_denied, &open));
+        let mut per_tool = ServerPolicy::default();
+        per_tool.tools.insert(tool("a"), CapabilitySet::of(&[]));
+        let allow_a = ToolFilter {
+            allow: vec![tool("a")],
+            deny: vec![],
+        };
+        assert!(!server_tools_exposed(all, &allow_a, &per_tool));
+        assert!(server_tools_exposed(all, &allow_a, &open));
+    }
+
+    proptest! {
+        /// Whenever some tool would be exposed, the server counts as exposing tools.
+        #[test]
+        fn server_tools_exposed_never_hides_an_exposed_tool(
+            ceiling in 0u8..64, bound in proptest::option::of(0u8..64), per in 0u8..64,
+            allow in any::<bool>(), deny in any::<bool>(),
+        ) {
+            let mut policy = ServerPolicy { capabilities: bound.map(CapabilitySet), ..ServerPolicy::default() };
+            policy.tools.insert(tool("t"), CapabilitySet(per));
+            let filter = ToolFilter {
+                allow: if allow { vec![tool("t")] } else { vec![] },
+                deny: if deny { vec![tool("t")] } else { vec![] },
+            };
+            for name in ["t", "u"] {
+                if let Exposure::Expose(_) = decide_exposure(CapabilitySet(ceiling), &filter, &policy, &tool(name), CapabilitySet::MCP_TOOL) {
+                    prop_assert!(server_tools_exposed(CapabilitySet(ceiling), &filter, &policy));
+                }
+            }
+        }
     }
 
     #[test]

@@ -14,8 +14,14 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
 use crate::capability::{Capability, CapabilitySet, ServerPolicy, ToolFilter};
+use crate::egress::{EgressRule, EgressRuleError, MAX_EGRESS_RULES};
 use crate::json::{self, Member, Node, Path, Pos, SyntaxError, Value};
-use crate::names::{EnvName, HeaderName, NameError, ServerName, ToolName};
+use crate::names::{EnvName, HeaderName, NameError, RuleId, ServerName, ToolName};
+use crate::rules::{
+    ApprovalsConfig, Constraint, DEFERRED_SECS_RANGE, Effect, Expiry, MAX_ARGUMENT_NAME,
+    MAX_CALLS_RANGE, MAX_ONE_OF, MAX_RULE_ARGUMENTS, MAX_RULE_IDENTITIES, MAX_RULE_UIDS, MAX_RULES,
+    MAX_UID, Rule, RuleTool, Scalar, Sha256Hex,
+};
 use crate::text::{self, UnsafeChar};
 use crate::url::{EndpointUrl, UrlError};
 
@@ -57,6 +63,8 @@ pub struct Config {
     pub hooks_run_as: Option<RunAs>,
     /// DNS and TLS settings of the broker's HTTP client.
     pub network: NetworkConfig,
+    /// Approval rules and deferred approval (see [`crate::rules`]).
+    pub approvals: ApprovalsConfig,
 }
 
 /// Most operator-named DNS servers.
@@ -196,6 +204,37 @@ pub struct Sandbox {
     /// Who the child runs as under a root broker; `None` is [`RunAs::Nobody`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_as: Option<RunAs>,
+    /// Where a server admitted `web_egress` connects; `None` is
+    /// [`SandboxNetwork::Namespace`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
+    /// Destinations above the public zone its egress path may reach (at most
+    /// [`crate::egress::MAX_EGRESS_RULES`]; see [`crate::egress`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressRule>,
+}
+
+/// The network of a confined stdio server (`sandbox.network`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxNetwork {
+    /// Its own network namespace; with `web_egress`, its connections leave only through the
+    /// broker's egress path, judged by the zone rules (the default).
+    #[default]
+    Namespace,
+    /// The network as the host sees it (with `web_egress`): unconfined, shown as such.
+    Host,
+}
+
+impl SandboxNetwork {
+    /// Parse `namespace` or `host`.
+    pub fn parse(s: &str) -> Result<SandboxNetwork, ValueError> {
+        match s {
+            "namespace" => Ok(SandboxNetwork::Namespace),
+            "host" => Ok(SandboxNetwork::Host),
+            _ => Err(ValueError::BadSandboxNetwork),
+        }
+    }
 }
 
 /// The largest uid or gid `run_as` accepts: `(uid_t)-1` means "no change" to the kernel.
@@ -724,6 +763,14 @@ pub enum ValueError {
     Whitespace,
     /// Not `nobody`, `root` or `UID:GID` within bounds.
     BadRunAs,
+    /// Not 64 lowercase hex digits.
+    BadDigest,
+    /// Not a `YYYY-MM-DDTHH:MM:SSZ` time from 1970 on.
+    BadTime,
+    /// Not `namespace` or `host`.
+    BadSandboxNetwork,
+    /// Not a `sandbox.egress` entry.
+    Egress(EgressRuleError),
 }
 
 impl fmt::Display for ValueError {
@@ -753,6 +800,12 @@ impl fmt::Display for ValueError {
                 f,
                 "must be \"nobody\", \"root\" or UID:GID (decimal, each 1 to {MAX_RUN_AS_ID})"
             ),
+            ValueError::BadDigest => f.write_str("must be a SHA-256 in 64 lowercase hex digits"),
+            ValueError::BadTime => {
+                f.write_str("must be a UTC time written YYYY-MM-DDTHH:MM:SSZ (1970 or later)")
+            }
+            ValueError::BadSandboxNetwork => f.write_str("must be \"namespace\" or \"host\""),
+            ValueError::Egress(e) => e.fmt(f),
         }
     }
 }
@@ -845,6 +898,18 @@ pub enum ConfigErrorKind {
     /// A key that only makes sense together with another one, or that excludes another one
     /// (fixed text naming both).
     Inconsistent(&'static str),
+    /// An object that must have exactly one of these keys (an argument constraint).
+    ExactlyOne {
+        /// The keys, one of which must be given.
+        allowed: &'static [&'static str],
+    },
+    /// A range whose `min` is greater than its `max`.
+    RangeInverted,
+    /// A key that only an allow rule may have.
+    NotForDeny {
+        /// The key.
+        key: &'static str,
+    },
 }
 
 /// A configuration error: where, and what. Its `Display` is one line and never quotes a value.
@@ -908,6 +973,16 @@ impl fmt::Display for ConfigErrorKind {
             }
             ConfigErrorKind::Value(e) => e.fmt(f),
             ConfigErrorKind::Inconsistent(why) => f.write_str(why),
+            ConfigErrorKind::ExactlyOne { allowed } => {
+                write!(f, "must have exactly one of: {}", allowed.join(", "))
+            }
+            ConfigErrorKind::RangeInverted => f.write_str("min is greater than max"),
+            ConfigErrorKind::NotForDeny { key } => {
+                write!(
+                    f,
+                    "\"{key}\" is for allow rules only (a deny rule counts nothing)"
+                )
+            }
         }
     }
 }
@@ -998,7 +1073,7 @@ impl Config {
 
 impl Serialize for Config {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Config", 6)?;
+        let mut st = s.serialize_struct("Config", 8)?;
         st.serialize_field("schema_version", &SCHEMA_VERSION)?;
         if let Some(c) = &self.host_ceiling {
             st.serialize_field("host_ceiling", c)?;
@@ -1015,6 +1090,9 @@ impl Serialize for Config {
         }
         if !self.network.is_empty() {
             st.serialize_field("network", &self.network)?;
+        }
+        if !self.approvals.is_empty() {
+            st.serialize_field("approvals", &self.approvals)?;
         }
         st.end()
     }
@@ -1210,6 +1288,7 @@ const ROOT_KEYS: &[&str] = &[
     "hooks_writable",
     "hooks_run_as",
     "network",
+    "approvals",
 ];
 const SERVER_KEYS: &[&str] = &[
     "name",
@@ -1232,6 +1311,8 @@ const SANDBOX_KEYS: &[&str] = &[
     "max_memory_mb",
     "max_processes",
     "run_as",
+    "network",
+    "egress",
 ];
 
 fn ranged(range: (u64, u64)) -> impl Fn(&Node, &Path) -> Result2<u64> {
@@ -1269,6 +1350,13 @@ fn decode_sandbox(node: &Node, path: &Path) -> Result2<Sandbox> {
         max_memory_mb: optional(&f, "max_memory_mb", ranged(MEMORY_MB_RANGE))?,
         max_processes: optional(&f, "max_processes", ranged(PROCESSES_RANGE))?,
         run_as: optional(&f, "run_as", parsed(RunAs::parse))?,
+        network: optional(&f, "network", parsed(SandboxNetwork::parse))?,
+        egress: match f.get("egress") {
+            None => Vec::new(),
+            Some((n, p)) => string_list(n, &p, MAX_EGRESS_RULES, |s| {
+                EgressRule::parse(s).map_err(ValueError::Egress)
+            })?,
+        },
     })
 }
 const HTTP_ONLY: &[&str] = &["url", "header_env", "oauth"];
@@ -1310,6 +1398,7 @@ fn decode_config(root: &Node) -> Result2<Config> {
         hooks_writable: Vec::new(),
         hooks_run_as: None,
         network: NetworkConfig::default(),
+        approvals: ApprovalsConfig::default(),
     };
     if let Some((node, path)) = f.get("mcp_servers") {
         let items = array(node, &path, MAX_SERVERS)?;
@@ -1350,7 +1439,251 @@ fn decode_config(root: &Node) -> Result2<Config> {
         }
         config.network.ca_bundle = optional(&nf, "ca_bundle", parsed(AbsolutePath::parse))?;
     }
+    if let Some((node, path)) = f.get("approvals") {
+        config.approvals = decode_approvals(node, &path)?;
+    }
     Ok(config)
+}
+
+fn decode_approvals(node: &Node, path: &Path) -> Result2<ApprovalsConfig> {
+    let f = Fields::new(node, path, &["deferred_secs", "rules"])?;
+    let mut out = ApprovalsConfig {
+        rules: Vec::new(),
+        deferred_secs: optional(&f, "deferred_secs", ranged(DEFERRED_SECS_RANGE))?,
+    };
+    if let Some((n, p)) = f.get("rules") {
+        let items = array(n, &p, MAX_RULES)?;
+        let mut seen: BTreeMap<RuleId, Pos> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let ip = p.index(i);
+            let rule = decode_rule(item, &ip)?;
+            // decode_rule succeeded, so the item is an object with an "id" member.
+            let id_pos = match &item.value {
+                Value::Object(ms) => ms
+                    .iter()
+                    .find(|m| m.key == "id")
+                    .map_or(item.pos, |m| m.node.pos),
+                _ => item.pos,
+            };
+            if let Some(first) = seen.get(&rule.id) {
+                return Err(err(
+                    &ip.key("id"),
+                    id_pos,
+                    ConfigErrorKind::Duplicate { first: *first },
+                ));
+            }
+            seen.insert(rule.id.clone(), id_pos);
+            out.rules.push(rule);
+        }
+    }
+    Ok(out)
+}
+
+const CONSTRAINT_KEYS: &[&str] = &["any", "equals", "one_of", "prefix", "range"];
+
+fn decode_rule(node: &Node, path: &Path) -> Result2<Rule> {
+    let f = Fields::new(node, path, crate::rules::RULE_KEYS)?;
+    let id = {
+        let (n, p) = f.require("id")?;
+        parsed(|s| name_value(RuleId::parse(s)))(n, &p)?
+    };
+    let effect = {
+        let (n, p) = f.require("effect")?;
+        Effect::parse(string(n, &p)?).ok_or_else(|| {
+            err(
+                &p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: &["allow", "deny"],
+                },
+            )
+        })?
+    };
+    let server = {
+        let (n, p) = f.require("server")?;
+        parsed(|s| name_value(ServerName::parse(s)))(n, &p)?
+    };
+    let tool = {
+        let (n, p) = f.require("tool")?;
+        parsed(|s| name_value(RuleTool::parse(s)))(n, &p)?
+    };
+    let arguments = match f.get("arguments") {
+        None => None,
+        Some((n, p)) => Some(decode_arguments(n, &p)?),
+    };
+    let digest = |s: &str| Sha256Hex::parse(s).ok_or(ValueError::BadDigest);
+    let args_sha256 = optional(&f, "args_sha256", parsed(digest))?;
+    let agent_uids = match f.get("agent_uids") {
+        None => Vec::new(),
+        Some((n, p)) => {
+            let items = array(n, &p, MAX_RULE_UIDS)?;
+            let mut uids: Vec<u32> = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let ip = p.index(i);
+                let uid = ranged((0, u64::from(MAX_UID)))(item, &ip)?;
+                // ranged bounded it to MAX_UID, which fits a u32.
+                let uid = u32::try_from(uid).unwrap_or(u32::MAX);
+                if let Some(j) = uids.iter().position(|u| *u == uid) {
+                    return Err(err(
+                        &ip,
+                        item.pos,
+                        ConfigErrorKind::Duplicate {
+                            first: items[j].pos,
+                        },
+                    ));
+                }
+                uids.push(uid);
+            }
+            uids
+        }
+    };
+    let agent_identities = match f.get("agent_identities") {
+        None => Vec::new(),
+        Some((n, p)) => string_list(n, &p, MAX_RULE_IDENTITIES, digest)?,
+    };
+    let mut counts = [None, None];
+    for (slot, key) in counts
+        .iter_mut()
+        .zip(["max_calls_per_run", "max_calls_per_session"])
+    {
+        if let Some((n, p)) = f.get(key) {
+            if effect == Effect::Deny {
+                return Err(err(&p, n.pos, ConfigErrorKind::NotForDeny { key }));
+            }
+            *slot = Some(ranged(MAX_CALLS_RANGE)(n, &p)?);
+        }
+    }
+    let expires = optional(
+        &f,
+        "expires",
+        parsed(|s| Expiry::parse(s).ok_or(ValueError::BadTime)),
+    )?;
+    Ok(Rule {
+        id,
+        effect,
+        server,
+        tool,
+        arguments,
+        args_sha256,
+        agent_uids,
+        agent_identities,
+        max_calls_per_run: counts[0],
+        max_calls_per_session: counts[1],
+        expires,
+    })
+}
+
+fn decode_arguments(node: &Node, path: &Path) -> Result2<BTreeMap<String, Constraint>> {
+    let f = Fields::new_any(node, path)?;
+    if f.members.len() > MAX_RULE_ARGUMENTS {
+        return Err(err(
+            path,
+            node.pos,
+            ConfigErrorKind::TooMany {
+                max: MAX_RULE_ARGUMENTS,
+            },
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for m in f.members {
+        let kp = path.key(&m.key);
+        check_text(&m.key, MAX_ARGUMENT_NAME)
+            .map_err(|e| err(&kp, m.key_pos, ConfigErrorKind::Value(e)))?;
+        out.insert(m.key.clone(), decode_constraint(&m.node, &kp)?);
+    }
+    Ok(out)
+}
+
+fn decode_constraint(node: &Node, path: &Path) -> Result2<Constraint> {
+    let f = Fields::new(node, path, CONSTRAINT_KEYS)?;
+    let [m] = f.members else {
+        return Err(err(
+            path,
+            node.pos,
+            ConfigErrorKind::ExactlyOne {
+                allowed: CONSTRAINT_KEYS,
+            },
+        ));
+    };
+    let p = path.key(&m.key);
+    let n = &m.node;
+    Ok(match m.key.as_str() {
+        "any" => match n.value {
+            Value::Bool(true) => Constraint::Any,
+            _ => {
+                return Err(err(
+                    &p,
+                    n.pos,
+                    ConfigErrorKind::UnknownWord { allowed: &["true"] },
+                ));
+            }
+        },
+        "equals" => Constraint::Equals(scalar(n, &p)?),
+        "one_of" => {
+            let items = array(n, &p, MAX_ONE_OF)?;
+            if items.is_empty() {
+                return Err(value_err(&p, n, ValueError::Empty));
+            }
+            let mut values: Vec<Scalar> = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let ip = p.index(i);
+                let v = scalar(item, &ip)?;
+                if let Some(j) = values.iter().position(|x| *x == v) {
+                    return Err(err(
+                        &ip,
+                        item.pos,
+                        ConfigErrorKind::Duplicate {
+                            first: items[j].pos,
+                        },
+                    ));
+                }
+                values.push(v);
+            }
+            Constraint::OneOf(values)
+        }
+        "prefix" => {
+            let s = string(n, &p)?;
+            check_text(s, MAX_STRING_BYTES).map_err(|e| value_err(&p, n, e))?;
+            Constraint::Prefix(s.to_owned())
+        }
+        _ => {
+            let rf = Fields::new(n, &p, &["min", "max"])?;
+            let (min_n, min_p) = rf.require("min")?;
+            let (max_n, max_p) = rf.require("max")?;
+            let min = int64(min_n, &min_p)?;
+            let max = int64(max_n, &max_p)?;
+            if min > max {
+                return Err(err(&p, n.pos, ConfigErrorKind::RangeInverted));
+            }
+            Constraint::Range { min, max }
+        }
+    })
+}
+
+/// An integer that fits an `i64`, written as one (no fraction, no exponent).
+fn int64(node: &Node, path: &Path) -> Result2<i64> {
+    match &node.value {
+        Value::Number(raw) => raw
+            .parse::<i64>()
+            .map_err(|_| wrong_type(path, node, "a 64-bit integer")),
+        _ => Err(wrong_type(path, node, "a 64-bit integer")),
+    }
+}
+
+/// A constraint's value: a string (bounded, displayable), an integer or a boolean.
+fn scalar(node: &Node, path: &Path) -> Result2<Scalar> {
+    match &node.value {
+        Value::String(s) => {
+            // An exact value may be empty (an empty argument is a value like any other).
+            if !s.is_empty() {
+                check_text(s, MAX_STRING_BYTES).map_err(|e| value_err(path, node, e))?;
+            }
+            Ok(Scalar::String(s.clone()))
+        }
+        Value::Bool(b) => Ok(Scalar::Bool(*b)),
+        Value::Number(_) => int64(node, path).map(Scalar::Integer),
+        _ => Err(wrong_type(path, node, "a string, an integer or a boolean")),
+    }
 }
 
 fn decode_hooks(node: &Node, path: &Path) -> Result2<BTreeMap<HookEvent, Vec<AbsolutePath>>> {

@@ -5,9 +5,11 @@
 pub mod agentdef;
 pub mod capability;
 pub mod config;
+pub mod egress;
 pub mod frontmatter;
 pub mod json;
 pub mod names;
+pub mod rules;
 pub mod skill;
 pub mod text;
 pub mod url;

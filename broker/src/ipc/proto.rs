@@ -406,6 +406,11 @@ pub struct Decide {
     pub ids: Vec<u64>,
     /// Approve (true) or deny (false).
     pub approve: bool,
+    /// The call's argument digest (with `id` only): when given, a call whose digest differs is
+    /// not decided; a call parked by a noninteractive broker (deferred approval) is approved
+    /// only with it.
+    #[serde(default)]
+    pub args_sha256: Option<String>,
 }
 
 /// Most ids in one `decide`.

@@ -7,10 +7,13 @@
 //!   2025 versions, or on HTTP a 4xx whose body is not a recognised modern error. Transport
 //!   failures, auth challenges, unknown versions and corrupt discovery results never downgrade.
 //! - 2024-11-05 and 2025-03-26 are refused by name when a server negotiates them.
-//! - A request whose fate is unknown (`maybe_applied`) is never resent. The only automatic
-//!   repeats are of requests the server *rejected* before acting: a `-32022` answer (retry with
-//!   a version from its `supported` list) and a `-32020` header mismatch (re-list tools, retry
-//!   once) — both bounded.
+//! - A request whose fate is unknown (`maybe_applied`) is never resent. An effect
+//!   (`tools/call`, `resources/read`, `prompts/get`: what the operator approved once) is never
+//!   resent at all: on a refused token, a `-32022` or a `-32020` the client fixes what would
+//!   make the next request work (a fresh token, the version from `supported`, a re-listed
+//!   catalog) and reports the call `not_sent`. The only automatic repeats are of other requests
+//!   the server *rejected* before acting: a `-32022` answer (retry with a version from its
+//!   `supported` list) and a 401 (one refresh) — both bounded.
 //! - MRTR: only `tools/call` may ask for input; each round gets a new id, `requestState` is
 //!   echoed untouched and never carried to another request; rounds and input bytes are bounded.
 //!   `input_required` on `resources/read` or `prompts/get` is a protocol error.
@@ -65,6 +68,16 @@ pub const RESTART_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest pause before a restart.
 pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The one HTTP status whose body a modern probe inspects before falling back to the stateful
+/// handshake (400 Bad Request, as the 2026-07-28 versioning rules say). A 404, a 429, a 5xx or
+/// an auth challenge is an error, never a reason to downgrade.
+const LEGACY_SIGNATURE_STATUS: u16 = 400;
+
+/// Requests that are effects: sent at most once, never repeated by the client.
+fn is_effect(method: &str) -> bool {
+    matches!(method, "tools/call" | "resources/read" | "prompts/get")
+}
+
 /// What is needed to start a stdio server again.
 struct Restart {
     spec: ChildSpec,
@@ -116,6 +129,15 @@ pub enum McpError {
     InputRefused(String),
     /// No such tool in the catalog (or it was dropped as invalid).
     UnknownTool,
+    /// A tool call failed after `rounds` of its MRTR rounds had reached the server: whatever
+    /// the last failure says, the server already ran the call that far, so it may have been
+    /// applied.
+    AfterInputRounds {
+        /// Rounds the server answered with `input_required` before the failure.
+        rounds: usize,
+        /// The failure itself.
+        error: Box<McpError>,
+    },
 }
 
 impl McpError {
@@ -124,6 +146,10 @@ impl McpError {
         match self {
             McpError::Transport(t) => t.certainty,
             McpError::Rpc { certainty, .. } | McpError::Protocol { certainty, .. } => *certainty,
+            McpError::AfterInputRounds { error, .. } => match error.certainty() {
+                Certainty::Applied => Certainty::Applied,
+                _ => Certainty::MaybeApplied,
+            },
             _ => Certainty::NotSent,
         }
     }
@@ -155,6 +181,10 @@ impl fmt::Display for McpError {
             }
             McpError::InputRefused(why) => write!(f, "the server asked for operator input: {why}"),
             McpError::UnknownTool => f.write_str("no such tool"),
+            McpError::AfterInputRounds { rounds, error } => write!(
+                f,
+                "{error} (after {rounds} input rounds had reached the server: the call may have been applied)"
+            ),
         }
     }
 }
@@ -224,11 +254,15 @@ pub struct Options {
     pub tool_call_deadline: Duration,
     /// A managed bearer token (HTTP): sent on every request, refreshed on expiry, and on a
     /// `401` refreshed once and the refused request sent again (a `401` is a refusal: nothing
-    /// ran).
+    /// ran) — unless it is an effect, which is reported `not_sent` instead.
     pub token: Option<Arc<dyn TokenSource>>,
     /// Known secret values to redact from everything the server sends (messages and stderr)
     /// before anything reads, cuts or shows it.
     pub scrub: Option<Arc<dyn Scrub>>,
+    /// Whether a stdio server that died is started again by the client itself before the next
+    /// request. The broker turns this off: its registry starts a new generation instead, so a
+    /// call approved for one process never runs on another.
+    pub auto_restart: bool,
 }
 
 impl Default for Options {
@@ -243,6 +277,7 @@ impl Default for Options {
             tool_call_deadline: TOOL_CALL_DEADLINE,
             token: None,
             scrub: None,
+            auto_restart: true,
         }
     }
 }
@@ -662,7 +697,9 @@ impl Client {
     /// Requests that were in flight when it died already failed as `maybe_applied`; none is
     /// resent.
     async fn revive(&self) -> Result<(), McpError> {
-        if !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed()) {
+        if !self.opts.auto_restart
+            || !matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
+        {
             return Ok(());
         }
         let _one_at_a_time = self.revive_lock.lock().await;
@@ -849,13 +886,11 @@ impl Client {
                     codes::HEADER_MISMATCH | codes::MISSING_CAPABILITY | codes::INVALID_PARAMS => {
                         false
                     }
-                    // On HTTP any other JSON-RPC error to the probe that came with a 4xx (e.g.
-                    // -32000 "Server not initialized", -32600 "Missing session ID") is the
-                    // legacy signature; errors in a 2xx or a 5xx are unrelated failures.
-                    _ => {
-                        self.http_transport
-                            && error.http_status.is_some_and(|s| (400..500).contains(&s))
-                    }
+                    // On HTTP any other JSON-RPC error to the probe that came with a 400 Bad
+                    // Request (e.g. -32000 "Server not initialized", -32600 "Missing session
+                    // ID") is the legacy signature the spec names; errors with any other status
+                    // (404, 429, a 5xx, a 2xx) are failures, reported as such.
+                    _ => self.http_transport && error.http_status == Some(LEGACY_SIGNATURE_STATUS),
                 };
                 if legacy {
                     self.initialize(Version::LATEST_LEGACY).await
@@ -869,11 +904,7 @@ impl Client {
             Err(McpError::Transport(TransportError {
                 kind: TransportErrorKind::Status { status, .. },
                 ..
-            })) if self.http_transport
-                && (400..500).contains(&status)
-                && status != 401
-                && status != 403 =>
-            {
+            })) if self.http_transport && status == LEGACY_SIGNATURE_STATUS => {
                 self.initialize(Version::LATEST_LEGACY).await
             }
             Err(other) => Err(other),
@@ -1063,6 +1094,10 @@ impl Client {
         self.revive().await?;
         self.recover_session().await?;
         self.install_token(false).await?;
+        // An effect (an approved call) is sent once: whatever the server answers — a refused
+        // token, an unsupported version, a header mismatch — the error is returned (with its
+        // certainty) and what would make a new attempt work is fixed for the next request.
+        let effect = is_effect(method);
         let mut token_refreshed = false;
         let mut rejections = 0;
         let mut header_retry = allow_header_retry;
@@ -1116,6 +1151,16 @@ impl Client {
                 {
                     token_refreshed = true;
                     self.install_token(true).await?;
+                    if effect {
+                        return Err(McpError::Transport(TransportError {
+                            kind: TransportErrorKind::Unauthorized {
+                                status: 401,
+                                detail: "the server refused the token; a fresh one is installed for the next request, and this one was not sent again".into(),
+                                challenge: None,
+                            },
+                            certainty: Certainty::NotSent,
+                        }));
+                    }
                     continue;
                 }
                 other => other?,
@@ -1131,7 +1176,9 @@ impl Client {
                     {
                         rejections += 1;
                         self.set_era(Era::Modern(v));
-                        continue;
+                        if !effect {
+                            continue;
+                        }
                     }
                     if let Era::Modern(_) = era
                         && error.code == codes::HEADER_MISMATCH
@@ -1140,7 +1187,9 @@ impl Client {
                     {
                         header_retry = false;
                         Box::pin(self.list_tools()).await?;
-                        continue;
+                        if !effect {
+                            continue;
+                        }
                     }
                     return Err(McpError::Rpc {
                         certainty: if error.is_rejection() {
@@ -1413,6 +1462,17 @@ impl Client {
         params.insert("name".into(), name.into());
         params.insert("arguments".into(), Value::Object(arguments));
         for round in 0..=MAX_MRTR_ROUNDS {
+            // Once a round reached the server, no later failure can say "not sent".
+            let after = |error: McpError| {
+                if round == 0 {
+                    error
+                } else {
+                    McpError::AfterInputRounds {
+                        rounds: round,
+                        error: Box::new(error),
+                    }
+                }
+            };
             let result = self
                 .exchange(
                     "tools/call",
@@ -1421,15 +1481,22 @@ impl Client {
                     self.opts.tool_call_deadline,
                     true,
                 )
-                .await?;
-            if !self.check_result_type(&result, true)? {
+                .await
+                .map_err(after)?;
+            if !self.check_result_type(&result, true).map_err(after)? {
                 return Ok(project(&result));
             }
             if round == MAX_MRTR_ROUNDS {
                 // Never ask the operator for input that could not be sent.
                 break;
             }
-            let responses = self.answer_input_requests(&result).await?;
+            // This round's input_required reached us: what fails from here follows a round
+            // the server ran.
+            let ran = |error: McpError| McpError::AfterInputRounds {
+                rounds: round + 1,
+                error: Box::new(error),
+            };
+            let responses = self.answer_input_requests(&result).await.map_err(ran)?;
             // The retry carries exactly this round's answers and state; nothing else.
             params.remove("inputResponses");
             params.remove("requestState");
@@ -1440,9 +1507,12 @@ impl Client {
                 params.insert("requestState".into(), state.clone());
             }
         }
-        Err(McpError::Limit {
-            what: "input rounds in one tool call",
-            max: MAX_MRTR_ROUNDS,
+        Err(McpError::AfterInputRounds {
+            rounds: MAX_MRTR_ROUNDS + 1,
+            error: Box::new(McpError::Limit {
+                what: "input rounds in one tool call",
+                max: MAX_MRTR_ROUNDS,
+            }),
         })
     }
 
@@ -1548,6 +1618,20 @@ impl Client {
 
     /// Close: DELETE the session (stateful HTTP), or stop the child (stdio; returns the rung of
     /// the shutdown ladder that ended it).
+    /// Whether the server is gone for good from this client's point of view: a stdio server
+    /// whose process closed its end (it exited or was killed). HTTP clients never are.
+    pub fn is_closed(&self) -> bool {
+        matches!(&*self.transport(), Transport::Stdio(t) if t.is_closed())
+    }
+
+    /// Why a closed stdio server's end closed.
+    pub fn closed_reason(&self) -> Option<String> {
+        match &*self.transport() {
+            Transport::Stdio(t) => t.close_reason(),
+            Transport::Http(_) => None,
+        }
+    }
+
     pub async fn close(&self) -> Option<crate::spawn::Ended> {
         match &*self.transport() {
             Transport::Stdio(t) => Some(t.close().await),

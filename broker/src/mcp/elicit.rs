@@ -99,6 +99,13 @@ fn field_ok(field: &Value) -> Result<(), String> {
             return Err("a field uses an unsupported keyword".into());
         }
     }
+    if let Some(f) = obj.get("format")
+        && !f
+            .as_str()
+            .is_some_and(|f| ["email", "uri", "date", "date-time"].contains(&f))
+    {
+        return Err("a field uses a format this client cannot check".into());
+    }
     if ty == "array" {
         let items_ok = obj
             .get("items")
@@ -183,60 +190,248 @@ pub fn check_answers(schema: &Value, answers: &Map<String, Value>) -> Result<(),
         let Some(field) = props.get(k) else {
             return Err("an answer names a field the form does not have".into());
         };
-        let ty = field
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("string");
-        let ok = match ty {
-            "string" => v.as_str().is_some_and(|s| {
-                field
-                    .get("enum")
-                    .and_then(Value::as_array)
-                    .is_none_or(|e| e.iter().any(|x| x.as_str() == Some(s)))
-                    && field
-                        .get("oneOf")
-                        .and_then(Value::as_array)
-                        .is_none_or(|o| {
-                            o.iter()
-                                .any(|x| x.get("const").and_then(Value::as_str) == Some(s))
-                        })
-            }),
-            "number" => v.is_number(),
-            "integer" => v.is_i64() || v.is_u64(),
-            "boolean" => v.is_boolean(),
-            "array" => v.as_array().is_some_and(|a| {
-                let allowed: Vec<&str> = field
-                    .get("items")
-                    .and_then(|it| {
-                        it.get("enum")
-                            .and_then(Value::as_array)
-                            .map(|e| e.iter().filter_map(Value::as_str).collect())
-                            .or_else(|| {
-                                it.get("anyOf").and_then(Value::as_array).map(|o| {
-                                    o.iter()
-                                        .filter_map(|x| x.get("const").and_then(Value::as_str))
-                                        .collect()
-                                })
-                            })
-                    })
-                    .unwrap_or_default();
-                a.iter()
-                    .all(|x| x.as_str().is_some_and(|s| allowed.contains(&s)))
-            }),
-            _ => false,
-        };
-        if !ok {
-            return Err("an answer does not match its field".into());
-        }
+        check_field(field, v).map_err(|why| {
+            format!(
+                "field {}: {why}",
+                iteron_policy::text::single_line_capped(k, 64)
+            )
+        })?;
     }
     if let Some(required) = schema.get("required").and_then(Value::as_array) {
         for r in required.iter().filter_map(Value::as_str) {
             if !answers.contains_key(r) {
-                return Err("a required field has no answer".into());
+                return Err(format!(
+                    "field {}: required, and has no answer",
+                    iteron_policy::text::single_line_capped(r, 64)
+                ));
             }
         }
     }
     Ok(())
+}
+
+/// A bound of the schema subset, as a number (`None`: absent or not a number).
+fn bound(field: &Value, key: &str) -> Option<f64> {
+    field.get(key).and_then(Value::as_f64)
+}
+
+/// A count bound (`minLength`, `maxItems`, …) as an integer.
+fn count_bound(field: &Value, key: &str) -> Option<u64> {
+    field.get(key).and_then(Value::as_u64)
+}
+
+/// Check one answer against its field: the type, and every constraint of the subset the form
+/// accepts (`enum`/`oneOf`, `minimum`/`maximum`, `minLength`/`maxLength` in characters,
+/// `format` email/uri/date/date-time, `minItems`/`maxItems` and the items' allowed values).
+fn check_field(field: &Value, v: &Value) -> Result<(), String> {
+    let ty = field
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("string");
+    match ty {
+        "string" => {
+            let s = v.as_str().ok_or("must be a string")?;
+            let allowed_enum = field
+                .get("enum")
+                .and_then(Value::as_array)
+                .is_none_or(|e| e.iter().any(|x| x.as_str() == Some(s)));
+            let allowed_one_of = field
+                .get("oneOf")
+                .and_then(Value::as_array)
+                .is_none_or(|o| {
+                    o.iter()
+                        .any(|x| x.get("const").and_then(Value::as_str) == Some(s))
+                });
+            if !(allowed_enum && allowed_one_of) {
+                return Err("not one of the allowed values".into());
+            }
+            let chars = s.chars().count() as u64;
+            if let Some(min) = count_bound(field, "minLength")
+                && chars < min
+            {
+                return Err(format!("shorter than {min} characters"));
+            }
+            if let Some(max) = count_bound(field, "maxLength")
+                && chars > max
+            {
+                return Err(format!("longer than {max} characters"));
+            }
+            if let Some(format) = field.get("format").and_then(Value::as_str)
+                && !format_ok(format, s)
+            {
+                return Err(format!(
+                    "not a valid {}",
+                    iteron_policy::text::single_line_capped(format, 32)
+                ));
+            }
+            Ok(())
+        }
+        "number" | "integer" => {
+            let n = v.as_f64().ok_or("must be a number")?;
+            if ty == "integer" && !(v.is_i64() || v.is_u64()) {
+                return Err("must be an integer".into());
+            }
+            if let Some(min) = bound(field, "minimum")
+                && n < min
+            {
+                return Err(format!("below the minimum {min}"));
+            }
+            if let Some(max) = bound(field, "maximum")
+                && n > max
+            {
+                return Err(format!("above the maximum {max}"));
+            }
+            Ok(())
+        }
+        "boolean" => v
+            .as_bool()
+            .map(|_| ())
+            .ok_or_else(|| "must be true or false".into()),
+        "array" => {
+            let a = v.as_array().ok_or("must be a list")?;
+            let allowed: Vec<&str> = field
+                .get("items")
+                .and_then(|it| {
+                    it.get("enum")
+                        .and_then(Value::as_array)
+                        .map(|e| e.iter().filter_map(Value::as_str).collect())
+                        .or_else(|| {
+                            it.get("anyOf").and_then(Value::as_array).map(|o| {
+                                o.iter()
+                                    .filter_map(|x| x.get("const").and_then(Value::as_str))
+                                    .collect()
+                            })
+                        })
+                })
+                .unwrap_or_default();
+            if !a
+                .iter()
+                .all(|x| x.as_str().is_some_and(|s| allowed.contains(&s)))
+            {
+                return Err("holds a value that is not allowed".into());
+            }
+            if field.get("uniqueItems").and_then(Value::as_bool) == Some(true)
+                && a.iter().enumerate().any(|(i, x)| a[..i].contains(x))
+            {
+                return Err("holds a value twice".into());
+            }
+            let n = a.len() as u64;
+            if let Some(min) = count_bound(field, "minItems")
+                && n < min
+            {
+                return Err(format!("fewer than {min} items"));
+            }
+            if let Some(max) = count_bound(field, "maxItems")
+                && n > max
+            {
+                return Err(format!("more than {max} items"));
+            }
+            Ok(())
+        }
+        _ => Err("has a type the form cannot take".into()),
+    }
+}
+
+/// The `format`s of the schema subset. An unknown format is refused (fail closed).
+fn format_ok(format: &str, s: &str) -> bool {
+    match format {
+        "email" => email_ok(s),
+        "uri" => uri_ok(s),
+        "date" => date_ok(s),
+        "date-time" => date_time_ok(s),
+        _ => false,
+    }
+}
+
+/// `local@domain`: one `@`, a non-empty local part, a domain of dot-separated labels, no
+/// spaces or control characters.
+fn email_ok(s: &str) -> bool {
+    let Some((local, domain)) = s.split_once('@') else {
+        return false;
+    };
+    !local.is_empty()
+        && !domain.contains('@')
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+        && domain.contains('.')
+        && domain
+            .split('.')
+            .all(|l| !l.is_empty() && l.chars().all(|c| c.is_alphanumeric() || c == '-'))
+}
+
+/// An absolute URI: a scheme (letter, then letters, digits, `+`, `-`, `.`), `:`, and a rest
+/// without spaces or control characters.
+fn uri_ok(s: &str) -> bool {
+    let Some((scheme, rest)) = s.split_once(':') else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !rest.is_empty()
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// `YYYY-MM-DD`, a real calendar date.
+fn date_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r).and_then(|t| t.parse::<u32>().ok());
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return false;
+    };
+    if !b
+        .iter()
+        .enumerate()
+        .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
+    {
+        return false;
+    }
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&d)
+}
+
+/// RFC 3339 `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`.
+fn date_time_ok(s: &str) -> bool {
+    let Some((date, time)) = s.split_once(['T', 't']) else {
+        return false;
+    };
+    if !date_ok(date) || time.len() < 9 {
+        return false;
+    }
+    let (clock, zone) = if let Some(c) = time.strip_suffix(['Z', 'z']) {
+        (c, None)
+    } else {
+        let Some(at) = time.rfind(['+', '-']) else {
+            return false;
+        };
+        (&time[..at], Some(&time[at + 1..]))
+    };
+    let two = |t: &str, max: u32| {
+        t.len() == 2
+            && t.bytes().all(|c| c.is_ascii_digit())
+            && t.parse::<u32>().is_ok_and(|n| n <= max)
+    };
+    let (hms, frac) = match clock.split_once('.') {
+        Some((h, f)) => (h, Some(f)),
+        None => (clock, None),
+    };
+    let parts: Vec<&str> = hms.split(':').collect();
+    let clock_ok = parts.len() == 3 && two(parts[0], 23) && two(parts[1], 59) && two(parts[2], 60);
+    let frac_ok = frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|c| c.is_ascii_digit()));
+    let zone_ok = zone.is_none_or(|z| {
+        z.split_once(':')
+            .is_some_and(|(h, m)| two(h, 23) && two(m, 59))
+    });
+    clock_ok && frac_ok && zone_ok
 }
 
 /// The `ElicitResult` to send for an answer.
@@ -270,6 +465,69 @@ impl Elicitor for AcceptDefaults {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn answers_are_checked_against_every_constraint_of_the_subset() {
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 1, "maximum": 10},
+            "x": {"type": "number", "minimum": 0.5},
+            "s": {"type": "string", "minLength": 2, "maxLength": 4},
+            "e": {"type": "string", "format": "email"},
+            "u": {"type": "string", "format": "uri"},
+            "d": {"type": "string", "format": "date"},
+            "t": {"type": "string", "format": "date-time"},
+            "a": {"type": "array", "items": {"type": "string", "enum": ["p", "q", "r"]},
+                  "minItems": 1, "maxItems": 2, "uniqueItems": true}
+        }, "required": ["n"]});
+        check_form_schema(&schema).unwrap();
+        let check = |k: &str, v: Value| {
+            let mut m = Map::new();
+            m.insert("n".into(), serde_json::json!(5));
+            m.insert(k.into(), v);
+            check_answers(&schema, &m)
+        };
+        use serde_json::json;
+        // At each bound and one over.
+        for (k, good, bad) in [
+            ("n", json!(1), json!(0)),
+            ("n", json!(10), json!(11)),
+            ("n", json!(3), json!(3.5)),
+            ("x", json!(0.5), json!(0.49)),
+            ("s", json!("ab"), json!("a")),
+            ("s", json!("abéd"), json!("abcde")),
+            ("e", json!("op@example.org"), json!("op@@example.org")),
+            ("e", json!("a@b.c"), json!("no-at.example")),
+            ("u", json!("https://example.org/x"), json!("not a uri")),
+            ("d", json!("2024-02-29"), json!("2023-02-29")),
+            ("d", json!("2026-12-02"), json!("2026-13-01")),
+            (
+                "t",
+                json!("2026-12-02T07:30:00Z"),
+                json!("2026-12-02 07:30:00"),
+            ),
+            (
+                "t",
+                json!("2026-12-02T07:30:00.5+01:00"),
+                json!("2026-12-02T24:00:00Z"),
+            ),
+            ("a", json!(["p", "q"]), json!(["p", "q", "r"])),
+            ("a", json!(["p"]), json!([])),
+            ("a", json!(["q"]), json!(["q", "q"])),
+        ] {
+            assert!(check(k, good.clone()).is_ok(), "{k} {good}");
+            let e = check(k, bad.clone()).unwrap_err();
+            assert!(e.starts_with(&format!("field {k}: ")), "{k} {bad}: {e}");
+        }
+        let mut none = Map::new();
+        none.insert("s".into(), json!("abc"));
+        assert_eq!(
+            check_answers(&schema, &none).unwrap_err(),
+            "field n: required, and has no answer"
+        );
+        // A format this client cannot check is refused with the form, before any answer.
+        let odd = json!({"type": "object", "properties": {"h": {"type": "string", "format": "hostname"}}});
+        assert!(check_form_schema(&odd).is_err());
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -190,6 +190,11 @@ impl StdioTransport {
         t
     }
 
+    /// Why the server's end closed, once it has (terminal-safe).
+    pub fn close_reason(&self) -> Option<String> {
+        self.close_reason.lock().ok().and_then(|r| r.clone())
+    }
+
     fn closed_error(&self, certainty: Certainty) -> TransportError {
         let reason = self
             .close_reason

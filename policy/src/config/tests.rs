@@ -588,6 +588,7 @@ fn arb_config() -> impl Strategy<Value = Config> {
             hooks_writable: Vec::new(),
             hooks_run_as: None,
             network,
+            approvals: Default::default(),
         }
     })
 }
@@ -1456,4 +1457,526 @@ fn the_id_jag_grant_names_its_identity_provider_whole() {
         );
         assert!(e.to_string().contains(why), "{oauth}: {e}");
     }
+}
+
+/// A document with one server `ev` and these rules (a JSON array's inside).
+fn rules_doc(rules: &str) -> String {
+    doc_with(&format!(
+        r#""mcp_servers": [{{"name": "ev", "command": "/x"}}], "approvals": {{"rules": [{rules}]}}"#
+    ))
+}
+
+/// One allow rule for ev/echo with `extra` members.
+fn rule_with(extra: &str) -> String {
+    rules_doc(&format!(
+        r#"{{"id": "r", "effect": "allow", "server": "ev", "tool": "echo"{extra}}}"#
+    ))
+}
+
+#[test]
+fn approval_rules_are_read_strictly() {
+    let full = rule_with(
+        r#", "arguments": {"text": {"prefix": "ci-"}, "n": {"range": {"min": -2, "max": 9}},
+            "mode": {"one_of": ["a", 2, true]}, "flag": {"equals": false}, "note": {"any": true}},
+        "args_sha256": "0000000000000000000000000000000000000000000000000000000000000000",
+        "agent_uids": [0, 65534],
+        "agent_identities": ["1111111111111111111111111111111111111111111111111111111111111111"],
+        "max_calls_per_run": 10, "max_calls_per_session": 2,
+        "expires": "2030-06-01T12:00:00Z""#,
+    );
+    let c = parse(&full).unwrap();
+    let r = &c.approvals.rules[0];
+    assert_eq!(r.agent_uids, vec![0, 65534]);
+    assert_eq!(r.arguments.as_ref().unwrap().len(), 5);
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#", "colour": 1"#,
+            "$.approvals.rules[0].colour",
+            "unknown key",
+        ),
+        (
+            r#", "arguments": {"t": {"regex": ".*"}}"#,
+            "$.approvals.rules[0].arguments.t.regex",
+            "unknown key",
+        ),
+        (
+            r#", "arguments": {"t": {}}"#,
+            "$.approvals.rules[0].arguments.t",
+            "exactly one of",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": 1, "prefix": "a"}}"#,
+            "$.approvals.rules[0].arguments.t",
+            "exactly one of",
+        ),
+        (
+            r#", "arguments": {"t": {"any": false}}"#,
+            "$.approvals.rules[0].arguments.t.any",
+            "must be one of: true",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": 1.5}}"#,
+            "$.approvals.rules[0].arguments.t.equals",
+            "64-bit integer",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": 1e3}}"#,
+            "$.approvals.rules[0].arguments.t.equals",
+            "64-bit integer",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": 9223372036854775808}}"#,
+            "$.approvals.rules[0].arguments.t.equals",
+            "64-bit integer",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": null}}"#,
+            "$.approvals.rules[0].arguments.t.equals",
+            "a string, an integer or a boolean",
+        ),
+        (
+            r#", "arguments": {"t": {"equals": ["a"]}}"#,
+            "$.approvals.rules[0].arguments.t.equals",
+            "a string, an integer or a boolean",
+        ),
+        (
+            r#", "arguments": {"t": {"one_of": []}}"#,
+            "$.approvals.rules[0].arguments.t.one_of",
+            "is empty",
+        ),
+        (
+            r#", "arguments": {"t": {"one_of": ["a", "a"]}}"#,
+            "$.approvals.rules[0].arguments.t.one_of[1]",
+            "duplicate",
+        ),
+        (
+            r#", "arguments": {"t": {"prefix": ""}}"#,
+            "$.approvals.rules[0].arguments.t.prefix",
+            "is empty",
+        ),
+        (
+            r#", "arguments": {"t": {"prefix": "a\u202eb"}}"#,
+            "$.approvals.rules[0].arguments.t.prefix",
+            "contains",
+        ),
+        (
+            r#", "arguments": {"t": {"range": {"min": 3, "max": 2}}}"#,
+            "$.approvals.rules[0].arguments.t.range",
+            "min is greater than max",
+        ),
+        (
+            r#", "arguments": {"t": {"range": {"min": 3}}}"#,
+            "$.approvals.rules[0].arguments.t.range",
+            "missing required key \"max\"",
+        ),
+        (
+            r#", "arguments": {"t\u200b": {"any": true}}"#,
+            "$.approvals.rules[0].arguments[\"t\\u{200b}\"]",
+            "invisible character",
+        ),
+        (
+            r#", "arguments": []"#,
+            "$.approvals.rules[0].arguments",
+            "expected an object",
+        ),
+        (r#", "args_sha256": "ABCDEF"#, "", ""),
+        (
+            r#", "args_sha256": "00""#,
+            "$.approvals.rules[0].args_sha256",
+            "64 lowercase hex",
+        ),
+        (
+            r#", "agent_identities": ["00"]"#,
+            "$.approvals.rules[0].agent_identities[0]",
+            "64 lowercase hex",
+        ),
+        (
+            r#", "agent_uids": [-1]"#,
+            "$.approvals.rules[0].agent_uids[0]",
+            "from 0 to",
+        ),
+        (
+            r#", "agent_uids": [4294967295]"#,
+            "$.approvals.rules[0].agent_uids[0]",
+            "from 0 to 4294967294",
+        ),
+        (
+            r#", "agent_uids": [5, 5]"#,
+            "$.approvals.rules[0].agent_uids[1]",
+            "duplicate",
+        ),
+        (
+            r#", "agent_uids": ["5"]"#,
+            "$.approvals.rules[0].agent_uids[0]",
+            "an integer",
+        ),
+        (
+            r#", "max_calls_per_run": 0"#,
+            "$.approvals.rules[0].max_calls_per_run",
+            "from 1 to",
+        ),
+        (
+            r#", "max_calls_per_session": 1000000001"#,
+            "$.approvals.rules[0].max_calls_per_session",
+            "from 1 to 1000000000",
+        ),
+        (
+            r#", "expires": "2030-06-01""#,
+            "$.approvals.rules[0].expires",
+            "YYYY-MM-DDTHH:MM:SSZ",
+        ),
+        (
+            r#", "expires": "2030-02-30T00:00:00Z""#,
+            "$.approvals.rules[0].expires",
+            "YYYY-MM-DDTHH:MM:SSZ",
+        ),
+    ];
+    for (extra, path, words) in cases {
+        if path.is_empty() {
+            // Malformed JSON (an unterminated string): a syntax error, not a rule error.
+            assert!(matches!(
+                error(&rule_with(extra)).kind,
+                ConfigErrorKind::Syntax(_)
+            ));
+            continue;
+        }
+        let e = error(&rule_with(extra));
+        assert_eq!(e.path.to_string(), *path, "{extra}: {e}");
+        assert!(e.to_string().contains(words), "{extra}: {e}");
+    }
+    let whole: &[(&str, &str, &str)] = &[
+        (
+            r#"{"effect": "allow", "server": "ev", "tool": "echo"}"#,
+            "$.approvals.rules[0]",
+            "missing required key \"id\"",
+        ),
+        (
+            r#"{"id": "r", "server": "ev", "tool": "echo"}"#,
+            "$.approvals.rules[0]",
+            "missing required key \"effect\"",
+        ),
+        (
+            r#"{"id": "r", "effect": "permit", "server": "ev", "tool": "echo"}"#,
+            "$.approvals.rules[0].effect",
+            "must be one of: allow, deny",
+        ),
+        (
+            r#"{"id": "-r", "effect": "allow", "server": "ev", "tool": "echo"}"#,
+            "$.approvals.rules[0].id",
+            "starts with",
+        ),
+        (
+            r#"{"id": "r", "effect": "allow", "server": "e*", "tool": "echo"}"#,
+            "$.approvals.rules[0].server",
+            "outside the allowed set",
+        ),
+        (
+            r#"{"id": "r", "effect": "allow", "server": "ev", "tool": "ec ho"}"#,
+            "$.approvals.rules[0].tool",
+            "outside the allowed set",
+        ),
+        (
+            r#"{"id": "r", "effect": "allow", "server": "ev", "tool": "resources/list"}"#,
+            "$.approvals.rules[0].tool",
+            "outside the allowed set",
+        ),
+        (
+            r#"{"id": "r", "effect": "deny", "server": "ev", "tool": "echo", "max_calls_per_run": 3}"#,
+            "$.approvals.rules[0].max_calls_per_run",
+            "allow rules only",
+        ),
+        (
+            r#"{"id": "r", "effect": "deny", "server": "ev", "tool": "echo", "max_calls_per_session": 3}"#,
+            "$.approvals.rules[0].max_calls_per_session",
+            "allow rules only",
+        ),
+        (
+            r#"{"id": "r", "effect": "allow", "server": "ev", "tool": "a"}, {"id": "r", "effect": "deny", "server": "ev", "tool": "b"}"#,
+            "$.approvals.rules[1].id",
+            "duplicate entry (first at line 1",
+        ),
+        ("7", "$.approvals.rules[0]", "expected an object"),
+    ];
+    for (rules, path, words) in whole {
+        let e = error(&rules_doc(rules));
+        assert_eq!(e.path.to_string(), *path, "{rules}: {e}");
+        assert!(e.to_string().contains(words), "{rules}: {e}");
+    }
+    for (block, path, words) in [
+        (
+            r#"{"rules": [], "deferred": 3}"#,
+            "$.approvals.deferred",
+            "unknown key",
+        ),
+        (
+            r#"{"deferred_secs": 0}"#,
+            "$.approvals.deferred_secs",
+            "from 1 to 3600",
+        ),
+        (r#"[]"#, "$.approvals", "expected an object"),
+    ] {
+        let e = error(&doc_with(&format!(r#""approvals": {block}"#)));
+        assert_eq!(e.path.to_string(), path, "{block}: {e}");
+        assert!(e.to_string().contains(words), "{block}: {e}");
+    }
+    // The pseudo-tools of resource reads and prompt gets are names a rule may use.
+    for tool in ["resources/read", "prompts/get"] {
+        parse(&rules_doc(&format!(
+            r#"{{"id": "r", "effect": "allow", "server": "ev", "tool": "{tool}"}}"#
+        )))
+        .unwrap();
+    }
+    // A rule naming a server that is not configured is not a schema error: removing a server
+    // must never make the file unreadable; `approvals rules check` reports it.
+    parse(&rules_doc(
+        r#"{"id": "r", "effect": "allow", "server": "gone", "tool": "echo"}"#,
+    ))
+    .unwrap();
+}
+
+#[test]
+fn approval_rule_bounds_hold_at_the_limit_and_one_over() {
+    use crate::rules::{
+        DEFERRED_SECS_RANGE, MAX_ARGUMENT_NAME, MAX_CALLS_RANGE, MAX_ONE_OF, MAX_RULE_ARGUMENTS,
+        MAX_RULE_IDENTITIES, MAX_RULE_UIDS, MAX_RULES, MAX_UID,
+    };
+    type Build = Box<dyn Fn(usize) -> String>;
+    let hex = |i: usize| format!("{i:064x}");
+    let lists: Vec<(&str, usize, Build)> = vec![
+        (
+            "rules",
+            MAX_RULES,
+            Box::new(|n| {
+                rules_doc(
+                    &(0..n)
+                        .map(|i| {
+                            format!(
+                                r#"{{"id": "r{i}", "effect": "allow", "server": "ev", "tool": "echo"}}"#
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )
+            }),
+        ),
+        (
+            "arguments",
+            MAX_RULE_ARGUMENTS,
+            Box::new(|n| {
+                let m: Vec<String> = (0..n)
+                    .map(|i| format!(r#""a{i}": {{"any": true}}"#))
+                    .collect();
+                rule_with(&format!(r#", "arguments": {{{}}}"#, m.join(",")))
+            }),
+        ),
+        (
+            "one_of",
+            MAX_ONE_OF,
+            Box::new(|n| {
+                let v: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+                rule_with(&format!(
+                    r#", "arguments": {{"a": {{"one_of": [{}]}}}}"#,
+                    v.join(",")
+                ))
+            }),
+        ),
+        (
+            "agent_uids",
+            MAX_RULE_UIDS,
+            Box::new(|n| {
+                let v: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+                rule_with(&format!(r#", "agent_uids": [{}]"#, v.join(",")))
+            }),
+        ),
+        (
+            "agent_identities",
+            MAX_RULE_IDENTITIES,
+            Box::new(move |n| {
+                rule_with(&format!(
+                    r#", "agent_identities": [{}]"#,
+                    quoted_list(n, hex)
+                ))
+            }),
+        ),
+    ];
+    for (what, max, build) in lists {
+        parse(&build(max)).unwrap_or_else(|e| panic!("{what} at {max}: {e}"));
+        assert_eq!(
+            error(&build(max + 1)).kind,
+            ConfigErrorKind::TooMany { max },
+            "{what} one over"
+        );
+    }
+    let name = |n: usize| {
+        rule_with(&format!(
+            r#", "arguments": {{"{}": {{"any": true}}}}"#,
+            "a".repeat(n)
+        ))
+    };
+    parse(&name(MAX_ARGUMENT_NAME)).unwrap();
+    assert_eq!(
+        error(&name(MAX_ARGUMENT_NAME + 1)).kind,
+        ConfigErrorKind::Value(ValueError::TooLong {
+            max: MAX_ARGUMENT_NAME
+        })
+    );
+    let value = |n: usize| {
+        rule_with(&format!(
+            r#", "arguments": {{"a": {{"equals": "{}"}}}}"#,
+            "v".repeat(n)
+        ))
+    };
+    parse(&value(MAX_STRING_BYTES)).unwrap();
+    assert_eq!(
+        error(&value(MAX_STRING_BYTES + 1)).kind,
+        ConfigErrorKind::Value(ValueError::TooLong {
+            max: MAX_STRING_BYTES
+        })
+    );
+    let id = |n: usize| {
+        rules_doc(&format!(
+            r#"{{"id": "{}", "effect": "allow", "server": "ev", "tool": "echo"}}"#,
+            "r".repeat(n)
+        ))
+    };
+    parse(&id(crate::names::MAX_RULE_ID)).unwrap();
+    assert!(
+        error(&id(crate::names::MAX_RULE_ID + 1))
+            .to_string()
+            .contains("longer than 32 bytes")
+    );
+    type Ranged = Box<dyn Fn(u64) -> String>;
+    let ranges: Vec<(&str, (u64, u64), Ranged)> = vec![
+        (
+            "max_calls_per_run",
+            MAX_CALLS_RANGE,
+            Box::new(|v| rule_with(&format!(r#", "max_calls_per_run": {v}"#))),
+        ),
+        (
+            "max_calls_per_session",
+            MAX_CALLS_RANGE,
+            Box::new(|v| rule_with(&format!(r#", "max_calls_per_session": {v}"#))),
+        ),
+        (
+            "agent_uids",
+            (0, u64::from(MAX_UID)),
+            Box::new(|v| rule_with(&format!(r#", "agent_uids": [{v}]"#))),
+        ),
+        (
+            "deferred_secs",
+            DEFERRED_SECS_RANGE,
+            Box::new(|v| doc_with(&format!(r#""approvals": {{"deferred_secs": {v}}}"#))),
+        ),
+    ];
+    for (what, (min, max), build) in ranges {
+        parse(&build(min)).unwrap_or_else(|e| panic!("{what} at {min}: {e}"));
+        parse(&build(max)).unwrap_or_else(|e| panic!("{what} at {max}: {e}"));
+        assert_eq!(
+            error(&build(max + 1)).kind,
+            ConfigErrorKind::OutOfRange { min, max },
+            "{what} one over"
+        );
+        if min > 0 {
+            assert_eq!(
+                error(&build(min - 1)).kind,
+                ConfigErrorKind::OutOfRange { min, max },
+                "{what} one under"
+            );
+        }
+    }
+    crate::test_report::record(
+        "P5",
+        "policy/src/config/tests.rs::approval_rule_bounds_hold_at_the_limit_and_one_over",
+        serde_json::json!({
+            "rules": MAX_RULES, "arguments": MAX_RULE_ARGUMENTS, "one_of": MAX_ONE_OF,
+            "agent_uids": MAX_RULE_UIDS, "agent_identities": MAX_RULE_IDENTITIES,
+            "argument_name": MAX_ARGUMENT_NAME, "calls": MAX_CALLS_RANGE,
+            "deferred_secs": DEFERRED_SECS_RANGE,
+        }),
+    );
+}
+
+#[test]
+fn sandbox_network_and_egress_parse_strictly_within_bounds_one_over() {
+    let with = |fragment: &str| stdio_with(&format!(r#", "sandbox": {{{fragment}}}"#));
+    let sandbox = |fragment: &str| match parse(&with(fragment)).unwrap().mcp_servers[0]
+        .transport
+        .clone()
+    {
+        Transport::Stdio(st) => st.sandbox,
+        Transport::Http(_) => unreachable!(),
+    };
+    assert_eq!(sandbox("").network, None);
+    assert_eq!(
+        sandbox(r#""network": "host""#).network,
+        Some(SandboxNetwork::Host)
+    );
+    assert_eq!(
+        sandbox(r#""network": "namespace""#).network,
+        Some(SandboxNetwork::Namespace)
+    );
+    for bad in ["Host", "none", ""] {
+        assert_eq!(
+            error(&with(&format!(r#""network": "{bad}""#))).kind,
+            ConfigErrorKind::Value(ValueError::BadSandboxNetwork),
+            "{bad:?}"
+        );
+    }
+    let rules = sandbox(r#""egress": ["intranet.example", "*.corp.example", "10.0.0.0/8"]"#).egress;
+    assert_eq!(
+        rules,
+        vec![
+            EgressRule::Name("intranet.example".into()),
+            EgressRule::Suffix("corp.example".into()),
+            EgressRule::Cidr {
+                net: "10.0.0.0".parse().unwrap(),
+                len: 8
+            },
+        ]
+    );
+    // The list's bound at the limit and one over; duplicates and bad entries are errors.
+    let list = |n: usize| {
+        format!(
+            r#""egress": [{}]"#,
+            quoted_list(n, |i| format!("h{i}.example"))
+        )
+    };
+    assert_eq!(
+        sandbox(&list(MAX_EGRESS_RULES)).egress.len(),
+        MAX_EGRESS_RULES
+    );
+    assert!(matches!(
+        error(&with(&list(MAX_EGRESS_RULES + 1))).kind,
+        ConfigErrorKind::TooMany { .. }
+    ));
+    assert!(matches!(
+        error(&with(r#""egress": ["a.example", "A.example"]"#)).kind,
+        ConfigErrorKind::Duplicate { .. }
+    ));
+    for (bad, why) in [
+        ("*.com", EgressRuleError::TooWide),
+        ("10.0.0.1/8", EgressRuleError::BadCidr),
+        ("http://a.example/", EgressRuleError::Grammar),
+    ] {
+        let e = error(&with(&format!(r#""egress": ["{bad}"]"#)));
+        assert_eq!(
+            e.kind,
+            ConfigErrorKind::Value(ValueError::Egress(why)),
+            "{bad}"
+        );
+        assert_eq!(e.path.to_string(), "$.mcp_servers[0].sandbox.egress[0]");
+    }
+    // Written back, it reads the same.
+    let c = parse(&with(
+        r#""network": "host", "egress": ["*.corp.example", "fd00::/8"]"#,
+    ))
+    .unwrap();
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    crate::test_report::record(
+        "P9",
+        "policy/src/config/tests.rs::sandbox_network_and_egress_parse_strictly_within_bounds_one_over",
+        serde_json::json!({"max_egress_rules": MAX_EGRESS_RULES}),
+    );
 }
