@@ -746,3 +746,868 @@ fn a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed
         serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }
+
+/// Replace server `name`'s `oauth` block in the home's configuration (the file keeps its mode).
+fn set_oauth(home: &Home, name: &str, oauth: serde_json::Value) {
+    let path = home.0.join("home/config.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let servers = doc["mcp_servers"].as_array_mut().unwrap();
+    let server = servers.iter_mut().find(|s| s["name"] == name).unwrap();
+    server["oauth"] = oauth;
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+}
+
+/// The lines of a shared `REQUEST_LOG`.
+fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The prefix of a token's SHA-256 that `mcp_server.mjs` logs.
+fn token_sha256(token: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(token.as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect::<String>()[..16].to_owned()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!("iteron-oauth-ext-log-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    // Access tokens live 2 s: inside the 30 s margin, so every use renews (rotation is used).
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    // A real token pair, from a login in another home (a public, dynamically registered client).
+    let source = Home::new_tagged("ext-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client_id = cred["binding"]["client_id"].as_str().unwrap().to_owned();
+    // The CI home: the same server, its token named by variables, nothing stored.
+    let ci = Home::new_tagged("ext-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "expires_at_env": "CI_EXPIRES",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": client_id,
+        }),
+    );
+    let status = ci.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "external", "{v}");
+    // Expired by its variable (the token itself is still good at the AS): never sent, renewed
+    // first, and renewed again with the rotated refresh token the broker kept in memory.
+    let expired = (unix_now() - 10).to_string();
+    let env = [
+        ("CI_ACCESS", access.as_str()),
+        ("CI_EXPIRES", expired.as_str()),
+        ("CI_REFRESH", refresh.as_str()),
+    ];
+    let test = ci
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let lines = log_lines(&log);
+    let refreshes: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["route"] == "token" && l["grant_type"] == "refresh_token")
+        .collect();
+    assert!(
+        refreshes.len() >= 2 && refreshes.iter().all(|l| l["status"] == 200),
+        "a renewal with a rotated refresh token was refused: {refreshes:?}"
+    );
+    assert!(
+        refreshes
+            .iter()
+            .all(|l| l["client_id"] == client_id.as_str() && l["resource"] == pair.mcp_url.as_str()),
+        "{refreshes:?}"
+    );
+    let presented: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp")
+        .filter_map(|l| l["token_sha256"].as_str())
+        .collect();
+    assert!(!presented.is_empty());
+    assert!(
+        !presented.contains(&token_sha256(&access).as_str()),
+        "the expired token was sent"
+    );
+    // The variable's refresh token was rotated away: the AS refuses it now.
+    assert!(!active(&pair.issuer, &refresh));
+    // Expired, and nothing to renew it with: nothing is sent at all.
+    let plain = Home::new_tagged("ext-plain");
+    assert!(
+        plain
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &plain,
+        "guarded",
+        serde_json::json!({"access_token_env": "CI_ACCESS", "expires_at_env": "CI_EXPIRES"}),
+    );
+    let before = log_lines(&log).len();
+    let refused = plain
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(8));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("there is no refresh token to renew it; nothing was sent"),
+        "{err}"
+    );
+    assert!(
+        log_lines(&log)[before..]
+            .iter()
+            .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
+        "a request carried the expired token"
+    );
+    // A malformed expiry is refused before anything is sent.
+    let bad = plain
+        .cmd(&["mcp", "test", "guarded"])
+        .envs(env)
+        .env("CI_EXPIRES", "tomorrow")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(8));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("CI_EXPIRES (the access token's expiry)")
+    );
+    // Logout revokes at revoke_url: a fresh pair, still valid, is dead at the AS afterwards.
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access2 = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh2 = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(active(&pair.issuer, &refresh2));
+    // (The second login registered another client: the AS revokes a client's own tokens only.)
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let logout = ci
+        .cmd(&["mcp", "auth", "logout", "guarded"])
+        .env("CI_ACCESS", &access2)
+        .env("CI_REFRESH", &refresh2)
+        .output()
+        .unwrap();
+    assert!(
+        logout.status.success(),
+        "{}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&logout.stdout).contains("revoked at revoke_url"),
+        "{}",
+        String::from_utf8_lossy(&logout.stdout)
+    );
+    assert!(!active(&pair.issuer, &refresh2) && !active(&pair.issuer, &access2));
+    let revocations = log_lines(&log)
+        .into_iter()
+        .filter(|l| l["route"] == "revocation" && l["status"] == 200)
+        .count();
+    assert!(
+        revocations >= 2,
+        "refresh and access tokens were not both revoked"
+    );
+    assert_no_token(
+        &[&status, &test, &refused, &bad, &logout],
+        &[&access, &refresh, &access2, &refresh2],
+    );
+    let config = std::fs::read_to_string(ci.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(&access) && !config.contains(&refresh));
+    assert!(ci.credential().is_none(), "a token was written to the home");
+    let _ = std::fs::remove_file(&log);
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout",
+        serde_json::json!({"authorization_server": "oidc-provider", "refreshes": refreshes.len(), "revocations": revocations}),
+    );
+}
+
+#[test]
+fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!(
+        "iteron-oauth-ext-broker-log-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    let source = Home::new_tagged("ext-broker-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ci = Home::new_tagged("ext-broker-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "expires_at_env": "CI_EXPIRES",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let sock = ci.0.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let expired = (unix_now() - 10).to_string();
+    let broker = Proc(
+        ci.cmd(&["broker", "serve", "--socket", &sock_s])
+            .env("CI_ACCESS", &access)
+            .env("CI_EXPIRES", &expired)
+            .env("CI_REFRESH", &refresh)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agent = |args: &[&str]| {
+        let mut full = vec!["agent", "--socket", sock_s.as_str()];
+        full.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(&full)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    // The broker renews (the variable says the token expired) and lists the server's tools.
+    let tools = agent(&["tools", "--format", "json"]);
+    let listed = String::from_utf8_lossy(&tools.stdout).into_owned();
+    assert!(
+        tools.status.success() && listed.contains("whoami"),
+        "{listed} {}",
+        String::from_utf8_lossy(&tools.stderr)
+    );
+    assert!(!active(&pair.issuer, &refresh), "the broker did not rotate");
+    // Logout without the variables: only the broker knows the tokens it holds now.
+    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
+    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
+    assert!(
+        logout.status.success() && said.contains("the running broker revoked its tokens"),
+        "{said} {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    let after = log_lines(&log).len();
+    // The server was restarted; reconnecting finds the tokens revoked and sends nothing.
+    let again = agent(&["tools", "--format", "json"]);
+    assert!(
+        !String::from_utf8_lossy(&again.stdout).contains("whoami"),
+        "the revoked bearer was used again"
+    );
+    assert!(
+        log_lines(&log)[after..]
+            .iter()
+            .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
+        "a request carried a revoked token after logout"
+    );
+    let status = ci.run(&["broker", "status", "--format", "json"]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    drop(broker);
+    assert_no_token(&[&tools, &logout, &again, &status], &[&access, &refresh]);
+    let _ = std::fs::remove_file(&log);
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again",
+        serde_json::json!({"authorization_server": "oidc-provider"}),
+    );
+}
+
+/// A 0600 copy of the test-only P-256 key (the repository's copy has whatever mode git gave it).
+fn private_key_copy(home: &Home) -> PathBuf {
+    let src = root().join("fixtures/keys/p256-test-only.pem");
+    let dst = home.0.join("ci-client-key.pem");
+    std::fs::write(&dst, std::fs::read(src).unwrap()).unwrap();
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600)).unwrap();
+    dst
+}
+
+#[test]
+fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authentication() {
+    let dir = fixture();
+    let secret = "CCSECRETcanary7f3e9a";
+    for method in [
+        "client_secret_basic",
+        "client_secret_post",
+        "private_key_jwt",
+    ] {
+        let home = Home::new_tagged(&format!("cc-{method}"));
+        let key = private_key_copy(&home);
+        let log = home.0.join("requests.log");
+        let log_s = log.to_str().unwrap().to_owned();
+        let as_env = [
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_SECRET", secret),
+            ("CC_CLIENT_AUTH_METHOD", method),
+            ("CC_CLIENT_KEY_FILE", key.to_str().unwrap()),
+            ("REQUEST_LOG", log_s.as_str()),
+        ];
+        let pair = start_pair_with(&dir, "2", &[("REQUEST_LOG", log_s.as_str())], &as_env);
+        assert!(
+            home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+                .status
+                .success()
+        );
+        let mut oauth = serde_json::json!({
+            "grant": "client_credentials",
+            "client_id": "iteron-ci",
+            "issuer": pair.issuer,
+            "token_endpoint_auth": method,
+        });
+        if method == "private_key_jwt" {
+            oauth["client_key_file"] = key.to_str().unwrap().into();
+        } else {
+            oauth["client_secret_env"] = "CI_SECRET".into();
+        }
+        set_oauth(&home, "guarded", oauth);
+        // No --no-browser, no callback: the login just fetches a token.
+        let login = home
+            .cmd(&["mcp", "auth", "login", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&login.stdout).into_owned();
+        assert!(
+            login.status.success(),
+            "{method}: {said} {}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+        assert!(
+            said.contains("without a browser (client_credentials grant"),
+            "{said}"
+        );
+        let cred = home.credential().unwrap();
+        assert_eq!(cred["binding"]["token_auth"], method, "{cred}");
+        assert_eq!(cred["binding"]["client_id"], "iteron-ci");
+        assert!(
+            cred["secrets"]["client_secret"].is_null(),
+            "a configured client secret was copied into the credential"
+        );
+        let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+        let info = introspect(&pair.issuer, &access);
+        assert_eq!(info["active"], true, "{info}");
+        assert_eq!(info["client_id"], "iteron-ci", "{info}");
+        let want_auth = match method {
+            "client_secret_basic" => "basic",
+            "client_secret_post" => "client_secret_post",
+            _ => "client_assertion",
+        };
+        let grants: Vec<serde_json::Value> = log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token")
+            .collect();
+        assert_eq!(grants.len(), 1, "{grants:?}");
+        assert_eq!(grants[0]["grant_type"], "client_credentials");
+        assert_eq!(grants[0]["client_auth"], want_auth, "{grants:?}");
+        assert_eq!(grants[0]["resource"], pair.mcp_url.as_str());
+        assert_eq!(grants[0]["status"], 200, "{grants:?}");
+        // The token lives 2 s: once it expired, the next use runs the grant again by itself.
+        std::thread::sleep(Duration::from_millis(2500));
+        let test = home
+            .cmd(&["mcp", "test", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        assert!(
+            test.status.success(),
+            "{method}: {}",
+            String::from_utf8_lossy(&test.stderr)
+        );
+        let grants = log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token" && l["grant_type"] == "client_credentials")
+            .count();
+        assert!(
+            grants >= 2,
+            "{method}: the expired token was not renewed by the grant"
+        );
+        assert!(!active(&pair.issuer, &access) || grants >= 2);
+        // Logout revokes the current token.
+        let current = home.credential().unwrap()["secrets"]["access_token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let logout = home
+            .cmd(&["mcp", "auth", "logout", "guarded"])
+            .env("CI_SECRET", secret)
+            .output()
+            .unwrap();
+        assert!(logout.status.success());
+        assert!(
+            String::from_utf8_lossy(&logout.stdout).contains("revoked at the authorization server"),
+            "{method}: {}",
+            String::from_utf8_lossy(&logout.stdout)
+        );
+        assert!(!active(&pair.issuer, &current));
+        assert!(home.credential().is_none());
+        let key_pem = std::fs::read_to_string(&key).unwrap();
+        let key_body = key_pem.lines().nth(1).unwrap().to_owned();
+        assert_no_token(
+            &[&login, &test, &logout],
+            &[&access, &current, secret, &key_body],
+        );
+        let config = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+        assert!(!config.contains(secret) && !config.contains(&key_body));
+    }
+    // Without any login, the broker's connection obtains the token itself.
+    let home = Home::new_tagged("cc-nologin");
+    let pair = start_pair_with(
+        &dir,
+        "60",
+        &[],
+        &[("CC_CLIENT_ID", "iteron-ci"), ("CC_CLIENT_SECRET", secret)],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &home,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET"}),
+    );
+    let test = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    assert_no_token(&[&test], &[secret]);
+    // A wrong secret is refused by the AS, once, and nothing is stored.
+    let other = Home::new_tagged("cc-wrong");
+    assert!(
+        other
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &other,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET"}),
+    );
+    let wrong = other
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_SECRET", "not-the-secret")
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(8));
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("invalid_client"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(other.credential().is_none());
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authentication",
+        serde_json::json!({"authorization_server": "oidc-provider",
+            "methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
+    );
+}
+
+/// POST a JSON-RPC `tools/list` to the MCP server with `authorization` (and no DPoP proof);
+/// returns the HTTP status.
+fn raw_mcp_status(url: &str, authorization: &str) -> u16 {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys,urllib.request,urllib.error\n\
+             r=urllib.request.Request(sys.argv[1],data=b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}',\
+             headers={'Authorization':sys.argv[2],'Content-Type':'application/json','Accept':'application/json, text/event-stream'})\n\
+             try:\n  print(urllib.request.urlopen(r).status)\nexcept urllib.error.HTTPError as e:\n  print(e.code)",
+        )
+        .arg(url)
+        .arg(authorization)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server_that_wants_nonces()
+{
+    let dir = fixture();
+    let home = Home::new_tagged("dpop");
+    let log = home.0.join("requests.log");
+    let log_s = log.to_str().unwrap().to_owned();
+    let secret = "CCDPOPSECRETcanary55";
+    let pair = start_pair_with(
+        &dir,
+        "2",
+        &[("REQUEST_LOG", log_s.as_str())],
+        &[
+            ("REQUEST_LOG", log_s.as_str()),
+            ("DPOP_REQUIRE_NONCE", "1"),
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_SECRET", secret),
+        ],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(&home, "guarded", serde_json::json!({"dpop": true}));
+    // The browser login: the code is exchanged with a proof, once refused for a nonce and then
+    // sent with it.
+    let printed = login_via_cli(&home, &dir, &pair, &[], &[]);
+    let cred = home.credential().unwrap();
+    let key = cred["secrets"]["dpop_key"].as_str().unwrap().to_owned();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let info = introspect(&pair.issuer, &access);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    assert!(
+        info["cnf"]["jkt"].as_str().is_some_and(|j| j.len() == 43),
+        "{info}"
+    );
+    let exchanges: Vec<serde_json::Value> = log_lines(&log)
+        .into_iter()
+        .filter(|l| l["route"] == "token" && l["grant_type"] == "authorization_code")
+        .collect();
+    assert_eq!(
+        exchanges
+            .iter()
+            .map(|l| (l["status"].clone(), l["error"].clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (serde_json::json!(400), serde_json::json!("use_dpop_nonce")),
+            (serde_json::json!(200), serde_json::Value::Null),
+        ],
+        "one refusal for the nonce, then exactly one exchange with it"
+    );
+    // A stolen token is useless without the key: presented as Bearer, or as DPoP without a
+    // proof, the server refuses it.
+    assert_eq!(
+        raw_mcp_status(&pair.mcp_url, &format!("Bearer {access}")),
+        401
+    );
+    assert_eq!(
+        raw_mcp_status(&pair.mcp_url, &format!("DPoP {access}")),
+        401
+    );
+    // The token expires (2 s): the refresh is DPoP-bound too, and every request carries a proof.
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = log_lines(&log).len();
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let lines = log_lines(&log)[before..].to_vec();
+    let refreshes: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| {
+            l["route"] == "token" && l["grant_type"] == "refresh_token" && l["status"] == 200
+        })
+        .collect();
+    assert!(!refreshes.is_empty(), "no DPoP-bound refresh");
+    let schemes: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
+        .filter_map(|l| l["scheme"].as_str())
+        .collect();
+    assert!(
+        !schemes.is_empty() && schemes.iter().all(|s| *s == "DPoP"),
+        "{schemes:?}"
+    );
+    let now = home.credential().unwrap();
+    assert_eq!(
+        now["secrets"]["dpop_key"],
+        key.as_str(),
+        "the refresh changed the key"
+    );
+    let renewed = now["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let info = introspect(&pair.issuer, &renewed);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    // A client-credentials grant asks for a DPoP-bound token just the same.
+    let ci = Home::new_tagged("dpop-cc");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "client_secret_env": "CI_SECRET", "dpop": true}),
+    );
+    let login = ci
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        login.status.success(),
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let cc = ci.credential().unwrap();
+    let cc_access = cc["secrets"]["access_token"].as_str().unwrap().to_owned();
+    assert!(cc["secrets"]["dpop_key"].is_string());
+    assert_ne!(
+        cc["secrets"]["dpop_key"],
+        key.as_str(),
+        "two logins share a key"
+    );
+    let info = introspect(&pair.issuer, &cc_access);
+    assert_eq!(info["token_type"], "DPoP", "{info}");
+    let test_cc = ci
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        test_cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test_cc.stderr)
+    );
+    assert!(!printed.contains(&access) && !printed.contains(&key));
+    assert_no_token(
+        &[&test, &login, &test_cc],
+        &[&access, &refresh, &key, &renewed, &cc_access, secret],
+    );
+    report::record(
+        "P16",
+        "tests/oauth_login.rs::dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server_that_wants_nonces",
+        serde_json::json!({"authorization_server": "oidc-provider", "as_nonce": true,
+            "refreshes": refreshes.len()}),
+    );
+}
+
+#[test]
+fn status_and_doctor_show_how_each_server_gets_its_tokens_without_contacting_anything() {
+    let home = Home::new_tagged("grant-kinds");
+    // Nothing listens on these ports: every command below stays local.
+    for (name, url) in [
+        ("browser", "http://127.0.0.1:9/mcp"),
+        ("ci", "http://127.0.0.1:9/ci"),
+        ("workload", "http://127.0.0.1:9/wl"),
+        ("env", "http://127.0.0.1:9/env"),
+    ] {
+        assert!(
+            home.run(&["mcp", "add", name, "--url", url])
+                .status
+                .success()
+        );
+    }
+    let key = private_key_copy(&home);
+    let token = home.0.join("token.jwt");
+    std::fs::write(&token, "aaa.bbb.ccc\n").unwrap();
+    set_oauth(&home, "browser", serde_json::json!({"dpop": true}));
+    set_oauth(
+        &home,
+        "ci",
+        serde_json::json!({"grant": "client_credentials", "client_id": "ci",
+            "issuer": "http://127.0.0.1:9", "client_key_file": key.to_str().unwrap(), "dpop": true}),
+    );
+    set_oauth(
+        &home,
+        "workload",
+        serde_json::json!({"grant": "jwt_bearer", "issuer": "http://127.0.0.1:9",
+            "identity_token_file": token.to_str().unwrap()}),
+    );
+    set_oauth(
+        &home,
+        "env",
+        serde_json::json!({"access_token_env": "CI_TOKEN"}),
+    );
+    let want = [
+        ("browser", "authorization_code", true),
+        ("ci", "client_credentials", true),
+        ("workload", "jwt_bearer", false),
+        ("env", "external", false),
+    ];
+    for (name, grant, dpop) in want {
+        let out = home.run(&["mcp", "auth", "status", name, "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["grant"], grant, "{v}");
+        assert_eq!(v["dpop"], dpop, "{v}");
+        let text = home.run(&["mcp", "auth", "status", name]);
+        let line = String::from_utf8_lossy(&text.stdout).into_owned();
+        assert!(line.contains(&format!("grant {grant}")), "{line}");
+        assert_eq!(line.contains("DPoP-bound"), dpop, "{line}");
+    }
+    let status = home.run(&["mcp", "status", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    for (name, grant, _) in want {
+        let row = v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap();
+        assert_eq!(row["grant"], grant, "{row}");
+    }
+    // doctor reads the key and the identity token now (nothing is sent) and says what is wrong.
+    let doctor = home.run(&["mcp", "doctor", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let grant_check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "grant")
+            .unwrap()
+            .clone()
+    };
+    let ci = grant_check("ci");
+    assert_eq!(ci["ok"], true, "{ci}");
+    assert_eq!(
+        ci["detail"],
+        "client_credentials (private_key_jwt; no browser needed), DPoP-bound"
+    );
+    assert_eq!(grant_check("workload")["ok"], true);
+    assert_eq!(
+        grant_check("browser")["detail"],
+        "authorization_code, DPoP-bound"
+    );
+    // A key file others can read, and an identity token that is not a JWT, fail their check.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&token, "not a jwt\n").unwrap();
+    let doctor = home.run(&["mcp", "doctor", "--format", "json"]);
+    assert_eq!(doctor.status.code(), Some(8));
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let check = |name: &str| {
+        v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "grant")
+            .unwrap()
+            .clone()
+    };
+    let ci = check("ci");
+    assert_eq!(ci["ok"], false);
+    assert!(
+        ci["detail"]
+            .as_str()
+            .unwrap()
+            .contains("readable or writable by group or others"),
+        "{ci}"
+    );
+    let wl = check("workload");
+    assert_eq!(wl["ok"], false);
+    assert!(
+        wl["detail"]
+            .as_str()
+            .unwrap()
+            .contains("is not one compact JWT"),
+        "{wl}"
+    );
+    let key_body = std::fs::read_to_string(&key)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    assert!(!String::from_utf8_lossy(&doctor.stdout).contains(&key_body));
+}

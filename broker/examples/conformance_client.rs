@@ -16,12 +16,19 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use iteron_broker::mcp::client::{Client, McpError, Options};
+use iteron_broker::mcp::client::{
+    AccessToken, Client, McpError, Options, TokenFuture, TokenSource,
+};
 use iteron_broker::mcp::elicit::AcceptDefaults;
 use iteron_broker::mcp::version::{Version, VersionPolicy};
 use iteron_broker::mcp::{TransportError, TransportErrorKind};
 use iteron_broker::net::{Net, NetConfig, ZoneClient};
-use iteron_broker::oauth::flow::{self, ClientSettings, Mode, OAuthClient};
+use iteron_broker::oauth::dpop::DpopKey;
+use iteron_broker::oauth::flow::{self, ClientKind, ClientSettings, Mode, OAuthClient, TokenAuth};
+use iteron_broker::oauth::grant::{
+    self, GrantRequest, IdentityProvider, IdentitySource, IdentityToken, Kind,
+};
+use iteron_broker::oauth::jose::SigningKey;
 use iteron_broker::oauth::metadata;
 use iteron_broker::oauth::{Challenge, ExposeSecret, SecretString};
 use iteron_policy::url::EndpointUrl;
@@ -45,6 +52,15 @@ struct Login {
     http: ZoneClient,
     server: EndpointUrl,
     settings: ClientSettings,
+    /// The noninteractive grant the scenario is about (its context carries the client's own
+    /// credentials), instead of a browser login.
+    grant: Option<Kind>,
+    /// The workload's identity token (`auth/wif-jwt-bearer`: the context's valid one).
+    identity: Option<IdentityToken>,
+    /// Ask for DPoP-bound tokens (`auth/dpop`, `auth/dpop-nonce`).
+    dpop: bool,
+    /// The enterprise identity provider (`auth/enterprise-managed-authorization`).
+    idp: Option<IdentityProvider>,
     clients: HashMap<String, OAuthClient>,
     requested: Vec<String>,
     union: bool,
@@ -52,7 +68,7 @@ struct Login {
 }
 
 impl Login {
-    async fn login(&mut self, challenge: Option<&Challenge>) -> Result<SecretString, String> {
+    async fn login(&mut self, challenge: Option<&Challenge>) -> Result<AccessToken, String> {
         self.attempts += 1;
         if self.attempts > MAX_AUTHORIZATIONS {
             return Err(format!(
@@ -63,10 +79,47 @@ impl Login {
             .await
             .map_err(|e| e.to_string())?;
         let issuer = prm.authorization_servers[0].clone();
+        if let Some(kind) = self.grant {
+            // The operator's configuration, played from the context: a pre-registered client
+            // pinned to the issuer the resource names.
+            let auth = if self.settings.client_key.is_some() {
+                TokenAuth::PrivateKeyJwt
+            } else if self.settings.client_secret.is_some() {
+                TokenAuth::Basic
+            } else {
+                TokenAuth::None
+            };
+            let req = GrantRequest {
+                server: self.server.clone(),
+                resource: None,
+                issuer: issuer.clone(),
+                scopes: None,
+                client: OAuthClient {
+                    id: self.settings.client_id.clone().unwrap_or_default(),
+                    secret: self.settings.client_secret.clone(),
+                    key: self.settings.client_key.clone(),
+                    dpop: None,
+                    auth,
+                    kind: ClientKind::PreRegistered,
+                    issuer,
+                },
+                kind,
+                identity: self.identity.clone(),
+                dpop: self.dpop,
+                idp: self.idp.clone(),
+            };
+            let out = grant::obtain(&self.http, &req, challenge)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(AccessToken {
+                token: out.tokens.access,
+                dpop: out.client.dpop,
+            });
+        }
         let meta = metadata::discover_server(&self.http, &issuer)
             .await
             .map_err(|e| e.to_string())?;
-        let client = match self.clients.get(&issuer) {
+        let mut client = match self.clients.get(&issuer) {
             Some(c) => c.clone(),
             None => {
                 let c =
@@ -77,6 +130,9 @@ impl Login {
                 c
             }
         };
+        if self.dpop {
+            client.dpop = Some(Arc::new(DpopKey::generate().map_err(|e| e.to_string())?));
+        }
         let chosen = flow::choose_scope(
             None,
             None,
@@ -124,7 +180,25 @@ impl Login {
         let tokens = flow::exchange(&self.http, &meta, &client, &attempt, code)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(tokens.access)
+        Ok(AccessToken {
+            token: tokens.access,
+            dpop: client.dpop,
+        })
+    }
+}
+
+/// The token a login gave, as the client's managed token: installed before the handshake (a
+/// DPoP-bound token needs its proof on every request); a 401 presents it once more.
+struct Fixed(AccessToken);
+
+impl TokenSource for Fixed {
+    fn current(&self) -> TokenFuture<'_> {
+        let t = self.0.clone();
+        Box::pin(async move { Ok(t) })
+    }
+
+    fn refresh(&self) -> TokenFuture<'_> {
+        self.current()
     }
 }
 
@@ -164,24 +238,66 @@ async fn run(
         settings: ClientSettings {
             client_id: text("client_id"),
             client_secret: text("client_secret").map(SecretString::from),
+            client_key: match text("private_key_pem") {
+                Some(pem) => Some(Arc::new(
+                    SigningKey::from_pem(&pem).map_err(|e| e.to_string())?,
+                )),
+                None => None,
+            },
             cimd_url: Some(CIMD_URL.into()),
             client_name: "iteron-conformance-client".into(),
         },
+        grant: match scenario {
+            "auth/client-credentials-basic" | "auth/client-credentials-jwt" => {
+                Some(Kind::ClientCredentials)
+            }
+            "auth/wif-jwt-bearer" => Some(Kind::JwtBearer),
+            "auth/enterprise-managed-authorization" => Some(Kind::IdJag),
+            _ => None,
+        },
+        idp: match (text("idp_issuer"), text("idp_client_id")) {
+            (Some(issuer), Some(id)) => Some(IdentityProvider {
+                issuer: issuer.clone(),
+                client: OAuthClient {
+                    id,
+                    secret: None,
+                    key: None,
+                    dpop: None,
+                    auth: TokenAuth::None,
+                    kind: ClientKind::PreRegistered,
+                    issuer,
+                },
+            }),
+            _ => None,
+        },
+        dpop: scenario.starts_with("auth/dpop"),
+        identity: text("valid_jwt").or_else(|| text("idp_id_token")).map(|t| {
+            IdentityToken::new(IdentitySource::Value(
+                SecretString::from(t),
+                "of the scenario context".into(),
+            ))
+        }),
         clients: HashMap::new(),
         requested: Vec::new(),
         union: version.is_some_and(|v| v.is_modern()),
         attempts: 0,
     };
-    let mut bearer: Option<SecretString> = None;
+    let mut bearer: Option<AccessToken> = None;
     let mcp = loop {
         let mut headers = HeaderMap::new();
-        if let Some(b) = &bearer {
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", b.expose_secret()))
-                .map_err(|e| e.to_string())?;
-            v.set_sensitive(true);
-            headers.insert(AUTHORIZATION, v);
+        let mut opts = opts.clone();
+        match &bearer {
+            // A DPoP-bound token is installed by the client itself, with a proof per request.
+            Some(b) if b.dpop.is_some() => opts.token = Some(Arc::new(Fixed(b.clone()))),
+            Some(b) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {}", b.token.expose_secret()))
+                    .map_err(|e| e.to_string())?;
+                v.set_sensitive(true);
+                headers.insert(AUTHORIZATION, v);
+            }
+            None => {}
         }
-        match Client::connect_http(client.clone(), url.clone(), headers, opts.clone()).await {
+        match Client::connect_http(client.clone(), url.clone(), headers, opts).await {
             Ok(c) => break c,
             Err(e) => match unauthorized(&e) {
                 Some(challenge) => bearer = Some(login.login(challenge.as_ref()).await?),
@@ -190,7 +306,7 @@ async fn run(
         }
     };
     if let Some(b) = &bearer {
-        mcp.set_bearer(Some(b));
+        mcp.set_access(b);
     }
     // Every operation: when the server asks for (more) authorization, log in and try again —
     // a request that got a 401/403 was refused before it ran, so repeating it is safe.
@@ -201,7 +317,7 @@ async fn run(
                     Err(e) => match unauthorized(&e) {
                         Some(challenge) => {
                             let token = login.login(challenge.as_ref()).await?;
-                            mcp.set_bearer(Some(&token));
+                            mcp.set_access(&token);
                         }
                         None => break Err(e),
                     },

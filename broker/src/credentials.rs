@@ -113,6 +113,9 @@ pub struct Secrets {
     /// status` says `refresh_failed`. Written as `"refresh_failed": true` only when set; a
     /// file without the key reads as `false`.
     pub refresh_failed: bool,
+    /// The DPoP key the tokens are bound to (base64url PKCS#8), when the login asked for
+    /// sender-constrained tokens. Written only when present; absent reads as `None`.
+    pub dpop_key: Option<SecretString>,
 }
 
 /// A stored credential: its binding and its secrets.
@@ -146,6 +149,7 @@ impl fmt::Debug for Secrets {
             )
             .field("expires_at", &self.expires_at)
             .field("refresh_failed", &self.refresh_failed)
+            .field("dpop_key", &self.dpop_key.as_ref().map(|_| NotShown))
             .finish()
     }
 }
@@ -321,7 +325,12 @@ const CLIENT_KINDS: [ClientKind; 3] = [
     ClientKind::Cimd,
     ClientKind::Dynamic,
 ];
-const TOKEN_AUTHS: [TokenAuth; 3] = [TokenAuth::None, TokenAuth::Basic, TokenAuth::Post];
+const TOKEN_AUTHS: [TokenAuth; 4] = [
+    TokenAuth::None,
+    TokenAuth::Basic,
+    TokenAuth::Post,
+    TokenAuth::PrivateKeyJwt,
+];
 
 fn client_kind_str(kind: ClientKind) -> &'static str {
     match kind {
@@ -402,6 +411,8 @@ struct SecretsOut<'a> {
     expires_at: Option<u64>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     refresh_failed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dpop_key: Option<&'a str>,
 }
 
 /// A field that must be present: missing → `None` (the file is incomplete); present → the
@@ -532,6 +543,9 @@ struct SecretsIn {
     /// Optional: absent means `false`.
     #[serde(default)]
     refresh_failed: bool,
+    /// Optional: absent means no DPoP key.
+    #[serde(default)]
+    dpop_key: Option<SecretIn>,
 }
 
 /// Why bytes are not a credential, before the path is known.
@@ -581,6 +595,7 @@ fn secrets_in(s: SecretsIn) -> Result<Secrets, Decode> {
         client_secret: need(s.client_secret)?.map(|t| t.0),
         expires_at: need(s.expires_at)?,
         refresh_failed: s.refresh_failed,
+        dpop_key: s.dpop_key.map(|k| k.0),
     })
 }
 
@@ -591,6 +606,7 @@ fn secrets_out(s: &Secrets) -> SecretsOut<'_> {
         client_secret: s.client_secret.as_ref().map(|t| t.expose_secret()),
         expires_at: s.expires_at,
         refresh_failed: s.refresh_failed,
+        dpop_key: s.dpop_key.as_ref().map(|t| t.expose_secret()),
     }
 }
 
@@ -747,6 +763,7 @@ fn same(a: &Credential, b: &Credential) -> bool {
         )
         && a.secrets.expires_at == b.secrets.expires_at
         && a.secrets.refresh_failed == b.secrets.refresh_failed
+        && same_optional_secret(a.secrets.dpop_key.as_ref(), b.secrets.dpop_key.as_ref())
 }
 
 /// The bytes of a credential: the file, and for a keyring-backed credential the keyring entry.
@@ -1283,6 +1300,7 @@ mod tests {
                 client_secret: Some(SecretString::from(format!("cs-{token}"))),
                 expires_at: Some(1_900_000_000),
                 refresh_failed: false,
+                dpop_key: None,
             },
         }
     }
@@ -1314,7 +1332,7 @@ mod tests {
             .build()
             .unwrap();
         let first = rt.block_on(source.current()).unwrap();
-        assert_eq!(first.expose_secret(), "at-first-5d1a");
+        assert_eq!(first.token.expose_secret(), "at-first-5d1a");
         // The stored token changes while the server runs (a refresh persisted its rotation).
         store
             .update_secrets("srv", |s| {
@@ -1322,7 +1340,7 @@ mod tests {
             })
             .unwrap();
         let second = rt.block_on(source.current()).unwrap();
-        assert_eq!(second.expose_secret(), "at-second-77c0");
+        assert_eq!(second.token.expose_secret(), "at-second-77c0");
         let shown = scrubber.scrub("old at-first-5d1a, new at-second-77c0");
         assert_eq!(shown, "old [REDACTED], new [REDACTED]");
         // The refresh token and client secret of the credential are learned too.
@@ -1347,7 +1365,7 @@ mod tests {
                 s.access_token = SecretString::from("at-third-0e4b");
             })
             .unwrap();
-        let refused = rt.block_on(source.current()).unwrap_err();
+        let refused = rt.block_on(source.current()).err().unwrap();
         assert!(refused.contains("restart it"), "{refused}");
         assert!(!refused.contains("third"), "{refused}");
         crate::test_report::record(
@@ -1779,7 +1797,7 @@ mod tests {
             ),
             (
                 "unknown auth",
-                edit(&|v| v["binding"]["token_auth"] = "private_key_jwt".into()),
+                edit(&|v| v["binding"]["token_auth"] = "tls_client_auth".into()),
             ),
             (
                 "bad digest",
@@ -2517,6 +2535,7 @@ mod tests {
             refresh in prop::option::of(any::<String>()),
             secret in prop::option::of(any::<String>()),
             expires in prop::option::of(any::<u64>()),
+            dpop_key in prop::option::of("[A-Za-z0-9_-]{1,200}"),
             keyring in any::<bool>(),
         ) {
             let mut c = credential("prop", "x");
@@ -2534,6 +2553,7 @@ mod tests {
             c.secrets.refresh_token = refresh.map(SecretString::from);
             c.secrets.client_secret = secret.map(SecretString::from);
             c.secrets.expires_at = expires;
+            c.secrets.dpop_key = dpop_key.map(SecretString::from);
             let account = "0123456789abcdef0123456789abcdef";
             let encoded = encode(&c, account).unwrap();
             let stored = decode(&encoded.file).unwrap();

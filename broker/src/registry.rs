@@ -681,6 +681,26 @@ impl Registry {
         Some(())
     }
 
+    /// `auth logout` of an externally managed token, through the running broker: revoke at
+    /// `revoke_url` what this broker holds for `name` (its rotated refresh token and current
+    /// access token, else the variables' ones), refuse to send them again, and restart the
+    /// server so no client keeps the revoked bearer. `None` when no server has that name.
+    pub async fn logout_external(
+        &self,
+        name: &str,
+    ) -> Option<Result<servers::ExternalLogout, String>> {
+        let snap = match self.snapshot() {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let server = snap.config.server(name)?.clone();
+        let lookup = Arc::clone(&self.lookup);
+        let outcome =
+            servers::logout_external(&server, &snap.config.network, &move |k| lookup(k)).await;
+        self.restart(name, false).await;
+        Some(outcome.map_err(|e| e.to_string()))
+    }
+
     /// Shutdown: refuse new connects, cancel everything, stop and reap every child.
     pub async fn close_all(&self) {
         self.closed.store(true, Ordering::SeqCst);

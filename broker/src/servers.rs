@@ -6,15 +6,17 @@
 //! passes, go straight into the child's environment or into sensitive header values, and are
 //! never stored, logged or shown.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
 use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 use iteron_policy::zone::Zone;
 
-use crate::mcp::client::{Client, McpError, Options};
+use crate::mcp::client::{AccessToken, Client, McpError, Options};
 use crate::net::{Net, NetConfig, NetError, TargetHost, judge_answer, target_host};
 use crate::scrub::Patterns;
 use crate::spawn::{ChildSpec, child_env};
@@ -39,6 +41,15 @@ pub enum ConnectError {
     /// The server's scrubber already knows [`MAX_LEARNED_SECRETS`] secrets; its credential
     /// would not be scrubbed, so the server is not used.
     ScrubberFull,
+    /// A variable's value is not a whole number of unix seconds (`expires_at_env`; the value
+    /// is not shown).
+    BadExpiry(String),
+    /// The externally managed token cannot be used (expired with nothing to renew it, its
+    /// refresh refused, logged out); one secret-free line.
+    External(String),
+    /// The client's private key (`client_key_file`, `client_key_env`) cannot be used; the rule
+    /// and where, never the key.
+    ClientKey(String),
 }
 
 impl fmt::Display for ConnectError {
@@ -65,6 +76,12 @@ impl fmt::Display for ConnectError {
             }
             ConnectError::OAuth(e) => e.fmt(f),
             ConnectError::Credentials(e) => write!(f, "credential store: {e}"),
+            ConnectError::BadExpiry(n) => write!(
+                f,
+                "the value of environment variable {n} (the access token's expiry) is not a whole number of unix seconds"
+            ),
+            ConnectError::External(why) => f.write_str(why),
+            ConnectError::ClientKey(why) => write!(f, "the client key {why}"),
         }
     }
 }
@@ -139,6 +156,7 @@ impl LearnedSecrets {
         std::iter::once(&s.access_token)
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
+            .chain(s.dpop_key.iter())
             .all(|v| self.learn(v.expose_secret()))
     }
 }
@@ -195,6 +213,7 @@ impl KnownSecrets {
         for v in std::iter::once(&s.access_token)
             .chain(s.refresh_token.iter())
             .chain(s.client_secret.iter())
+            .chain(s.dpop_key.iter())
         {
             self.fixed.add(v.expose_secret());
         }
@@ -335,19 +354,71 @@ pub async fn connect(
                 .await
                 .map_err(ConnectError::Mcp)
         }
+        Transport::Http(h) if external_var(h).is_some() => {
+            // Tokens rotated here are not taught to any scrubber but this connection's own;
+            // the broker connects through `connect_with_credentials`, which shares its set.
+            connect_external(server, h, network, lookup, opts, &LearnedSecrets::default()).await
+        }
         Transport::Http(h) => {
-            let mut headers = configured_headers(h, lookup)?;
-            if let Some(var) = h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref()) {
-                let token = lookup(var.as_str())
-                    .ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
-                let mut bearer = OsString::from("Bearer ");
-                bearer.push(token);
-                // secret_header takes ownership and zeroizes its working copy.
-                headers.insert(AUTHORIZATION, secret_header(bearer, var.as_str())?);
-            }
+            let headers = configured_headers(h, lookup)?;
             connect_http_with(h, network, headers, opts).await
         }
     }
+}
+
+/// The variable an HTTP server's externally managed token is read from, if it has one.
+fn external_var(h: &iteron_policy::config::HttpServer) -> Option<&iteron_policy::names::EnvName> {
+    h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref())
+}
+
+/// Connect with the externally managed token (`oauth.access_token_env`): refreshed first when
+/// `expires_at_env` says it expires within [`REFRESH_MARGIN_SECS`] (an expired token is never
+/// sent), and once more after a `401` at connect; the token source goes on doing both for the
+/// client's later requests.
+async fn connect_external(
+    server: &ServerConfig,
+    h: &iteron_policy::config::HttpServer,
+    network: &NetworkConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    opts: Options,
+    learned: &LearnedSecrets,
+) -> Result<Client, ConnectError> {
+    let source = Arc::new(ExternalToken::new(
+        server,
+        h,
+        network,
+        lookup,
+        learned,
+        external_tokens(),
+    )?);
+    let var = source.var.clone();
+    let mut opts = opts;
+    opts.token = Some(source.clone());
+    let mut token = source.get(false).await.map_err(ConnectError::External)?;
+    let mut refreshed = false;
+    loop {
+        let mut headers = configured_headers(h, lookup)?;
+        headers.insert(AUTHORIZATION, bearer_header(&token, &var)?);
+        match connect_http_with(h, network, headers, opts.clone()).await {
+            // A 401 is a refusal before anything ran: renew once and connect again.
+            Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
+                refreshed = true;
+                token = source.get(true).await.map_err(ConnectError::External)?;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn bearer_header(
+    token: &crate::oauth::SecretString,
+    what: &str,
+) -> Result<HeaderValue, ConnectError> {
+    use secrecy::ExposeSecret;
+    secret_header(
+        OsString::from(format!("Bearer {}", token.expose_secret())),
+        what,
+    )
 }
 
 /// The headers the configuration names (`header_env`), with their values from `lookup`.
@@ -416,9 +487,15 @@ async fn refresh_stored(
     store: &crate::credentials::CredentialStore,
     cred: &crate::credentials::Credential,
     network: &NetworkConfig,
-) -> Result<crate::oauth::SecretString, ConnectError> {
+    grant: Option<&crate::oauth::grant::GrantRequest>,
+) -> Result<AccessToken, ConnectError> {
     use crate::oauth::{OAuthError, flow, metadata};
     let Some(refresh_token) = &cred.secrets.refresh_token else {
+        // A noninteractive grant needs no refresh token: the broker runs it again.
+        if let Some(g) = grant {
+            let (renewed, _) = obtain_and_store(store, cred, network, g).await?;
+            return access_of(&renewed);
+        }
         return Err(ConnectError::ReauthRequired(
             if cred.secrets.refresh_failed {
                 "the authorization server refused the refresh token"
@@ -430,12 +507,24 @@ async fn refresh_stored(
     let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
         .map_err(ConnectError::Net)?;
     let http = net.client(cred.binding.zone).map_err(ConnectError::Net)?;
-    let meta = metadata::discover_server(&http, &cred.binding.issuer)
-        .await
-        .map_err(ConnectError::OAuth)?;
+    let meta = metadata::discover_server_for(
+        &http,
+        &cred.binding.issuer,
+        metadata::Purpose::TokenEndpoint,
+    )
+    .await
+    .map_err(ConnectError::OAuth)?;
+    // A pre-registered client's secret or key comes from where the operator named it.
     let client = flow::OAuthClient {
         id: cred.binding.client_id.clone(),
-        secret: cred.secrets.client_secret.clone(),
+        secret: cred
+            .secrets
+            .client_secret
+            .clone()
+            .or_else(|| grant.and_then(|g| g.client.secret.clone())),
+        key: grant.and_then(|g| g.client.key.clone()),
+        // A DPoP-bound grant is refreshed with the key it is bound to.
+        dpop: stored_dpop_key(cred)?,
         auth: cred.binding.token_auth,
         kind: cred.binding.client_kind,
         issuer: cred.binding.issuer.clone(),
@@ -507,7 +596,384 @@ async fn refresh_stored(
             revoked.as_str()
         )));
     }
-    Ok(access)
+    Ok(AccessToken {
+        token: access,
+        dpop: client.dpop,
+    })
+}
+
+/// The access token of a stored credential as it is presented (DPoP-bound when it has a key).
+fn access_of(cred: &crate::credentials::Credential) -> Result<AccessToken, ConnectError> {
+    Ok(AccessToken {
+        token: cred.secrets.access_token.clone(),
+        dpop: stored_dpop_key(cred)?,
+    })
+}
+
+/// The DPoP key a stored credential's tokens are bound to, if any.
+fn stored_dpop_key(
+    cred: &crate::credentials::Credential,
+) -> Result<Option<Arc<crate::oauth::dpop::DpopKey>>, ConnectError> {
+    cred.secrets
+        .dpop_key
+        .as_ref()
+        .map(|k| {
+            crate::oauth::dpop::DpopKey::from_stored(k)
+                .map(Arc::new)
+                .map_err(|_| ConnectError::ReauthRequired("the stored DPoP key cannot be read"))
+        })
+        .transpose()
+}
+
+/// The client's private key, read from where the operator named it (`client_key_file`, else
+/// `client_key_env`, whose `$CREDENTIALS_DIRECTORY` credential wins over the environment).
+pub fn client_key(
+    o: &iteron_policy::config::OAuthConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<Option<Arc<crate::oauth::jose::SigningKey>>, ConnectError> {
+    use crate::oauth::jose::{MAX_KEY_PEM_BYTES, SigningKey};
+    let pem = match (&o.client_key_file, &o.client_key_env) {
+        (Some(path), _) => {
+            let bytes = crate::oauth::material::read_private_file(
+                std::path::Path::new(path.as_str()),
+                MAX_KEY_PEM_BYTES,
+            )
+            .map_err(|why| ConnectError::ClientKey(format!("file {why}")))?;
+            zeroize::Zeroizing::new(String::from_utf8(bytes.to_vec()).map_err(|_| {
+                ConnectError::ClientKey(format!("file is not text: {}", path.as_str()))
+            })?)
+        }
+        (None, Some(var)) => {
+            use secrecy::ExposeSecret;
+            let v = secret_var(lookup, var)?;
+            zeroize::Zeroizing::new(v.expose_secret().to_owned())
+        }
+        (None, None) => return Ok(None),
+    };
+    let where_ = o
+        .client_key_file
+        .as_ref()
+        .map(|p| format!("in {}", p.as_str()))
+        .or_else(|| o.client_key_env.as_ref().map(|v| format!("named by {v}")))
+        .unwrap_or_default();
+    SigningKey::from_pem(&pem)
+        .map(|k| Some(Arc::new(k)))
+        .map_err(|e| ConnectError::ClientKey(format!("{where_}: {e}")))
+}
+
+/// The noninteractive grant `server` is configured for (`oauth.grant`), with the client's
+/// secret or key read from where the operator named them; `None` for a browser login.
+pub fn grant_request(
+    server: &ServerConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<Option<crate::oauth::grant::GrantRequest>, ConnectError> {
+    use crate::oauth::flow::{ClientKind, OAuthClient, TokenAuth};
+    use crate::oauth::grant::{GrantRequest, IdentitySource, IdentityToken, Kind};
+    use iteron_policy::config::{ClientAuth, Grant};
+    let Transport::Http(h) = &server.transport else {
+        return Ok(None);
+    };
+    let Some(o) = &h.oauth else {
+        return Ok(None);
+    };
+    let kind = match o.grant {
+        None | Some(Grant::AuthorizationCode) => return Ok(None),
+        Some(Grant::ClientCredentials) => Kind::ClientCredentials,
+        Some(Grant::JwtBearer) => Kind::JwtBearer,
+        Some(Grant::IdJag) => Kind::IdJag,
+    };
+    // The identity token: a file is read at every exchange; a variable's value is fixed.
+    let identity = match (&o.identity_token_file, &o.identity_token_env) {
+        (Some(path), _) => Some(IdentityToken::new(IdentitySource::File(
+            std::path::PathBuf::from(path.as_str()),
+        ))),
+        (None, Some(var)) => Some(IdentityToken::new(IdentitySource::Value(
+            secret_var(lookup, var)?,
+            format!("named by {var}"),
+        ))),
+        (None, None) => None,
+    };
+    let secret = o
+        .client_secret_env
+        .as_ref()
+        .map(|n| secret_var(lookup, n))
+        .transpose()?;
+    let key = client_key(o, lookup)?;
+    let auth = match (o.token_endpoint_auth, &key, &secret) {
+        (Some(ClientAuth::PrivateKeyJwt), _, _) | (None, Some(_), _) => TokenAuth::PrivateKeyJwt,
+        (Some(ClientAuth::ClientSecretPost), _, _) => TokenAuth::Post,
+        (Some(ClientAuth::ClientSecretBasic), _, _) | (None, None, Some(_)) => TokenAuth::Basic,
+        (None, None, None) => TokenAuth::None,
+    };
+    // The configuration guarantees a plain client id and a pinned issuer for these grants.
+    let issuer = o
+        .issuer
+        .as_ref()
+        .map(|i| i.as_str().to_owned())
+        .ok_or(ConnectError::ReauthRequired("the grant needs oauth.issuer"))?;
+    Ok(Some(GrantRequest {
+        server: h.url.clone(),
+        resource: o.resource.as_ref().map(|r| r.as_str().to_owned()),
+        issuer: issuer.clone(),
+        scopes: (!o.scopes.is_empty()).then(|| {
+            o.scopes
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        client: OAuthClient {
+            id: o
+                .client_id
+                .as_ref()
+                .map(|c| c.as_str().to_owned())
+                .unwrap_or_default(),
+            secret,
+            key,
+            dpop: None,
+            auth,
+            kind: ClientKind::PreRegistered,
+            issuer,
+        },
+        kind,
+        identity,
+        dpop: o.dpop == Some(true),
+        idp: match (&o.idp_issuer, &o.idp_client_id) {
+            (Some(iss), Some(id)) => {
+                let idp_secret = o
+                    .idp_client_secret_env
+                    .as_ref()
+                    .map(|n| secret_var(lookup, n))
+                    .transpose()?;
+                let issuer = issuer_identifier(iss);
+                Some(crate::oauth::grant::IdentityProvider {
+                    issuer: issuer.clone(),
+                    client: OAuthClient {
+                        id: id.as_str().to_owned(),
+                        auth: if idp_secret.is_some() {
+                            TokenAuth::Basic
+                        } else {
+                            TokenAuth::None
+                        },
+                        secret: idp_secret,
+                        key: None,
+                        dpop: None,
+                        kind: ClientKind::PreRegistered,
+                        issuer,
+                    },
+                })
+            }
+            _ => None,
+        },
+    }))
+}
+
+/// A configured issuer as an issuer identifier: the configuration stores URLs normalized, so
+/// an origin reads back with a `/`; an issuer that is an origin is written without it.
+fn issuer_identifier(u: &iteron_policy::url::EndpointUrl) -> String {
+    let url = u.as_url();
+    if url.path() == "/" && url.query().is_none() {
+        url.origin().ascii_serialization()
+    } else {
+        u.as_str().to_owned()
+    }
+}
+
+/// The credential a completed login or grant yields for `server` (bound to its current
+/// configuration and `zone`). A pre-registered client's secret is not copied into it: it is
+/// read from where the operator named it whenever it is needed; a dynamically registered
+/// client's secret exists nowhere else and is kept.
+pub fn credential_of(
+    server: &ServerConfig,
+    outcome: crate::oauth::login::LoginOutcome,
+    zone: Zone,
+    now: u64,
+) -> crate::credentials::Credential {
+    use crate::credentials::{Binding, Credential, Secrets};
+    let words = |s: Option<&str>| -> Vec<String> {
+        s.unwrap_or("")
+            .split(' ')
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let granted = words(
+        outcome
+            .tokens
+            .scope
+            .as_deref()
+            .or(outcome.requested.as_deref()),
+    );
+    let backend = match &server.transport {
+        Transport::Http(h) => h.oauth.as_ref().and_then(|o| o.credential_store),
+        Transport::Stdio(_) => None,
+    }
+    .unwrap_or(iteron_policy::config::CredentialBackend::File);
+    let expires_at = outcome.tokens.expires_at(now);
+    let client_secret = match outcome.client.kind {
+        crate::oauth::flow::ClientKind::Dynamic => outcome.client.secret.clone(),
+        _ => None,
+    };
+    Credential {
+        binding: Binding {
+            server: server.name.to_string(),
+            resource: outcome.resource,
+            issuer: outcome.server.issuer.clone(),
+            zone,
+            client_id: outcome.client.id.clone(),
+            client_kind: outcome.client.kind,
+            token_auth: outcome.client.auth,
+            requested_scopes: words(outcome.requested.as_deref()),
+            granted_scopes: granted,
+            config_digest: crate::credentials::config_digest(server),
+            secret_store: backend,
+        },
+        secrets: Secrets {
+            access_token: outcome.tokens.access,
+            refresh_token: outcome.tokens.refresh,
+            client_secret,
+            expires_at,
+            refresh_failed: false,
+            dpop_key: outcome.client.dpop.as_ref().map(|k| k.stored()),
+        },
+    }
+}
+
+/// Run a noninteractive grant for the server `cred` binds (or, with no credential yet, for
+/// `server`) under its binding zone and store what it yields, replacing the stored credential
+/// whole. Tokens that cannot be stored are revoked, never left live. Returns the credential and
+/// the authorization server's metadata.
+async fn obtain_and_store(
+    store: &crate::credentials::CredentialStore,
+    cred: &crate::credentials::Credential,
+    network: &NetworkConfig,
+    grant: &crate::oauth::grant::GrantRequest,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(cred.binding.zone).map_err(ConnectError::Net)?;
+    let mut req = grant.clone();
+    // A renewal stays on the resource it was bound to.
+    req.resource = Some(cred.binding.resource.clone());
+    let outcome = crate::oauth::grant::obtain(&http, &req, None)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    store_outcome(store, cred, outcome, &http).await
+}
+
+/// Store a grant's outcome over `previous` (its binding, with the new tokens and scopes).
+async fn store_outcome(
+    store: &crate::credentials::CredentialStore,
+    previous: &crate::credentials::Credential,
+    outcome: crate::oauth::login::LoginOutcome,
+    http: &crate::net::ZoneClient,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let meta = outcome.server.clone();
+    let client = outcome.client.clone();
+    let granted: Vec<String> = outcome
+        .tokens
+        .scope
+        .as_deref()
+        .or(outcome.requested.as_deref())
+        .unwrap_or("")
+        .split(' ')
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut cred = previous.clone();
+    cred.binding.resource = outcome.resource;
+    cred.binding.granted_scopes = granted;
+    cred.secrets.expires_at = outcome.tokens.expires_at(unix_now());
+    cred.secrets.access_token = outcome.tokens.access;
+    cred.secrets.refresh_token = outcome.tokens.refresh;
+    cred.secrets.refresh_failed = false;
+    // A new grant is bound to the key it was obtained with.
+    cred.secrets.dpop_key = client.dpop.as_ref().map(|k| k.stored());
+    let saved = cred.clone();
+    let store2 = store.clone();
+    let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
+        .await
+        .map_err(|_| "the credential store task failed".to_owned())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(why) = result {
+        let revoked = crate::oauth::flow::revoke_all(
+            http,
+            &meta,
+            &client,
+            &cred.secrets.access_token,
+            cred.secrets.refresh_token.as_ref(),
+        )
+        .await;
+        return Err(ConnectError::Credentials(format!(
+            "{why}; {}",
+            revoked.as_str()
+        )));
+    }
+    Ok((cred, meta))
+}
+
+/// Run `server`'s noninteractive grant for the first time (no credential, or one bound to
+/// another configuration) and store the result. Shared by the broker and `auth login`.
+pub async fn login_noninteractive(
+    home: &crate::store::Home,
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    grant: &crate::oauth::grant::GrantRequest,
+    challenge: Option<&crate::oauth::Challenge>,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
+    let Transport::Http(h) = &server.transport else {
+        return Err(ConnectError::ReauthRequired("not an HTTP server"));
+    };
+    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(zone).map_err(ConnectError::Net)?;
+    let outcome = crate::oauth::grant::obtain(&http, grant, challenge)
+        .await
+        .map_err(ConnectError::OAuth)?;
+    let store = crate::credentials::CredentialStore::new(home);
+    let meta = outcome.server.clone();
+    let client = outcome.client.clone();
+    let cred = credential_of(server, outcome, zone, unix_now());
+    let saved = cred.clone();
+    let store2 = store.clone();
+    let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
+        .await
+        .map_err(|_| "the credential store task failed".to_owned())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(why) = result {
+        let revoked = crate::oauth::flow::revoke_all(
+            &http,
+            &meta,
+            &client,
+            &cred.secrets.access_token,
+            cred.secrets.refresh_token.as_ref(),
+        )
+        .await;
+        return Err(ConnectError::Credentials(format!(
+            "{why}; {}",
+            revoked.as_str()
+        )));
+    }
+    Ok((cred, meta))
 }
 
 /// Connect like [`connect`], authorizing HTTP requests with the operator's stored OAuth
@@ -525,12 +991,32 @@ pub async fn connect_with_credentials(
     learned: &LearnedSecrets,
 ) -> Result<Client, ConnectError> {
     use secrecy::ExposeSecret;
+    // An externally managed token is the server's credential, whatever a login once stored.
+    if let Transport::Http(h) = &server.transport
+        && external_var(h).is_some()
+    {
+        return connect_external(server, h, network, lookup, opts, learned).await;
+    }
     let store = crate::credentials::CredentialStore::new(home);
     let stored = match &server.transport {
         Transport::Http(_) => load_stored(&store, server.name.as_str())
             .await
             .map_err(ConnectError::Credentials)?,
         Transport::Stdio(_) => None,
+    };
+    let grant = grant_request(server, lookup)?;
+    // A noninteractive grant logs in by itself: with no credential, or one bound to another
+    // configuration of the server (its own configuration says how to get a new one).
+    let stale = stored
+        .as_ref()
+        .is_none_or(|c| crate::credentials::check_binding(&c.binding, server).is_err());
+    let stored = match &grant {
+        Some(g) if stale => Some(
+            login_noninteractive(home, server, network, g, None)
+                .await?
+                .0,
+        ),
+        _ => stored,
     };
     let Some(cred) = stored else {
         return connect(server, network, lookup, opts, &ctx).await;
@@ -542,18 +1028,19 @@ pub async fn connect_with_credentials(
     }
     let mut token = match cred.secrets.expires_at {
         Some(t) if t <= unix_now() + REFRESH_MARGIN_SECS => {
-            refresh_stored(&store, &cred, network).await?
+            refresh_stored(&store, &cred, network, grant.as_ref()).await?
         }
-        _ => cred.secrets.access_token.clone(),
+        _ => access_of(&cred)?,
     };
     // A fresh set per connect: it cannot be full yet, so nothing here can be refused.
-    let _ = learned.learn_credential(&cred) && learned.learn(token.expose_secret());
+    let _ = learned.learn_credential(&cred) && learned.learn(token.token.expose_secret());
     let mut opts = opts;
     opts.token = Some(std::sync::Arc::new(StoredToken {
         store: crate::credentials::CredentialStore::new(home),
         server: server.name.to_string(),
         network: network.clone(),
         learned: learned.clone(),
+        grant: grant.clone(),
     }));
     let mut refreshed = false;
     loop {
@@ -565,9 +1052,10 @@ pub async fn connect_with_credentials(
                     .await
                     .map_err(ConnectError::Credentials)?
                     .ok_or(ConnectError::ReauthRequired("the credential was removed"))?;
-                token = refresh_stored(&store, &fresh, network).await?;
+                token = refresh_stored(&store, &fresh, network, grant.as_ref()).await?;
                 // At most a handful learned so far (one connect, one refresh): never full.
-                let _ = learned.learn_credential(&fresh) && learned.learn(token.expose_secret());
+                let _ =
+                    learned.learn_credential(&fresh) && learned.learn(token.token.expose_secret());
             }
             other => return other,
         }
@@ -583,6 +1071,8 @@ pub(crate) struct StoredToken {
     network: NetworkConfig,
     /// Every token handed out is learned here first.
     learned: LearnedSecrets,
+    /// The noninteractive grant that renews the credential when it has no refresh token.
+    grant: Option<crate::oauth::grant::GrantRequest>,
 }
 
 impl StoredToken {
@@ -597,10 +1087,11 @@ impl StoredToken {
             server: server.to_owned(),
             network: NetworkConfig::default(),
             learned,
+            grant: None,
         }
     }
 
-    async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
+    async fn get(&self, force: bool) -> Result<AccessToken, String> {
         let cred = load_stored(&self.store, &self.server)
             .await?
             .ok_or("the credential was removed; log in again")?;
@@ -618,15 +1109,15 @@ impl StoredToken {
             return Err(too_many());
         }
         let token = if force || expiring {
-            refresh_stored(&self.store, &cred, &self.network)
+            refresh_stored(&self.store, &cred, &self.network, self.grant.as_ref())
                 .await
                 .map_err(|e| e.to_string())?
         } else {
-            cred.secrets.access_token.clone()
+            access_of(&cred).map_err(|e| e.to_string())?
         };
         {
             use secrecy::ExposeSecret;
-            if !self.learned.learn(token.expose_secret()) {
+            if !self.learned.learn(token.token.expose_secret()) {
                 return Err(too_many());
             }
         }
@@ -644,6 +1135,327 @@ impl crate::mcp::client::TokenSource for StoredToken {
     }
 }
 
+/// Most servers whose externally managed tokens one broker process holds (rotations are kept
+/// per server; a configuration holds at most [`iteron_policy::config::MAX_SERVERS`]).
+pub const MAX_EXTERNAL_TOKENS: usize = iteron_policy::config::MAX_SERVERS;
+
+/// What the broker holds of one server's externally managed token: the access token, its
+/// expiry and the refresh token, rotated in place. In memory only — read from the variables
+/// the first time the server (in this configuration) is used by this process, never written
+/// anywhere; a broker restart starts again from the variables.
+struct ExternalState {
+    /// The configuration digest the state was read under; another configuration starts afresh.
+    digest: String,
+    access: crate::oauth::SecretString,
+    expires_at: Option<u64>,
+    refresh: Option<crate::oauth::SecretString>,
+    /// `auth logout` revoked these tokens through the broker: nothing is sent with them again.
+    logged_out: bool,
+}
+
+type ExternalSlot = Arc<tokio::sync::Mutex<ExternalState>>;
+
+/// The externally managed tokens of one process, per server name (at most `max`). The async
+/// lock of each serializes its refreshes, so a refresh token is never presented twice.
+pub struct ExternalTokens {
+    max: usize,
+    slots: std::sync::Mutex<HashMap<String, ExternalSlot>>,
+}
+
+impl ExternalTokens {
+    /// An empty set of at most `max` servers.
+    pub fn new(max: usize) -> ExternalTokens {
+        ExternalTokens {
+            max,
+            slots: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExternalSlot>> {
+        match self.slots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The slot of `server` under `digest`, made by `init` when there is none (or the one held
+    /// belongs to another configuration of the server).
+    fn slot(
+        &self,
+        server: &str,
+        digest: &str,
+        init: impl FnOnce() -> Result<ExternalState, ConnectError>,
+    ) -> Result<ExternalSlot, ConnectError> {
+        let mut slots = self.lock();
+        if let Some(s) = slots.get(server)
+            && s.try_lock().map_or(true, |st| st.digest == digest)
+        {
+            // A slot being refreshed (locked) belongs to the current configuration: another
+            // one would have replaced it before any refresh could start under it.
+            return Ok(Arc::clone(s));
+        }
+        if !slots.contains_key(server) && slots.len() >= self.max {
+            return Err(ConnectError::External(format!(
+                "the broker already holds the externally managed tokens of {} servers; restart it",
+                self.max
+            )));
+        }
+        let slot = Arc::new(tokio::sync::Mutex::new(init()?));
+        slots.insert(server.to_owned(), Arc::clone(&slot));
+        Ok(slot)
+    }
+
+    /// The slot of `server`, if this process holds one.
+    fn existing(&self, server: &str) -> Option<ExternalSlot> {
+        self.lock().get(server).cloned()
+    }
+}
+
+/// The process's externally managed tokens.
+pub fn external_tokens() -> &'static ExternalTokens {
+    static TOKENS: OnceLock<ExternalTokens> = OnceLock::new();
+    TOKENS.get_or_init(|| ExternalTokens::new(MAX_EXTERNAL_TOKENS))
+}
+
+/// An externally managed token as the client's managed token ([`crate::mcp::client::TokenSource`]):
+/// renewed at `refresh_url` when `expires_at_env` says it expires within
+/// [`REFRESH_MARGIN_SECS`] (never sent expired) and once after a `401`, the rotated refresh
+/// token kept in the broker's memory.
+pub(crate) struct ExternalToken {
+    slot: ExternalSlot,
+    endpoints: Option<crate::oauth::external::Endpoints>,
+    network: NetworkConfig,
+    zone: Zone,
+    /// `access_token_env`, for messages.
+    var: String,
+    learned: LearnedSecrets,
+}
+
+/// Read variable `var` as a secret, or fail naming it.
+fn secret_var(
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    var: &iteron_policy::names::EnvName,
+) -> Result<crate::oauth::SecretString, ConnectError> {
+    let v = lookup(var.as_str()).ok_or_else(|| ConnectError::MissingVariable(var.to_string()))?;
+    v.into_string()
+        .map(crate::oauth::SecretString::from)
+        .map_err(|_| ConnectError::BadHeaderValue(var.to_string()))
+}
+
+impl ExternalToken {
+    fn new(
+        server: &ServerConfig,
+        h: &iteron_policy::config::HttpServer,
+        network: &NetworkConfig,
+        lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+        learned: &LearnedSecrets,
+        tokens: &ExternalTokens,
+    ) -> Result<ExternalToken, ConnectError> {
+        let o = h
+            .oauth
+            .as_ref()
+            .ok_or(ConnectError::External("no oauth block".into()))?;
+        let var = o
+            .access_token_env
+            .as_ref()
+            .ok_or(ConnectError::External("no access_token_env".into()))?;
+        let secret = o
+            .client_secret_env
+            .as_ref()
+            .map(|n| secret_var(lookup, n))
+            .transpose()?;
+        let digest = crate::credentials::config_digest(server);
+        let slot = tokens.slot(server.name.as_str(), &digest, || {
+            let access = secret_var(lookup, var)?;
+            let expires_at = match &o.expires_at_env {
+                None => None,
+                Some(n) => {
+                    let v = secret_var(lookup, n)?;
+                    use secrecy::ExposeSecret;
+                    Some(
+                        crate::oauth::external::parse_expires_at(v.expose_secret())
+                            .ok_or_else(|| ConnectError::BadExpiry(n.to_string()))?,
+                    )
+                }
+            };
+            let refresh = o
+                .refresh_token_env
+                .as_ref()
+                .map(|n| secret_var(lookup, n))
+                .transpose()?;
+            Ok(ExternalState {
+                digest: digest.clone(),
+                access,
+                expires_at,
+                refresh,
+                logged_out: false,
+            })
+        })?;
+        Ok(ExternalToken {
+            slot,
+            endpoints: crate::oauth::external::Endpoints::of(h, secret),
+            network: network.clone(),
+            zone: endpoint_zone(&h.url).map_err(ConnectError::Net)?,
+            var: var.to_string(),
+            learned: learned.clone(),
+        })
+    }
+
+    fn http(&self) -> Result<crate::net::ZoneClient, String> {
+        let net = Net::new(NetConfig::from_operator(&self.network).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        net.client(self.zone).map_err(|e| e.to_string())
+    }
+
+    /// The token to send: renewed first when it expires within the margin or when `force`
+    /// (after a `401`).
+    async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
+        use secrecy::ExposeSecret;
+        let mut st = self.slot.lock().await;
+        if st.logged_out {
+            return Err(format!(
+                "the externally managed token named by {} was revoked by iteron mcp auth logout; restart the broker with a new token",
+                self.var
+            ));
+        }
+        let expiring = st
+            .expires_at
+            .is_some_and(|t| t <= unix_now().saturating_add(REFRESH_MARGIN_SECS));
+        if force || expiring {
+            self.renew(&mut st, expiring).await?;
+        }
+        if !self.learned.learn(st.access.expose_secret()) {
+            return Err(format!(
+                "this server was handed more than {MAX_LEARNED_SECRETS} distinct secrets since it started; restart it (iteron broker restart)"
+            ));
+        }
+        Ok(st.access.clone())
+    }
+
+    /// Present the held refresh token at `refresh_url` and keep what comes back (the rotated
+    /// refresh token replaces the old one). A refresh token the authorization server refuses
+    /// (`invalid_grant`), or rotates into tokens that cannot be used (they are revoked), is
+    /// dropped: it is never presented again.
+    async fn renew(&self, st: &mut ExternalState, expiring: bool) -> Result<(), String> {
+        use crate::oauth::OAuthError;
+        let (Some(ep), Some(rt)) = (
+            self.endpoints.as_ref().filter(|e| e.refreshable),
+            st.refresh.clone(),
+        ) else {
+            return Err(if expiring {
+                format!(
+                    "the access token named by {} expires (by its expires_at_env) and there is no refresh token to renew it; nothing was sent",
+                    self.var
+                )
+            } else {
+                format!(
+                    "the server refused the access token named by {}, and there is no refresh token to renew it",
+                    self.var
+                )
+            });
+        };
+        let http = self.http()?;
+        match ep.refresh(&http, &rt).await {
+            Ok(tokens) => {
+                use secrecy::ExposeSecret;
+                // Learned before anything can hand them out; a full scrubber refuses below.
+                let _ = self.learned.learn(tokens.access.expose_secret());
+                if let Some(r) = &tokens.refresh {
+                    let _ = self.learned.learn(r.expose_secret());
+                }
+                st.expires_at = tokens.expires_at(unix_now());
+                st.access = tokens.access;
+                if let Some(r) = tokens.refresh {
+                    st.refresh = Some(r);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(&e, OAuthError::Server { error, .. } if error == "invalid_grant")
+                    || matches!(e, OAuthError::UnusableTokens { .. })
+                {
+                    st.refresh = None;
+                }
+                Err(format!(
+                    "renewing the access token named by {}: {e}",
+                    self.var
+                ))
+            }
+        }
+    }
+}
+
+impl crate::mcp::client::TokenSource for ExternalToken {
+    fn current(&self) -> crate::mcp::client::TokenFuture<'_> {
+        Box::pin(async { self.get(false).await.map(AccessToken::bearer) })
+    }
+
+    fn refresh(&self) -> crate::mcp::client::TokenFuture<'_> {
+        Box::pin(async { self.get(true).await.map(AccessToken::bearer) })
+    }
+}
+
+/// What `auth logout` did to an externally managed token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExternalLogout {
+    /// The configuration names no `revoke_url`: nothing was revoked.
+    NoRevokeUrl,
+    /// The outcome at `revoke_url`.
+    Revoked(crate::oauth::Revoked),
+}
+
+/// Revoke `server`'s externally managed tokens at `revoke_url` (best effort): the ones this
+/// process holds (the rotated refresh token and the current access token) when it holds them,
+/// else the ones the variables name; then nothing is sent with them again by this process.
+pub async fn logout_external(
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<ExternalLogout, ConnectError> {
+    let Transport::Http(h) = &server.transport else {
+        return Err(ConnectError::External("not an HTTP server".into()));
+    };
+    let o = h
+        .oauth
+        .as_ref()
+        .ok_or(ConnectError::External("no oauth block".into()))?;
+    if o.revoke_url.is_none() {
+        return Ok(ExternalLogout::NoRevokeUrl);
+    }
+    let secret = o
+        .client_secret_env
+        .as_ref()
+        .map(|n| secret_var(lookup, n))
+        .transpose()?;
+    let Some(ep) = crate::oauth::external::Endpoints::of(h, secret) else {
+        return Ok(ExternalLogout::NoRevokeUrl);
+    };
+    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(zone).map_err(ConnectError::Net)?;
+    if let Some(slot) = external_tokens().existing(server.name.as_str()) {
+        let mut st = slot.lock().await;
+        let revoked = ep
+            .revoke(&http, Some(&st.access), st.refresh.as_ref())
+            .await;
+        st.logged_out = true;
+        st.refresh = None;
+        return Ok(ExternalLogout::Revoked(revoked));
+    }
+    let access = o
+        .access_token_env
+        .as_ref()
+        .and_then(|n| secret_var(lookup, n).ok());
+    let refresh = o
+        .refresh_token_env
+        .as_ref()
+        .and_then(|n| secret_var(lookup, n).ok());
+    Ok(ExternalLogout::Revoked(
+        ep.revoke(&http, access.as_ref(), refresh.as_ref()).await,
+    ))
+}
+
 fn is_unauthorized(e: &McpError) -> bool {
     matches!(
         e,
@@ -659,19 +1471,21 @@ async fn connect_bearer(
     network: &NetworkConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
-    token: &crate::oauth::SecretString,
+    token: &AccessToken,
     ctx: &SpawnContext,
 ) -> Result<Client, ConnectError> {
-    use secrecy::ExposeSecret;
     let Transport::Http(h) = &server.transport else {
         return connect(server, network, lookup, opts, ctx).await;
     };
     let mut headers = configured_headers(h, lookup)?;
-    let bearer = OsString::from(format!("Bearer {}", token.expose_secret()));
-    headers.insert(
-        AUTHORIZATION,
-        secret_header(bearer, "the stored access token")?,
-    );
+    // A DPoP-bound token needs a proof per request: the client installs it from its token
+    // source before the first one; a Bearer token also rides in the fixed headers.
+    if token.dpop.is_none() {
+        headers.insert(
+            AUTHORIZATION,
+            bearer_header(&token.token, "the stored access token")?,
+        );
+    }
     connect_http_with(h, network, headers, opts).await
 }
 

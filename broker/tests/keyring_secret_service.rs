@@ -45,6 +45,7 @@ fn credential(server: &str, access: &str) -> Credential {
             client_secret: None,
             expires_at: Some(1),
             refresh_failed: false,
+            dpop_key: None,
         },
     }
 }

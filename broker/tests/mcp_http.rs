@@ -633,35 +633,27 @@ struct Rotating {
 }
 
 impl iteron_broker::mcp::client::TokenSource for Rotating {
-    fn current(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<iteron_broker::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    fn current(&self) -> iteron_broker::mcp::client::TokenFuture<'_> {
         let t = if self.refreshed.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             "old"
         } else {
             "new"
         };
-        Box::pin(async move { Ok(iteron_broker::oauth::SecretString::from(t.to_owned())) })
+        Box::pin(async move {
+            Ok(iteron_broker::mcp::client::AccessToken::bearer(
+                iteron_broker::oauth::SecretString::from(t.to_owned()),
+            ))
+        })
     }
 
-    fn refresh(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<iteron_broker::oauth::SecretString, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    fn refresh(&self) -> iteron_broker::mcp::client::TokenFuture<'_> {
         self.refreshed
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async { Ok(iteron_broker::oauth::SecretString::from("new".to_owned())) })
+        Box::pin(async {
+            Ok(iteron_broker::mcp::client::AccessToken::bearer(
+                iteron_broker::oauth::SecretString::from("new".to_owned()),
+            ))
+        })
     }
 }
 
@@ -740,6 +732,136 @@ async fn a_401_refreshes_the_managed_token_once_and_a_403_never_does() {
     assert_eq!(
         source.refreshed.load(std::sync::atomic::Ordering::SeqCst),
         before
+    );
+}
+
+/// A DPoP-bound managed token; counts forced refreshes.
+struct Bound {
+    key: Arc<iteron_broker::oauth::dpop::DpopKey>,
+    refreshed: std::sync::atomic::AtomicUsize,
+}
+
+impl iteron_broker::mcp::client::TokenSource for Bound {
+    fn current(&self) -> iteron_broker::mcp::client::TokenFuture<'_> {
+        let key = Arc::clone(&self.key);
+        Box::pin(async move {
+            Ok(iteron_broker::mcp::client::AccessToken {
+                token: iteron_broker::oauth::SecretString::from("dpop-at".to_owned()),
+                dpop: Some(key),
+            })
+        })
+    }
+
+    fn refresh(&self) -> iteron_broker::mcp::client::TokenFuture<'_> {
+        self.refreshed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.current()
+    }
+}
+
+fn proof_claims(req: &Seen) -> Value {
+    let proof = req.header("dpop").expect("a DPoP proof");
+    iteron_broker::oauth::jose::decode_unverified(proof)
+        .unwrap()
+        .1
+}
+
+#[tokio::test]
+async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answered_exactly_once() {
+    let server = Server::start(modern(|req| {
+        let nonce = req
+            .header("dpop")
+            .and_then(iteron_broker::oauth::jose::decode_unverified)
+            .and_then(|(_, c)| c["nonce"].as_str().map(str::to_owned));
+        let challenge = |n: &str| {
+            Reply::empty(401)
+                .with("WWW-Authenticate", "DPoP error=\"use_dpop_nonce\"")
+                .with("DPoP-Nonce", n)
+        };
+        match req.rpc_method() {
+            // Wants the nonce it gives.
+            Some("tools/list") if nonce.as_deref() == Some("rs-n1") => {
+                Reply::json(ok(req, json!({"tools": [], "resultType": "complete"})))
+            }
+            Some("tools/list") => challenge("rs-n1"),
+            // Never satisfied: a new nonce every time.
+            Some("tools/call") => challenge(&format!("n-{}", nonce.unwrap_or_default().len())),
+            // Another refusal, with a nonce offered: not a nonce challenge.
+            Some("prompts/list") => Reply::empty(401)
+                .with("WWW-Authenticate", "DPoP error=\"invalid_token\"")
+                .with("DPoP-Nonce", "rs-n2"),
+            _ => Reply::empty(500),
+        }
+    }))
+    .await;
+    let source = Arc::new(Bound {
+        key: Arc::new(iteron_broker::oauth::dpop::DpopKey::generate().unwrap()),
+        refreshed: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let net = Net::new(NetConfig::default()).unwrap();
+    let opts = Options {
+        version: VersionPolicy::Pin(Version::V2026_07_28),
+        token: Some(source.clone()),
+        ..Options::default()
+    };
+    let url = server.url();
+    let c = Client::connect_http(
+        net.client(Zone::Loopback).unwrap(),
+        EndpointUrl::parse(&url).unwrap(),
+        HeaderMap::new(),
+        opts,
+    )
+    .await
+    .unwrap();
+    c.list_tools().await.unwrap();
+    let lists: Vec<Seen> = server
+        .seen()
+        .into_iter()
+        .filter(|s| s.rpc_method() == Some("tools/list"))
+        .collect();
+    assert_eq!(
+        lists.len(),
+        2,
+        "refused for the nonce once, then sent with it"
+    );
+    for s in &lists {
+        assert_eq!(s.header("authorization"), Some("DPoP dpop-at"));
+        let claims = proof_claims(s);
+        assert_eq!(claims["htm"], "POST");
+        assert_eq!(claims["htu"], url.as_str());
+        // base64url(SHA-256("dpop-at")), computed independently with Python's hashlib.
+        assert_eq!(claims["ath"], "sMeKakNpn4RQrnvLVVSuc9JTeZdYUiHGuoSJjVa-avw");
+    }
+    assert_eq!(proof_claims(&lists[0]).get("nonce"), None);
+    assert_eq!(proof_claims(&lists[1])["nonce"], "rs-n1");
+    assert_ne!(
+        proof_claims(&lists[0])["jti"],
+        proof_claims(&lists[1])["jti"]
+    );
+    assert_eq!(
+        lists[0].body, lists[1].body,
+        "the same request, sent once more"
+    );
+    // A nonce that is never enough: one resend, then the refusal is reported (no loop, and
+    // no token renewal for it).
+    assert!(c.call_tool("t", Map::new()).await.is_err());
+    assert_eq!(server.count("tools/call"), 2);
+    // Any other 401 is not a nonce challenge: no resend by the transport (the client's one
+    // token renewal still applies).
+    assert!(c.list_prompts().await.is_err());
+    assert_eq!(server.count("prompts/list"), 2);
+    assert_eq!(
+        source.refreshed.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the invalid_token refusal renewed the token"
+    );
+    // The nonce a refusal offered is kept for the next proof.
+    let last = server.seen().pop().unwrap();
+    assert_eq!(proof_claims(&last)["nonce"], "rs-n2");
+    report::record(
+        "P16",
+        "broker/tests/mcp_http.rs::a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answered_exactly_once",
+        json!({"resends_per_nonce_challenge": 1}),
     );
 }
 

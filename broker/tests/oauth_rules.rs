@@ -16,9 +16,10 @@ mod support;
 #[path = "../../tests/support/report.rs"]
 mod report;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[allow(dead_code)]
+#[path = "support/scripted.rs"]
+mod scripted;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,307 +30,19 @@ use iteron_broker::oauth::metadata::{self, ServerMetadata};
 use iteron_broker::oauth::{Challenge, ExposeSecret, OAuthError, SecretString};
 use iteron_policy::url::EndpointUrl;
 use iteron_policy::zone::Zone;
+use scripted::{CLIENT_ID, FromBase, Reply, Script, Seen, Server, enc, v4};
 use serde_json::{Value, json};
 use support::{A, DnsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// A login that has not finished by then is stuck waiting for a callback nobody will send.
 const LOGIN_LIMIT: Duration = Duration::from_secs(30);
-/// The request target the barrier uses; never recorded.
-const BARRIER: &str = "/__barrier";
 /// A client secret that must never reach a server it is not meant for.
 const SECRET: &str = "pre-registered-s3cret";
-/// The pre-registered client id used by most logins.
-const CLIENT_ID: &str = "iteron-test";
-
-fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
-    IpAddr::from([a, b, c, d])
-}
 
 fn ep(s: &str) -> EndpointUrl {
     EndpointUrl::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
-}
-
-fn enc(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
-// ---------------------------------------------------------------------------------------------
-// A scripted server that records everything
-// ---------------------------------------------------------------------------------------------
-
-/// One request as a scripted server saw it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    target: String,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Seen {
-    fn path(&self) -> &str {
-        self.target.split('?').next().unwrap_or("")
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn form(&self) -> HashMap<String, String> {
-        url::form_urlencoded::parse(self.body.as_bytes())
-            .into_owned()
-            .collect()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-
-    /// Whether the request carries `secret` in any form a client would send it: in the body
-    /// (plain or form-encoded) or in HTTP Basic credentials.
-    fn carries(&self, secret: &str) -> bool {
-        use base64::Engine;
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!(
-            "{}:{}",
-            enc(CLIENT_ID),
-            enc(secret)
-        ));
-        self.body.contains(secret)
-            || self.body.contains(&enc(secret))
-            || self
-                .headers
-                .iter()
-                .any(|(_, v)| v.contains(secret) || v.contains(&basic))
-    }
-}
-
-/// What a scripted server answers to one request.
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn json(v: Value) -> Reply {
-        Reply::status(200, v)
-    }
-
-    fn status(status: u16, v: Value) -> Reply {
-        Reply {
-            status,
-            headers: vec![("Content-Type".into(), "application/json".into())],
-            body: v.to_string(),
-        }
-    }
-
-    fn not_found() -> Reply {
-        Reply {
-            status: 404,
-            headers: Vec::new(),
-            body: String::new(),
-        }
-    }
-
-    fn redirect(status: u16, location: &str) -> Reply {
-        Reply {
-            status,
-            headers: vec![("Location".into(), location.into())],
-            body: String::new(),
-        }
-    }
-}
-
-type Script = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
-
-/// A URL or value spelled from a server's base URL.
-type FromBase = fn(&str) -> String;
-
-/// An HTTP/1.1 server on loopback: every accepted connection is counted, every request is
-/// recorded, and each one is answered by the script.
-struct Server {
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    connections: Arc<AtomicUsize>,
-}
-
-impl Server {
-    /// On 127.0.0.1; `make` receives the server's base URL (`http://127.0.0.1:<port>`).
-    async fn start(make: impl FnOnce(&str) -> Script) -> Server {
-        Server::start_on(v4(127, 0, 0, 1), make).await
-    }
-
-    async fn start_on(ip: IpAddr, make: impl FnOnce(&str) -> Script) -> Server {
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let script = make(&format!("http://{addr}"));
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let (log, count) = (seen.clone(), connections.clone());
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve_one(
-                    stream,
-                    script.clone(),
-                    log.clone(),
-                    count.clone(),
-                ));
-            }
-        });
-        Server {
-            addr,
-            seen,
-            connections,
-        }
-    }
-
-    /// A listener where nothing may arrive: it answers 404 to anything.
-    async fn silent_on(ip: IpAddr) -> Server {
-        Server::start_on(ip, |_| Arc::new(|_: &Seen| Reply::not_found())).await
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn port(&self) -> u16 {
-        self.addr.port()
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// The requests to exactly `path`.
-    fn to(&self, path: &str) -> Vec<Seen> {
-        self.seen()
-            .into_iter()
-            .filter(|s| s.path() == path)
-            .collect()
-    }
-
-    /// Connections accepted so far, counted only after every connection made before this call
-    /// has been accepted: a barrier connection goes through the same accept queue, and the
-    /// count is read once it has been answered.
-    async fn connections_settled(&self) -> usize {
-        let mut s = TcpStream::connect(self.addr).await.unwrap();
-        s.write_all(format!("GET {BARRIER} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out).await;
-        assert!(
-            out.starts_with(b"HTTP/1.1 204"),
-            "the barrier was not answered"
-        );
-        self.connections.load(Ordering::SeqCst)
-    }
-
-    /// Nothing reached this server: not one TCP connection.
-    async fn assert_untouched(&self, what: &str) {
-        assert_eq!(
-            self.connections_settled().await,
-            0,
-            "{what}: the server at {} saw {:?}",
-            self.addr,
-            self.seen()
-                .iter()
-                .map(|s| format!("{} {}", s.method, s.target))
-                .collect::<Vec<_>>()
-        );
-    }
-
-    /// Every request this server saw was a metadata GET: nothing was registered, redeemed,
-    /// refreshed, revoked or posted.
-    fn assert_only_discovery(&self, what: &str) {
-        for s in self.seen() {
-            assert!(
-                s.method == "GET" && s.path().starts_with("/.well-known/"),
-                "{what}: unexpected request {} {}",
-                s.method,
-                s.target
-            );
-        }
-    }
-}
-
-async fn serve_one(
-    mut stream: TcpStream,
-    script: Script,
-    log: Arc<Mutex<Vec<Seen>>>,
-    count: Arc<AtomicUsize>,
-) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > 64 * 1024 {
-            return;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let mut first = lines.next().unwrap_or("").split(' ');
-    let method = first.next().unwrap_or("").to_owned();
-    let target = first.next().unwrap_or("").to_owned();
-    if target == BARRIER {
-        count.fetch_sub(1, Ordering::SeqCst);
-        let _ = stream
-            .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-            .await;
-        let _ = stream.shutdown().await;
-        return;
-    }
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| {
-            l.split_once(':')
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        })
-        .collect();
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => body.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let req = Seen {
-        method,
-        target,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    };
-    log.lock().unwrap().push(req.clone());
-    let reply = script(&req);
-    let mut out = format!(
-        "HTTP/1.1 {} Scripted\r\nConnection: close\r\nContent-Length: {}\r\n",
-        reply.status,
-        reply.body.len()
-    );
-    for (k, v) in &reply.headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    out.push_str(&reply.body);
-    let _ = stream.write_all(out.as_bytes()).await;
-    let _ = stream.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,7 +113,7 @@ async fn provider_with(tweak: impl FnOnce(&str, &mut Value)) -> Server {
 fn server_metadata(issuer: &str, token: &str, revocation: Option<&str>) -> ServerMetadata {
     ServerMetadata {
         issuer: issuer.into(),
-        authorization_endpoint: ep(&format!("{issuer}/authorize")),
+        authorization_endpoint: Some(ep(&format!("{issuer}/authorize"))),
         token_endpoint: ep(token),
         registration_endpoint: None,
         revocation_endpoint: revocation.map(ep),
@@ -408,6 +121,7 @@ fn server_metadata(issuer: &str, token: &str, revocation: Option<&str>) -> Serve
         scopes_supported: vec![],
         cimd_supported: false,
         iss_parameter_supported: false,
+        grant_types_supported: vec![],
     }
 }
 
@@ -415,6 +129,8 @@ fn public_client(issuer: &str) -> OAuthClient {
     OAuthClient {
         id: CLIENT_ID.into(),
         secret: None,
+        key: None,
+        dpop: None,
         auth: TokenAuth::None,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),
@@ -425,6 +141,8 @@ fn confidential_client(issuer: &str, auth: TokenAuth) -> OAuthClient {
     OAuthClient {
         id: CLIENT_ID.into(),
         secret: Some(SecretString::from(SECRET.to_owned())),
+        key: None,
+        dpop: None,
         auth,
         kind: ClientKind::PreRegistered,
         issuer: issuer.into(),
@@ -580,6 +298,7 @@ fn request(server: &Server) -> LoginRequest {
             client_id: Some(CLIENT_ID.into()),
             ..ClientSettings::default()
         },
+        dpop: false,
     }
 }
 

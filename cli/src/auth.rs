@@ -129,6 +129,11 @@ pub(crate) fn login(
         // lost, and nothing falls back to a file.
         store.probe_keyring(server.name.as_str()).map_err(fail)?;
     }
+    if let Some(grant) =
+        iteron_broker::servers::grant_request(server, &|n| std::env::var_os(n)).map_err(fail)?
+    {
+        return login_noninteractive(home, &config, server, grant, &a, zone, out);
+    }
     let previous = store
         .load(server.name.as_str())
         .ok()
@@ -158,20 +163,21 @@ pub(crate) fn login(
             .map(|c| c.binding.granted_scopes.clone())
             .unwrap_or_default(),
         mode,
+        dpop: oauth.dpop == Some(true),
         client: ClientSettings {
             client_id: client_id.filter(|c| !c.contains("://")),
             client_secret,
+            client_key: iteron_broker::servers::client_key(&oauth, &|n| std::env::var_os(n))
+                .map_err(fail)?,
             cimd_url,
             client_name: "Iteron".into(),
         },
     };
     if let Some(prev) = &previous {
         // An explicit re-login stays on the resource and issuer it had.
-        if req
-            .issuer
-            .as_deref()
-            .is_some_and(|i| i != prev.binding.issuer)
-        {
+        if req.issuer.as_deref().is_some_and(|i| {
+            metadata::pinned_issuer(std::slice::from_ref(&prev.binding.issuer), i).is_none()
+        }) {
             return Err(CliError::Usage(
                 "the server is bound to another issuer; log out first to change it".into(),
             ));
@@ -261,6 +267,7 @@ pub(crate) fn login(
         client_secret: outcome.client.secret.clone(),
         expires_at,
         refresh_failed: false,
+        dpop_key: outcome.client.dpop.as_ref().map(|k| k.stored()),
     };
     let cred = Credential { binding, secrets };
     let saved = store.save(&cred);
@@ -296,6 +303,76 @@ pub(crate) fn login(
         "logged in to {}: issuer {}, scopes {}",
         server.name,
         shown(&outcome.server.issuer, 200),
+        if granted.is_empty() {
+            "(none)".to_owned()
+        } else {
+            shown(&granted.join(" "), 400)
+        }
+    )
+    .map_err(CliError::Output)
+}
+
+/// `auth login` for a server whose grant needs no browser: the token is fetched at once with
+/// the client's own credentials (from where the configuration names them) and stored like a
+/// login's. Only `--scopes` may change what the configuration says.
+fn login_noninteractive(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+    server: &ServerConfig,
+    mut grant: iteron_broker::oauth::grant::GrantRequest,
+    a: &LoginArgs,
+    zone: iteron_policy::zone::Zone,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    for (given, flag) in [
+        (a.oauth_resource.is_some(), "--oauth-resource"),
+        (
+            a.oauth_client_registration.is_some(),
+            "--oauth-client-registration",
+        ),
+        (a.client_id.is_some(), "--client-id"),
+        (a.client_secret_env.is_some(), "--client-secret-env"),
+        (a.oauth_issuer.is_some(), "--oauth-issuer"),
+    ] {
+        if given {
+            return Err(CliError::Usage(format!(
+                "{flag} does not apply: this server's grant takes its client, issuer and resource from the configuration"
+            )));
+        }
+    }
+    if let Some(scopes) = &a.scopes {
+        grant.scopes = Some(
+            scopes
+                .split([',', ' '])
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    let rt = crate::rt::multi_thread()?;
+    let (cred, _meta) = rt.block_on(async {
+        let net =
+            Net::new(NetConfig::from_operator(&config.network).map_err(fail)?).map_err(fail)?;
+        let http = net.client(zone).map_err(fail)?;
+        let challenge = probe_challenge(&http, &grant.server).await;
+        iteron_broker::servers::login_noninteractive(
+            home,
+            server,
+            &config.network,
+            &grant,
+            challenge.as_ref(),
+        )
+        .await
+        .map_err(fail)
+    })?;
+    let granted = &cred.binding.granted_scopes;
+    writeln!(
+        out,
+        "logged in to {} without a browser ({} grant, {}): issuer {}, scopes {}",
+        server.name,
+        grant.kind.as_str(),
+        cred.binding.token_auth.as_str(),
+        shown(&cred.binding.issuer, 200),
         if granted.is_empty() {
             "(none)".to_owned()
         } else {
@@ -373,7 +450,119 @@ pub(crate) fn external_bearer(h: &iteron_policy::config::HttpServer) -> Option<&
         })
 }
 
-/// The state `auth status` reports.
+/// Whether the server's credential is an externally managed token (`oauth.access_token_env`).
+fn is_external(server: &ServerConfig) -> bool {
+    matches!(&server.transport, Transport::Http(h)
+        if h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref()).is_some())
+}
+
+/// `auth logout` of an externally managed token: revoke it at `revoke_url` (best effort, like
+/// every logout: the answer is reported, the exit status stays 0). Nothing is stored locally,
+/// so nothing is deleted.
+fn logout_external(
+    home: &Home,
+    config: &iteron_policy::config::Config,
+    server: &ServerConfig,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    use iteron_broker::ipc::client::ClientError;
+    use iteron_broker::oauth::Revoked;
+    use iteron_broker::servers::{ExternalLogout, logout_external};
+    // A running broker holds the tokens it renewed (rotated, in its memory only): it revokes
+    // those, never sends them again, and restarts the server.
+    let socket = crate::broker::default_operator_socket(home);
+    if socket.exists() {
+        match crate::broker::operator_request(
+            &socket,
+            "logout",
+            json!({"server": server.name.as_str()}),
+        ) {
+            Ok(v) => {
+                let what = match v.get("revoked").and_then(serde_json::Value::as_str) {
+                    Some("revoked") => "the running broker revoked its tokens at revoke_url",
+                    Some("no_revoke_url") => {
+                        "the configuration names no revoke_url; the running broker stopped using its tokens, which stay valid until they expire"
+                    }
+                    Some("nothing_to_revoke") => "the running broker held no token",
+                    _ => {
+                        "the running broker's revocation at revoke_url failed; it stopped using its tokens"
+                    }
+                };
+                return writeln!(
+                    out,
+                    "logged out of {} (externally managed token): {what}",
+                    server.name
+                )
+                .map_err(CliError::Output);
+            }
+            // No broker listens: this process revokes what the variables hold.
+            Err(CliError::Broker(ClientError::Connect(_))) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let rt = crate::rt::multi_thread()?;
+    let lookup = |n: &str| std::env::var_os(n);
+    let outcome = rt
+        .block_on(logout_external(server, &config.network, &lookup))
+        .map_err(fail)?;
+    let what = match outcome {
+        ExternalLogout::NoRevokeUrl => {
+            "the configuration names no revoke_url, so nothing was revoked (the token stays valid until it expires)"
+        }
+        ExternalLogout::Revoked(Revoked::Revoked) => "revoked at revoke_url",
+        ExternalLogout::Revoked(Revoked::NothingToRevoke) => {
+            "no token was set in the named variables, so nothing was revoked"
+        }
+        ExternalLogout::Revoked(Revoked::NotOffered) => "the configuration names no revoke_url",
+        ExternalLogout::Revoked(Revoked::Failed) => {
+            "revocation at revoke_url failed (the tokens may stay valid until they expire)"
+        }
+    };
+    writeln!(
+        out,
+        "logged out of {} (externally managed token): {what}",
+        server.name
+    )
+    .map_err(CliError::Output)
+}
+
+/// How an HTTP server's tokens are obtained, as `auth status`, `mcp status` and `doctor` show
+/// it: `external` (`access_token_env`), else the configured grant (`authorization_code` by
+/// default, `client_credentials`, `jwt_bearer`, `id_jag`). `None` for stdio.
+pub(crate) fn grant_of(server: &ServerConfig) -> Option<&'static str> {
+    let Transport::Http(h) = &server.transport else {
+        return None;
+    };
+    if external_bearer(h).is_some() {
+        return Some("external");
+    }
+    let o = h.oauth.as_ref();
+    Some(
+        o.and_then(|o| o.grant)
+            .unwrap_or(iteron_policy::config::Grant::AuthorizationCode)
+            .as_str(),
+    )
+}
+
+/// Whether the server's tokens are obtained without a browser (the broker renews them itself).
+fn noninteractive(server: &ServerConfig) -> bool {
+    matches!(&server.transport, Transport::Http(h)
+        if h.oauth.as_ref().and_then(|o| o.grant).is_some_and(|g| g.is_noninteractive()))
+}
+
+/// Whether the server's tokens are DPoP-bound: the stored credential's say; without one, the
+/// configuration.
+fn dpop_of(server: &ServerConfig, cred: Option<&Credential>) -> bool {
+    match cred {
+        Some(c) => c.secrets.dpop_key.is_some(),
+        None => matches!(&server.transport, Transport::Http(h)
+            if h.oauth.as_ref().and_then(|o| o.dpop) == Some(true)),
+    }
+}
+
+/// The state `auth status` reports. A noninteractive grant's credential is never `expired`,
+/// `refresh_failed` or `reauth_required`: the broker runs the grant again by itself (a
+/// credential of another configuration reads as `logged_out`).
 pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'static str {
     let Transport::Http(h) = &server.transport else {
         return "logged_out";
@@ -381,9 +570,12 @@ pub(crate) fn state_of(server: &ServerConfig, cred: Option<&Credential>) -> &'st
     if external_bearer(h).is_some() {
         return "external";
     }
+    let renewable = noninteractive(server);
     match cred {
         None => "logged_out",
+        Some(c) if check_binding(&c.binding, server).is_err() && renewable => "logged_out",
         Some(c) if check_binding(&c.binding, server).is_err() => "reauth_required",
+        Some(_) if renewable => "logged_in",
         Some(c) if c.secrets.refresh_failed => "refresh_failed",
         Some(c) => match c.secrets.expires_at {
             Some(t) if t <= now() && c.secrets.refresh_token.is_none() => "expired",
@@ -423,7 +615,8 @@ pub(crate) fn status(
         }
     };
     let state = state_of(server, cred.as_ref());
-    let mut v = json!({"name": server.name.as_str(), "state": state});
+    let mut v = json!({"name": server.name.as_str(), "state": state,
+        "grant": grant_of(server), "dpop": dpop_of(server, cred.as_ref())});
     if state == "refresh_failed"
         && let Some(obj) = v.as_object_mut()
     {
@@ -449,7 +642,7 @@ pub(crate) fn status(
         obj.insert("expires_at".into(), c.secrets.expires_at.into());
         obj.insert(
             "refreshable".into(),
-            c.secrets.refresh_token.is_some().into(),
+            (c.secrets.refresh_token.is_some() || noninteractive(server)).into(),
         );
     }
     print(out, format, &v)
@@ -464,10 +657,13 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
         v["name"].as_str().unwrap_or(""),
         v["state"].as_str().unwrap_or("")
     );
-    for k in ["issuer", "resource", "zone", "store"] {
+    for k in ["grant", "issuer", "resource", "zone", "store"] {
         if let Some(x) = v[k].as_str() {
             line.push_str(&format!(", {k} {x}"));
         }
+    }
+    if v["dpop"] == true {
+        line.push_str(", DPoP-bound");
     }
     if let Some(s) = v["granted_scopes"].as_array() {
         let s: Vec<&str> = s.iter().filter_map(|x| x.as_str()).collect();
@@ -511,6 +707,9 @@ async fn revoke_tokens(
 pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), CliError> {
     let config = home.load()?;
     let server = http_server(&config, raw)?;
+    if is_external(server) {
+        return logout_external(home, &config, server, out);
+    }
     let store = CredentialStore::new(home);
     let keyring_configured = matches!(
         &server.transport,
@@ -545,12 +744,35 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                     .map_err(|e| e.to_string())?;
             // Revocation goes out under the zone recorded at login.
             let http = net.client(c.binding.zone).map_err(|e| e.to_string())?;
-            let meta = metadata::discover_server(&http, &c.binding.issuer)
-                .await
-                .map_err(|e| e.to_string())?;
+            let meta = metadata::discover_server_for(
+                &http,
+                &c.binding.issuer,
+                metadata::Purpose::TokenEndpoint,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            // A pre-registered client's secret or key comes from where the configuration
+            // names it (it is not copied into the credential).
+            let configured = match &server.transport {
+                Transport::Http(h) => h.oauth.clone().unwrap_or_default(),
+                Transport::Stdio(_) => Default::default(),
+            };
+            let lookup = |n: &str| std::env::var_os(n);
+            let secret = c.secrets.client_secret.clone().or_else(|| {
+                configured
+                    .client_secret_env
+                    .as_ref()
+                    .and_then(|n| std::env::var(n.as_str()).ok())
+                    .map(SecretString::from)
+            });
+            let key = iteron_broker::servers::client_key(&configured, &lookup)
+                .ok()
+                .flatten();
             let client = flow::OAuthClient {
                 id: c.binding.client_id.clone(),
-                secret: c.secrets.client_secret.clone(),
+                secret,
+                key,
+                dpop: None,
                 auth: c.binding.token_auth,
                 kind: c.binding.client_kind,
                 issuer: c.binding.issuer.clone(),

@@ -22,7 +22,7 @@ use crate::args::{
 };
 use crate::error::CliError;
 
-fn default_operator_socket(home: &Home) -> PathBuf {
+pub(crate) fn default_operator_socket(home: &Home) -> PathBuf {
     home.dir().join("run").join("operator.sock")
 }
 
@@ -177,7 +177,11 @@ fn via(socket: &Path) -> impl Fn(ClientError) -> CliError + '_ {
     }
 }
 
-fn operator_request(socket: &Path, method: &str, params: Value) -> Result<Value, CliError> {
+pub(crate) fn operator_request(
+    socket: &Path,
+    method: &str,
+    params: Value,
+) -> Result<Value, CliError> {
     crate::rt::current_thread()?.block_on(async {
         let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;

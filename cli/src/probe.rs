@@ -470,6 +470,7 @@ pub(crate) fn status(
                 "credential".into(),
                 crate::auth::state_of(s, cred.as_ref()).into(),
             );
+            obj.insert("grant".into(), crate::auth::grant_of(s).into());
         }
         v
     };
@@ -523,6 +524,9 @@ fn status_line(out: &mut dyn Write, r: &Value) -> Result<(), CliError> {
     }
     if let Some(c) = r["credential"].as_str() {
         line.push_str(&format!("  credential {c}"));
+    }
+    if let Some(g) = r["grant"].as_str() {
+        line.push_str(&format!("  grant {g}"));
     }
     if let Some(e) = r["error"].as_str() {
         line.push_str(&format!("  {e}"));
@@ -670,9 +674,36 @@ fn check_server(s: &ServerConfig, home: Option<&Home>, vars: &Vars) -> Vec<Value
                 };
                 checks.push(json!({"check": "credential", "ok": ok, "detail": detail}));
             }
+            if let Some(g) = crate::auth::grant_of(s) {
+                checks.push(grant_check(s, g, vars));
+            }
         }
     }
     checks
+}
+
+/// The `grant` check of `doctor`: how tokens are obtained, and — for the grants Iteron runs
+/// without a browser — whether the client's secret, key and identity token can be read now
+/// (read locally; nothing is sent).
+fn grant_check(s: &ServerConfig, grant: &str, vars: &Vars) -> Value {
+    let lookup = |k: &str| vars.get(k);
+    let dpop = matches!(&s.transport, Transport::Http(h)
+        if h.oauth.as_ref().and_then(|o| o.dpop) == Some(true));
+    let bound = if dpop { ", DPoP-bound" } else { "" };
+    match servers::grant_request(s, &lookup) {
+        Ok(Some(req)) => {
+            let identity = req.identity.as_ref().map(|i| i.check());
+            match identity {
+                Some(Err(e)) => json!({"check": "grant", "ok": false,
+                    "detail": text::single_line_capped(&format!("{grant}: {e}"), 300)}),
+                _ => json!({"check": "grant", "ok": true, "detail": format!(
+                    "{grant} ({}; no browser needed){bound}", req.client.auth.as_str())}),
+            }
+        }
+        Ok(None) => json!({"check": "grant", "ok": true, "detail": format!("{grant}{bound}")}),
+        Err(e) => json!({"check": "grant", "ok": false,
+            "detail": text::single_line_capped(&format!("{grant}: {e}"), 300)}),
+    }
 }
 
 /// `iteron mcp doctor [--connect]`.

@@ -374,6 +374,88 @@ impl CredentialBackend {
     }
 }
 
+/// How Iteron obtains tokens for an HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// The operator logs in through a browser (the default).
+    AuthorizationCode,
+    /// The client's own credentials (RFC 6749 §4.4): no browser, no user.
+    ClientCredentials,
+    /// A workload identity token presented as an RFC 7523 JWT-bearer grant.
+    JwtBearer,
+    /// Enterprise-managed authorization: the user's ID token from the enterprise identity
+    /// provider exchanged there for an ID-JAG (RFC 8693), presented to the authorization
+    /// server as a JWT-bearer grant.
+    IdJag,
+}
+
+impl Grant {
+    /// Every grant, in configuration order.
+    pub const ALL: [Grant; 4] = [
+        Grant::AuthorizationCode,
+        Grant::ClientCredentials,
+        Grant::JwtBearer,
+        Grant::IdJag,
+    ];
+    const WORDS: &'static [&'static str] = &[
+        "authorization_code",
+        "client_credentials",
+        "jwt_bearer",
+        "id_jag",
+    ];
+
+    /// The configuration word.
+    pub fn as_str(self) -> &'static str {
+        Self::WORDS[self as usize]
+    }
+
+    /// Parse the configuration word.
+    pub fn parse(s: &str) -> Option<Grant> {
+        Grant::ALL.into_iter().find(|g| g.as_str() == s)
+    }
+
+    /// Whether tokens are obtained without a browser (the broker can renew them itself).
+    pub fn is_noninteractive(self) -> bool {
+        self != Grant::AuthorizationCode
+    }
+}
+
+/// How a pre-registered confidential client authenticates at the token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// The client secret in HTTP Basic.
+    ClientSecretBasic,
+    /// The client secret in the form body.
+    ClientSecretPost,
+    /// An RFC 7523 assertion signed with the client's private key.
+    PrivateKeyJwt,
+}
+
+impl ClientAuth {
+    const ALL: [ClientAuth; 3] = [
+        ClientAuth::ClientSecretBasic,
+        ClientAuth::ClientSecretPost,
+        ClientAuth::PrivateKeyJwt,
+    ];
+    const WORDS: &'static [&'static str] = &[
+        "client_secret_basic",
+        "client_secret_post",
+        "private_key_jwt",
+    ];
+
+    /// The configuration (RFC 7591) word.
+    pub fn as_str(self) -> &'static str {
+        Self::WORDS[self as usize]
+    }
+
+    /// Parse the configuration word.
+    pub fn parse(s: &str) -> Option<ClientAuth> {
+        ClientAuth::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
 /// OAuth settings of an HTTP server. Values that are secrets are named by environment variable.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct OAuthConfig {
@@ -413,6 +495,36 @@ pub struct OAuthConfig {
     /// Where the login's secrets are kept (`file` when absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_store: Option<CredentialBackend>,
+    /// How tokens are obtained (`authorization_code` when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+    /// How the pre-registered client authenticates (chosen from the key or secret when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_endpoint_auth: Option<ClientAuth>,
+    /// File holding the client's private key (PKCS#8 PEM), for `private_key_jwt`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<AbsolutePath>,
+    /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding that key instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_env: Option<EnvName>,
+    /// File holding the workload's identity token (`jwt_bearer`), read at every exchange.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_token_file: Option<AbsolutePath>,
+    /// Variable (or `$CREDENTIALS_DIRECTORY` credential) holding it instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_token_env: Option<EnvName>,
+    /// Ask for DPoP-bound (sender-constrained) tokens (RFC 9449).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dpop: Option<bool>,
+    /// The enterprise identity provider (`id_jag`): its issuer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_issuer: Option<EndpointUrl>,
+    /// Iteron's client id at that identity provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_client_id: Option<ClientId>,
+    /// Variable holding that client's secret, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idp_client_secret_env: Option<EnvName>,
 }
 
 /// Keys of the `oauth` block, in serialization order.
@@ -429,6 +541,16 @@ const OAUTH_KEYS: &[&str] = &[
     "refresh_token_env",
     "revoke_url",
     "credential_store",
+    "grant",
+    "token_endpoint_auth",
+    "client_key_file",
+    "client_key_env",
+    "identity_token_file",
+    "identity_token_env",
+    "dpop",
+    "idp_issuer",
+    "idp_client_id",
+    "idp_client_secret_env",
 ];
 
 /// A lifecycle hook event.
@@ -773,6 +895,9 @@ pub enum ConfigErrorKind {
     },
     /// A single value was refused.
     Value(ValueError),
+    /// A key that only makes sense together with another one, or that excludes another one
+    /// (fixed text naming both).
+    Inconsistent(&'static str),
     /// An object that must have exactly one of these keys (an argument constraint).
     ExactlyOne {
         /// The keys, one of which must be given.
@@ -847,6 +972,7 @@ impl fmt::Display for ConfigErrorKind {
                 write!(f, "must be an integer from {min} to {max}")
             }
             ConfigErrorKind::Value(e) => e.fmt(f),
+            ConfigErrorKind::Inconsistent(why) => f.write_str(why),
             ConfigErrorKind::ExactlyOne { allowed } => {
                 write!(f, "must have exactly one of: {}", allowed.join(", "))
             }
@@ -1793,7 +1919,29 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             )
         })
     })?;
-    Ok(OAuthConfig {
+    let grant = optional(&f, "grant", |n, p| {
+        Grant::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: Grant::WORDS,
+                },
+            )
+        })
+    })?;
+    let token_endpoint_auth = optional(&f, "token_endpoint_auth", |n, p| {
+        ClientAuth::parse(string(n, p)?).ok_or_else(|| {
+            err(
+                p,
+                n.pos,
+                ConfigErrorKind::UnknownWord {
+                    allowed: ClientAuth::WORDS,
+                },
+            )
+        })
+    })?;
+    let config = OAuthConfig {
         resource: url("resource")?,
         scopes: match f.get("scopes") {
             None => Vec::new(),
@@ -1809,7 +1957,230 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         refresh_token_env: env("refresh_token_env")?,
         revoke_url: url("revoke_url")?,
         credential_store,
-    })
+        grant,
+        token_endpoint_auth,
+        client_key_file: optional(&f, "client_key_file", parsed(AbsolutePath::parse))?,
+        client_key_env: env("client_key_env")?,
+        identity_token_file: optional(&f, "identity_token_file", parsed(AbsolutePath::parse))?,
+        identity_token_env: env("identity_token_env")?,
+        dpop: optional(&f, "dpop", |n, p| match n.value {
+            Value::Bool(b) => Ok(b),
+            _ => Err(wrong_type(p, n, "true or false")),
+        })?,
+        idp_issuer: url("idp_issuer")?,
+        idp_client_id: optional(&f, "idp_client_id", parsed(ClientId::parse))?,
+        idp_client_secret_env: env("idp_client_secret_env")?,
+    };
+    check_oauth(&f, &config)?;
+    Ok(config)
+}
+
+/// The rules that tie the keys of one `oauth` block together. Each refusal names the key it is
+/// at and the key it needs or excludes.
+fn check_oauth(f: &Fields<'_>, o: &OAuthConfig) -> Result2<()> {
+    let refuse = |key: &str, why: &'static str| -> Result2<()> {
+        let (node, path) = f
+            .get(key)
+            .map_or((None, f.path.clone()), |(n, p)| (Some(n), p));
+        Err(err(
+            &path,
+            node.map_or(f.pos, |n| n.pos),
+            ConfigErrorKind::Inconsistent(why),
+        ))
+    };
+    // The externally managed token: its expiry, refresh and revocation belong to it.
+    if o.access_token_env.is_none() {
+        for key in [
+            "expires_at_env",
+            "refresh_url",
+            "refresh_token_env",
+            "revoke_url",
+        ] {
+            if f.get(key).is_some() {
+                return refuse(
+                    key,
+                    "belongs to an externally managed token and needs access_token_env",
+                );
+            }
+        }
+    }
+    match (&o.refresh_url, &o.refresh_token_env) {
+        (Some(_), None) => {
+            return refuse(
+                "refresh_url",
+                "needs refresh_token_env (the variable holding the refresh token to present)",
+            );
+        }
+        (None, Some(_)) => {
+            return refuse(
+                "refresh_token_env",
+                "needs refresh_url (where the refresh token is presented)",
+            );
+        }
+        _ => {}
+    }
+    // The client's own credentials: a key from one place, matching the method named.
+    if o.client_key_file.is_some() && o.client_key_env.is_some() {
+        return refuse(
+            "client_key_env",
+            "excludes client_key_file (the key comes from one place)",
+        );
+    }
+    let has_key = o.client_key_file.is_some() || o.client_key_env.is_some();
+    match o.token_endpoint_auth {
+        Some(ClientAuth::PrivateKeyJwt) if !has_key => {
+            return refuse(
+                "token_endpoint_auth",
+                "private_key_jwt needs client_key_file or client_key_env",
+            );
+        }
+        Some(ClientAuth::ClientSecretBasic | ClientAuth::ClientSecretPost)
+            if o.client_secret_env.is_none() =>
+        {
+            return refuse(
+                "token_endpoint_auth",
+                "a client secret method needs client_secret_env",
+            );
+        }
+        Some(ClientAuth::ClientSecretBasic | ClientAuth::ClientSecretPost) if has_key => {
+            for key in ["client_key_file", "client_key_env"] {
+                if f.get(key).is_some() {
+                    return refuse(key, "is only used with token_endpoint_auth private_key_jwt");
+                }
+            }
+        }
+        _ => {}
+    }
+    if has_key && o.client_secret_env.is_some() && o.token_endpoint_auth.is_none() {
+        return refuse(
+            "client_secret_env",
+            "is ambiguous beside a client key; name the method with token_endpoint_auth",
+        );
+    }
+    if (has_key || o.token_endpoint_auth.is_some())
+        && !matches!(o.client_id, Some(ClientId::Plain(_)))
+    {
+        let key = if f.get("token_endpoint_auth").is_some() {
+            "token_endpoint_auth"
+        } else if f.get("client_key_file").is_some() {
+            "client_key_file"
+        } else {
+            "client_key_env"
+        };
+        return refuse(
+            key,
+            "needs a pre-registered client_id (not a metadata document URL)",
+        );
+    }
+    if o.grant.is_some_and(Grant::is_noninteractive) {
+        if o.access_token_env.is_some() {
+            return refuse(
+                "grant",
+                "obtains tokens itself and excludes access_token_env (an externally managed token)",
+            );
+        }
+        if f.get("client_registration").is_some() {
+            return refuse(
+                "client_registration",
+                "applies to the authorization_code grant only (the other grants use a pre-registered client)",
+            );
+        }
+        if o.issuer.is_none() {
+            return refuse(
+                "grant",
+                "needs issuer (the client's credentials go only to the authorization server the operator pinned)",
+            );
+        }
+    }
+    if o.dpop == Some(true) && o.access_token_env.is_some() {
+        return refuse(
+            "dpop",
+            "binds the tokens Iteron obtains and cannot bind access_token_env's (its key is not Iteron's)",
+        );
+    }
+    // The workload's identity token: from one place, for the grant that presents it.
+    let has_identity = o.identity_token_file.is_some() || o.identity_token_env.is_some();
+    if o.identity_token_file.is_some() && o.identity_token_env.is_some() {
+        return refuse(
+            "identity_token_env",
+            "excludes identity_token_file (the identity token comes from one place)",
+        );
+    }
+    let presents_identity = matches!(o.grant, Some(Grant::JwtBearer | Grant::IdJag));
+    if has_identity && !presents_identity {
+        let key = if f.get("identity_token_file").is_some() {
+            "identity_token_file"
+        } else {
+            "identity_token_env"
+        };
+        return refuse(key, "is only used with grant jwt_bearer or id_jag");
+    }
+    if presents_identity {
+        if !has_identity {
+            return refuse(
+                "grant",
+                "jwt_bearer and id_jag need identity_token_file or identity_token_env",
+            );
+        }
+        if matches!(o.client_id, Some(ClientId::Document(_))) {
+            return refuse(
+                "client_id",
+                "jwt_bearer and id_jag take a pre-registered client_id (not a metadata document URL)",
+            );
+        }
+    }
+    // The enterprise identity provider belongs to id_jag, and id_jag needs all of it.
+    if o.grant != Some(Grant::IdJag) {
+        for key in ["idp_issuer", "idp_client_id", "idp_client_secret_env"] {
+            if f.get(key).is_some() {
+                return refuse(key, "is only used with grant id_jag");
+            }
+        }
+    } else {
+        if o.idp_issuer.is_none() {
+            return refuse(
+                "grant",
+                "id_jag needs idp_issuer (the enterprise identity provider)",
+            );
+        }
+        if !matches!(o.idp_client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "id_jag needs idp_client_id (Iteron's pre-registered client at the identity provider)",
+            );
+        }
+        if !matches!(o.client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "id_jag needs client_id (the client the authorization server knows)",
+            );
+        }
+    }
+    if o.grant == Some(Grant::ClientCredentials) {
+        if !matches!(o.client_id, Some(ClientId::Plain(_))) {
+            return refuse(
+                "grant",
+                "client_credentials needs a pre-registered client_id (not a metadata document URL)",
+            );
+        }
+        if !has_key && o.client_secret_env.is_none() {
+            return refuse(
+                "grant",
+                "client_credentials needs client_secret_env, client_key_file or client_key_env",
+            );
+        }
+    }
+    if o.client_id.is_none() {
+        for key in ["refresh_url", "revoke_url"] {
+            if f.get(key).is_some() {
+                return refuse(
+                    key,
+                    "needs client_id (the client the externally managed token was issued to)",
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,6 +7,11 @@ output directory:
     node <suite> client --command "<shim> <client>" --scenario S --spec-version V \
          -o <pair dir>/out --timeout MS
 
+Extension scenarios marked "gate": true in scenarios.json run with the OAuth ones, once
+each, under the pseudo-version "extension" and without --spec-version (they are off the
+spec timeline; the suite picks their wire). Their cells are the report's "extensions"
+section, one per scenario, checked against the document like the matrix.
+
 The runner reads each pair's checks.json, collapses repeated check ids most-severe-first,
 writes one JSON report (runs, checks, version x transport matrix, gate verdict) and exits
 
@@ -55,6 +60,10 @@ SUMMARY_LIMIT = 300
 OUTPUT_LIMIT = 4000
 SCOPES = ("core", "auth", "extension")
 MATRIX_KEY = {"core": "http", "auth": "http-oauth"}
+# The pseudo-version of gated extension scenarios: the suite runs them off the spec timeline
+# (no --spec-version; it picks the wire itself), and the report keeps them apart from the
+# per-version matrix, in its "extensions" section.
+EXTENSION = "extension"
 # Problems a whole-scenario ("*") baseline entry may cover. Runner errors and a suite exit
 # status that the checks do not explain ("suite-exit") are never covered.
 SCENARIO_PROBLEMS = frozenset({"zero-checks", "no-success", "timeout", "client-exit", "check"})
@@ -159,19 +168,37 @@ def validate_catalog(doc, where: str = "scenarios.json") -> dict:
             raise ConfigError(f"{where}: {sid}: a non-extension scenario needs versions")
         if not isinstance(row.get("allow_client_error"), bool):
             raise ConfigError(f"{where}: {sid}: allow_client_error must be true or false")
+        gate = row.get("gate", False)
+        if not isinstance(gate, bool):
+            raise ConfigError(f"{where}: {sid}: gate must be true or false")
+        if gate and row["scope"] != "extension":
+            raise ConfigError(f"{where}: {sid}: only extension scenarios carry 'gate' (the "
+                              "others are gated by their versions)")
+        extra = set(row) - {"id", "scope", "transport", "versions", "allow_client_error",
+                            "gate"}
+        if extra:
+            raise ConfigError(f"{where}: {sid}: unknown keys {sorted(extra)}")
         scenarios[sid] = {
             "id": sid,
             "scope": row["scope"],
             "transport": "http",
             "versions": list(vers),
             "allow_client_error": row["allow_client_error"],
+            "gate": gate,
         }
     return {"suite": dict(suite), "versions": list(versions), "scenarios": scenarios}
 
 
 def applicable(catalog: dict, version: str, scenario: str) -> bool:
     meta = catalog["scenarios"].get(scenario)
+    if meta and version == EXTENSION:
+        return meta["gate"]
     return bool(meta) and version in catalog["versions"] and version in meta["versions"]
+
+
+def gated_extensions(catalog: dict) -> list[dict]:
+    """The extension scenarios the gate runs (scenarios.json order)."""
+    return [m for m in catalog["scenarios"].values() if m["gate"]]
 
 
 # --------------------------------------------------------------------------------------
@@ -228,25 +255,31 @@ def split_list(value: str | None) -> list[str] | None:
 
 def select_pairs(catalog: dict, versions: list[str] | None, scenarios: list[str] | None,
                  include_auth: bool) -> list[tuple[str, dict]]:
-    """Ordered (version, scenario meta) pairs to run."""
+    """Ordered (version, scenario meta) pairs to run.
+
+    Gated extension scenarios (all OAuth) run with the auth scenarios, once each, under the
+    pseudo-version "extension"; `--versions` may name it like a version.
+    """
     all_versions = catalog["versions"]
-    versions = versions or list(all_versions)
+    known = list(all_versions) + [EXTENSION]
+    versions = versions or known
     for v in versions:
-        if v not in all_versions:
-            raise ConfigError(f"unknown version {v!r}; known: {', '.join(all_versions)}")
+        if v not in known:
+            raise ConfigError(f"unknown version {v!r}; known: {', '.join(known)}")
     metas = catalog["scenarios"]
     if scenarios is not None:
         for sid in scenarios:
             if sid not in metas:
                 raise ConfigError(f"unknown scenario {sid!r} (not in scenarios.json)")
-            if metas[sid]["scope"] == "extension":
-                raise ConfigError(f"scenario {sid!r} is an extension scenario; the gate "
-                                  "runs spec-version scenarios only")
+            if metas[sid]["scope"] == "extension" and not metas[sid]["gate"]:
+                raise ConfigError(f"scenario {sid!r} is an extension scenario the gate does "
+                                  "not run (no \"gate\": true in scenarios.json)")
         chosen = [metas[s] for s in metas if s in scenarios]
     else:
-        scopes = {"core", "auth"} if include_auth else {"core"}
+        scopes = {"core", "auth", "extension"} if include_auth else {"core"}
         chosen = [m for m in metas.values() if m["scope"] in scopes]
-    pairs = [(v, m) for v in versions for m in chosen if v in m["versions"]]
+    pairs = [(v, m) for v in versions for m in chosen
+             if v in m["versions"] or (v == EXTENSION and m["gate"])]
     if scenarios is not None:
         hit = {m["id"] for _, m in pairs}
         for sid in scenarios:
@@ -629,7 +662,7 @@ def compute_matrix(runs: list[dict], scopes: dict[str, str]) -> dict:
     """
     cells: dict[str, dict[str, dict]] = {}
     for run in runs:
-        key = MATRIX_KEY.get(scopes.get(run["scenario"], "core"), "http")
+        key = MATRIX_KEY.get(scopes.get(run["scenario"], "core"), "http-oauth")
         cell = cells.setdefault(run["version"], {}).setdefault(key, {
             "status": None, "passed": 0, "total": 0, "unsupported": 0, "failed": 0,
             "baselined": 0, "scenarios": 0, "_blocked": False, "_fail": False})
@@ -667,11 +700,16 @@ def compute_matrix(runs: list[dict], scopes: dict[str, str]) -> dict:
 def build_report(*, catalog: dict, runs: list[dict], reasons: list[str], selection: dict,
                  extra: dict | None = None) -> dict:
     scopes = {sid: m["scope"] for sid, m in catalog["scenarios"].items()}
-    order = {v: i for i, v in enumerate(catalog["versions"])}
+    order = {v: i for i, v in enumerate(catalog["versions"] + [EXTENSION])}
     scen_order = {sid: i for i, sid in enumerate(catalog["scenarios"])}
     runs = sorted(runs, key=lambda r: (order.get(r["version"], 99),
                                        scen_order.get(r["scenario"], 999)))
-    matrix = compute_matrix(runs, scopes)
+    matrix = compute_matrix([r for r in runs if r["version"] != EXTENSION], scopes)
+    # One cell per gated extension scenario, counted like a matrix cell of its own.
+    extensions = {}
+    for r in runs:
+        if r["version"] == EXTENSION:
+            extensions[r["scenario"]] = compute_matrix([r], scopes)[EXTENSION]["http-oauth"]
     report = {
         "format": REPORT_FORMAT,
         "suite": {"package": catalog["suite"]["package"],
@@ -679,6 +717,7 @@ def build_report(*, catalog: dict, runs: list[dict], reasons: list[str], selecti
         "selection": selection,
         "runs": runs,
         "matrix": {v: matrix[v] for v in sorted(matrix, key=lambda v: order.get(v, 99))},
+        "extensions": {sid: extensions[sid] for sid in catalog["scenarios"] if sid in extensions},
         "gate": {"verdict": "fail" if reasons else "pass", "reasons": reasons},
     }
     if extra:
@@ -788,8 +827,10 @@ def run_pair(*, node: Path, entry: Path, version: str, meta: dict, client: str,
     status_file = pdir / "client-status.json"
     stdout_file, stderr_file = pdir / "suite.stdout", pdir / "suite.stderr"
     command = shim_command(client, client_args, status_file, timeout_ms + 2000)
-    argv = [str(node), str(entry), "client", "--command", command, "--scenario", scenario,
-            "--spec-version", version, "-o", str(out_dir), "--timeout", str(timeout_ms)]
+    argv = [str(node), str(entry), "client", "--command", command, "--scenario", scenario]
+    if version != EXTENSION:
+        argv += ["--spec-version", version]
+    argv += ["-o", str(out_dir), "--timeout", str(timeout_ms)]
     run = {
         "version": version,
         "transport": meta["transport"],
@@ -920,11 +961,13 @@ def parse_cli(argv):
                    help="extra argument placed before the URL (repeatable)")
     p.add_argument("--report", required=True, help="where to write the JSON report")
     p.add_argument("--baseline", help="reviewed baseline JSON (expected failures / passes)")
-    p.add_argument("--versions", help="comma-separated protocol versions (default: all)")
+    p.add_argument("--versions", help="comma-separated protocol versions, and/or 'extension' "
+                                      "for the gated extension scenarios (default: all)")
     p.add_argument("--scenarios", help="comma-separated scenario ids (default: every core "
                                        "scenario; auth ones with --include-auth)")
     p.add_argument("--include-auth", action="store_true",
-                   help="also run the OAuth scenarios (scope 'auth')")
+                   help="also run the OAuth scenarios (scope 'auth', and the extension "
+                        "scenarios marked \"gate\": true)")
     p.add_argument("--jobs", type=int, default=2, help="parallel suite invocations (default 2)")
     p.add_argument("--timeout-ms", type=int, default=30000,
                    help="per-scenario client timeout passed to the suite (default 30000)")
@@ -1033,7 +1076,7 @@ def main(argv=None) -> int:
         "scenarios": scenarios,
         "include_auth": args.include_auth,
         "partial": bool(scenarios) or (versions is not None
-                                      and sorted(versions) != sorted(all_versions)),
+                                      and sorted(versions) != sorted(all_versions + [EXTENSION])),
         "timeout_ms": args.timeout_ms,
         "jobs": args.jobs,
     }
@@ -1056,6 +1099,10 @@ def main(argv=None) -> int:
             print(f"{v} {key}: {cell['status']} ({cell['passed']}/{cell['total']}; "
                   f"unsupported={cell['unsupported']} baselined={cell['baselined']} "
                   f"failed={cell['failed']})")
+    for sid, cell in report["extensions"].items():
+        print(f"{EXTENSION} {sid}: {cell['status']} ({cell['passed']}/{cell['total']}; "
+              f"unsupported={cell['unsupported']} baselined={cell['baselined']} "
+              f"failed={cell['failed']})")
     for note in notes:
         print(note, file=sys.stderr)
     if selection["partial"]:

@@ -19,7 +19,8 @@
 //   - a fixed test account, a pre-registered client and an introspection client from the env.
 import { createServer } from 'node:http';
 import { appendFileSync } from 'node:fs';
-import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
 import Provider, { errors } from 'oidc-provider';
 
@@ -68,11 +69,23 @@ export function optionsFromEnv(env = process.env) {
           : splitList(env.PRE_CLIENT_REDIRECT_URIS),
       }
       : undefined,
+    // A client-credentials client (no browser, no user): authenticated with a secret (basic or
+    // post) or with private_key_jwt against the public half of CC_CLIENT_KEY_FILE.
+    ccClient: env.CC_CLIENT_ID
+      ? {
+        id: env.CC_CLIENT_ID,
+        secret: env.CC_CLIENT_SECRET,
+        authMethod: env.CC_CLIENT_AUTH_METHOD || 'client_secret_basic',
+        keyFile: env.CC_CLIENT_KEY_FILE,
+      }
+      : undefined,
     rsClient: {
       id: env.RS_CLIENT_ID || 'iteron-test-rs',
       secret: env.RS_CLIENT_SECRET || 'iteron-test-rs-secret',
     },
     requestLog: env.REQUEST_LOG || undefined,
+    // RFC 9449 §8: every DPoP proof at the token endpoint must carry a nonce the AS issued.
+    dpopRequireNonce: flag(env.DPOP_REQUIRE_NONCE, false),
   };
 }
 
@@ -91,6 +104,16 @@ function checkOptions(o) {
   }
   if (!['jwt', 'opaque'].includes(o.accessTokenFormat)) {
     throw new Error(`ACCESS_TOKEN_FORMAT must be jwt or opaque, got ${o.accessTokenFormat}`);
+  }
+  if (o.ccClient) {
+    const { id, secret, authMethod, keyFile } = o.ccClient;
+    if (!['client_secret_basic', 'client_secret_post', 'private_key_jwt'].includes(authMethod)) {
+      throw new Error(`CC_CLIENT_AUTH_METHOD must be client_secret_basic, client_secret_post or private_key_jwt, got ${authMethod}`);
+    }
+    if (authMethod === 'private_key_jwt' ? !keyFile : !secret) {
+      throw new Error(authMethod === 'private_key_jwt' ? 'CC_CLIENT_KEY_FILE is required for private_key_jwt' : 'CC_CLIENT_SECRET is required');
+    }
+    if (id === o.rsClient.id || id === o.preClient?.id) throw new Error('CC_CLIENT_ID must differ from the other clients');
   }
   if (o.preClient) {
     const { id, secret, authMethod, redirectUris } = o.preClient;
@@ -119,6 +142,18 @@ function clientsFor(o) {
     response_types: [],
     redirect_uris: [],
   }];
+  if (o.ccClient) {
+    const { id, secret, authMethod, keyFile } = o.ccClient;
+    const jwk = keyFile ? createPublicKey(readFileSync(keyFile)).export({ format: 'jwk' }) : undefined;
+    clients.push({
+      client_id: id,
+      ...(authMethod === 'private_key_jwt' ? { jwks: { keys: [jwk] } } : { client_secret: secret }),
+      token_endpoint_auth_method: authMethod,
+      grant_types: ['client_credentials'],
+      response_types: [],
+      redirect_uris: [],
+    });
+  }
   if (o.preClient) {
     const { id, secret, authMethod, redirectUris } = o.preClient;
     clients.push({
@@ -214,6 +249,11 @@ export async function startAuthServer(options) {
     features: {
       devInteractions: { enabled: false },
       registration: { enabled: true, initialAccessToken: false },
+      clientCredentials: { enabled: true },
+      dPoP: {
+        enabled: true,
+        ...(o.dpopRequireNonce ? { nonceSecret: randomBytes(32), requireNonce: () => true } : {}),
+      },
       // A client may revoke only its own tokens (anything else: 200 without effect, RFC 7009 §2.2).
       revocation: { enabled: true, allowedPolicy: async (_ctx, client, token) => token.clientId === client.clientId },
       // Confidential clients (the RS client, a pre-registered secret client) may introspect any

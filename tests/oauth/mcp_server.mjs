@@ -17,11 +17,12 @@
 //   - anything else (ACCESS_TOKEN_FORMAT=opaque on the AS): RFC 7662 introspection at the AS with
 //     the RS client's credentials; `active`, `iss`, `aud` and `token_type` Bearer are required,
 //     so revocation is visible on the very next request.
+import { createHash } from 'node:crypto';
 import { createServer } from 'node:http';
 import { appendFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { pathToFileURL } from 'node:url';
-import { createRemoteJWKSet, decodeProtectedHeader, jwtVerify } from 'jose';
+import { EmbeddedJWK, calculateJwkThumbprint, createRemoteJWKSet, decodeProtectedHeader, jwtVerify } from 'jose';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 
@@ -137,7 +138,38 @@ export async function startMcpServer(options) {
   const resource = `${origin}${MCP_PATH}`;
   const prmUrl = `${origin}${PRM_PATH}`;
 
-  async function validate(token) {
+  // DPoP (RFC 9449): the proof of a request presenting a DPoP-bound token. Its key must be
+  // the one the token is bound to (cnf.jkt), for this method, this URL and this token.
+  const seenJtis = new Set();
+  async function checkProof(req, token, jkt) {
+    const proof = req.headers.dpop;
+    if (typeof proof !== 'string' || proof.includes(',')) {
+      throw new Rejection(401, 'invalid_dpop_proof', 'one DPoP proof is required');
+    }
+    let payload;
+    let protectedHeader;
+    try {
+      ({ payload, protectedHeader } = await jwtVerify(proof, EmbeddedJWK, { typ: 'dpop+jwt', algorithms: ['ES256'] }));
+    } catch (err) {
+      throw new Rejection(401, 'invalid_dpop_proof', `DPoP proof rejected: ${err.code ?? err.message}`);
+    }
+    const ath = createHash('sha256').update(token).digest('base64url');
+    if (payload.htm !== req.method || payload.htu !== resource || payload.ath !== ath) {
+      throw new Rejection(401, 'invalid_dpop_proof', 'DPoP proof not bound to this request or token');
+    }
+    if (typeof payload.iat !== 'number' || Math.abs(Date.now() / 1000 - payload.iat) > 300) {
+      throw new Rejection(401, 'invalid_dpop_proof', 'DPoP proof iat outside the window');
+    }
+    if (typeof payload.jti !== 'string' || seenJtis.has(payload.jti)) {
+      throw new Rejection(401, 'invalid_dpop_proof', 'DPoP proof replayed');
+    }
+    seenJtis.add(payload.jti);
+    if ((await calculateJwkThumbprint(protectedHeader.jwk, 'sha256')) !== jkt) {
+      throw new Rejection(401, 'invalid_token', 'the proof key is not the key the token is bound to');
+    }
+  }
+
+  async function validate(token, dpopRequest) {
     const iss = await currentIssuer();
     let as;
     try {
@@ -162,7 +194,12 @@ export async function startMcpServer(options) {
       } catch (err) {
         throw new Rejection(401, 'invalid_token', `access token rejected: ${err.code ?? err.message}`);
       }
-      if (payload.cnf) throw new Rejection(401, 'invalid_token', 'sender-constrained tokens are not accepted');
+      if (dpopRequest) {
+        if (typeof payload.cnf?.jkt !== 'string') throw new Rejection(401, 'invalid_token', 'not a DPoP-bound token');
+        await checkProof(dpopRequest, token, payload.cnf.jkt);
+      } else if (payload.cnf) {
+        throw new Rejection(401, 'invalid_token', 'a sender-constrained token presented as Bearer');
+      }
       return {
         sub: payload.sub, scope: payload.scope ?? '', clientId: payload.client_id, aud: payload.aud,
         exp: payload.exp, validatedBy: 'jwt',
@@ -191,7 +228,14 @@ export async function startMcpServer(options) {
     if (body.active !== true) throw new Rejection(401, 'invalid_token', 'access token is not active');
     if (body.iss !== iss) throw new Rejection(401, 'invalid_token', 'access token from another issuer');
     if (!auds.includes(resource)) throw new Rejection(401, 'invalid_token', 'access token audience is not this resource');
-    if (body.token_type !== 'Bearer' || body.cnf) throw new Rejection(401, 'invalid_token', 'not a bearer token');
+    if (dpopRequest) {
+      if (body.token_type !== 'DPoP' || typeof body.cnf?.jkt !== 'string') {
+        throw new Rejection(401, 'invalid_token', 'not a DPoP-bound token');
+      }
+      await checkProof(dpopRequest, token, body.cnf.jkt);
+    } else if (body.token_type !== 'Bearer' || body.cnf) {
+      throw new Rejection(401, 'invalid_token', 'not a bearer token');
+    }
     if (typeof body.exp !== 'number' || body.exp <= Date.now() / 1000) throw new Rejection(401, 'invalid_token', 'access token expired');
     return {
       sub: body.sub, scope: body.scope ?? '', clientId: body.client_id, aud: body.aud, exp: body.exp,
@@ -276,14 +320,18 @@ export async function startMcpServer(options) {
     }
 
     const header = req.headers.authorization ?? '';
-    const m = /^Bearer +([A-Za-z0-9\-._~+/]+=*) *$/i.exec(header);
+    const m = /^(Bearer|DPoP) +([A-Za-z0-9\-._~+/]+=*) *$/i.exec(header);
     if (!m) {
       // No credentials (or not a Bearer one): RFC 6750 §3.1 says no error code in that case.
       throw header
         ? new Rejection(401, 'invalid_request', 'malformed Authorization header')
         : new Rejection(401, undefined, 'no bearer token');
     }
-    const who = await validate(m[1]);
+    // Which token was presented, never the token: tests prove that a token was never sent.
+    const dpop = m[1].toLowerCase() === 'dpop';
+    entry.scheme = dpop ? 'DPoP' : 'Bearer';
+    entry.token_sha256 = createHash('sha256').update(m[2]).digest('hex').slice(0, 16);
+    const who = await validate(m[2], dpop ? req : undefined);
     entry.sub = who.sub;
     const granted = new Set(splitList(who.scope));
     const lacking = o.requiredScopes.filter((s) => !granted.has(s));

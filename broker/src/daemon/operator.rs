@@ -56,6 +56,24 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
             control("operator_stop", &a.server);
             Ok(json!({}))
         }
+        Request::Logout(a) => {
+            let outcome = broker
+                .registry
+                .logout_external(&a.server)
+                .await
+                .ok_or_else(not_found)?
+                .map_err(|e| Refusal::new(Code::Failed, &e))?;
+            control("operator_logout", &a.server);
+            Ok(json!({"revoked": match outcome {
+                crate::servers::ExternalLogout::NoRevokeUrl => "no_revoke_url",
+                crate::servers::ExternalLogout::Revoked(r) => match r {
+                    crate::oauth::Revoked::Revoked => "revoked",
+                    crate::oauth::Revoked::NothingToRevoke => "nothing_to_revoke",
+                    crate::oauth::Revoked::NotOffered => "no_revoke_url",
+                    crate::oauth::Revoked::Failed => "failed",
+                },
+            }}))
+        }
         Request::Catalog => Ok(broker.catalog.snapshot_json()),
         Request::Show(s) => broker.approvals.show(s.id, s.offset),
         Request::Pending(p) => {

@@ -75,6 +75,8 @@ pub enum Kind {
     Restart,
     /// Stop a server (operator).
     Stop,
+    /// Revoke and forget a server's externally managed token (operator).
+    Logout,
     /// Pending approvals and forms (operator).
     Pending,
     /// Approve or deny one pending call (operator).
@@ -223,6 +225,13 @@ pub const TABLE: &[Entry] = &[
         method: "stop",
         role: Role::Operator,
         kind: Kind::Stop,
+        class: None,
+        states: OPEN,
+    },
+    Entry {
+        method: "logout",
+        role: Role::Operator,
+        kind: Kind::Logout,
         class: None,
         states: OPEN,
     },
@@ -489,6 +498,8 @@ pub enum Request {
     Restart(ServerArg),
     /// `stop`.
     Stop(ServerArg),
+    /// `logout` (operator).
+    Logout(ServerArg),
     /// `pending`.
     Pending(PendingArg),
     /// `decide`.
@@ -863,6 +874,7 @@ fn decode_bounded(
         Kind::Cancel => Request::Cancel(params(env.params, id, m)?),
         Kind::Restart => Request::Restart(params(env.params, id, m)?),
         Kind::Stop => Request::Stop(params(env.params, id, m)?),
+        Kind::Logout => Request::Logout(params(env.params, id, m)?),
         Kind::Pending => {
             let p: PendingArg = params(env.params, id, m)?;
             if p.wait_ms > MAX_PENDING_WAIT_MS {
@@ -934,7 +946,7 @@ mod tests {
         }
         // Operator control is not reachable from the agent socket, and the reverse.
         for m in [
-            "status", "cancel", "restart", "stop", "pending", "decide", "answer", "show",
+            "status", "cancel", "restart", "stop", "logout", "pending", "decide", "answer", "show",
         ] {
             assert!(lookup(Role::Agent, m).is_none(), "{m}");
         }

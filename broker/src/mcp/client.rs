@@ -204,10 +204,25 @@ fn protocol_error(detail: impl Into<String>, certainty: Certainty) -> McpError {
     }
 }
 
-/// A bearer token being fetched (or refreshed); the error is an operator-facing line.
-pub type TokenFuture<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<crate::oauth::SecretString, String>> + Send + 'a>,
->;
+/// An access token to present: as a Bearer token, or DPoP-bound to `dpop` (RFC 9449).
+#[derive(Clone)]
+pub struct AccessToken {
+    /// The token.
+    pub token: crate::oauth::SecretString,
+    /// The key it is bound to, for a sender-constrained token.
+    pub dpop: Option<Arc<crate::oauth::dpop::DpopKey>>,
+}
+
+impl AccessToken {
+    /// A Bearer token.
+    pub fn bearer(token: crate::oauth::SecretString) -> AccessToken {
+        AccessToken { token, dpop: None }
+    }
+}
+
+/// An access token being fetched (or refreshed); the error is an operator-facing line.
+pub type TokenFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<AccessToken, String>> + Send + 'a>>;
 
 /// Where an HTTP client's bearer token comes from when it is managed (an OAuth login): the
 /// current token (refreshed first when it is about to expire), and a forced refresh after a
@@ -689,6 +704,11 @@ impl Client {
             revive_lock: tokio::sync::Mutex::new(()),
             reviving: AtomicBool::new(false),
         };
+        // A managed token authorizes the handshake too (a DPoP-bound one cannot ride in the
+        // fixed headers: each request needs its own proof).
+        if http {
+            client.install_token(false).await?;
+        }
         match (client.opts.version, start) {
             (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
             (VersionPolicy::Pin(_), Era::Modern(_)) => {}
@@ -797,7 +817,7 @@ impl Client {
                 certainty: Certainty::NotSent,
             })
         })?;
-        self.set_bearer(Some(&token));
+        self.set_access(&token);
         Ok(())
     }
 
@@ -805,6 +825,17 @@ impl Client {
     pub fn set_bearer(&self, token: Option<&crate::oauth::SecretString>) {
         if let Transport::Http(t) = &*self.transport() {
             t.set_bearer(token);
+        }
+    }
+
+    /// Authorize every later request with this access token: Bearer, or DPoP-bound with a
+    /// fresh proof per request (HTTP; no effect on stdio).
+    pub fn set_access(&self, token: &AccessToken) {
+        if let Transport::Http(t) = &*self.transport() {
+            match &token.dpop {
+                Some(key) => t.set_dpop(&token.token, Arc::clone(key)),
+                None => t.set_bearer(Some(&token.token)),
+            }
         }
     }
 
@@ -1146,10 +1177,21 @@ impl Client {
                 .raw(&id, method, send_params, headers, deadline, false)
                 .await;
             let sent = match sent {
+                // (A nonce the server keeps refusing is no reason to renew the token: the
+                // transport already sent the request once more with the nonce.)
                 Err(McpError::Transport(TransportError {
-                    kind: TransportErrorKind::Unauthorized { status: 401, .. },
+                    kind:
+                        TransportErrorKind::Unauthorized {
+                            status: 401,
+                            challenge,
+                            ..
+                        },
                     certainty: Certainty::NotSent,
-                })) if self.opts.token.is_some() && !token_refreshed => {
+                })) if self.opts.token.is_some()
+                    && !token_refreshed
+                    && challenge.as_ref().and_then(|c| c.error.as_deref())
+                        != Some(crate::oauth::dpop::USE_DPOP_NONCE) =>
+                {
                     token_refreshed = true;
                     self.install_token(true).await?;
                     if effect {

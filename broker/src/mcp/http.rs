@@ -58,11 +58,27 @@ struct HttpInner {
     fixed_headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<String>>,
-    /// `Authorization: Bearer …` from an OAuth login (sensitive; never shown).
-    bearer: Mutex<Option<HeaderValue>>,
+    /// The `Authorization` of an OAuth login (sensitive; never shown): a Bearer token, or a
+    /// DPoP-bound token presented with a fresh proof on every request.
+    auth: Mutex<Option<Auth>>,
+    /// The last DPoP nonce the server gave (RFC 9449 §9).
+    dpop_nonce: Mutex<Option<String>>,
     list_changed: AtomicBool,
     handler: Arc<dyn Handler>,
     limits: SseLimits,
+}
+
+/// How requests are authorized.
+#[derive(Clone)]
+enum Auth {
+    /// `Authorization: Bearer <token>`.
+    Bearer(HeaderValue),
+    /// `Authorization: DPoP <token>` and a `DPoP` proof per request, bound to the token.
+    Dpop {
+        header: HeaderValue,
+        token: secrecy::SecretString,
+        key: Arc<crate::oauth::dpop::DpopKey>,
+    },
 }
 
 /// One POST of a JSON-RPC message.
@@ -150,7 +166,8 @@ impl HttpTransport {
                 fixed_headers,
                 session: Mutex::new(None),
                 protocol: Mutex::new(None),
-                bearer: Mutex::new(None),
+                auth: Mutex::new(None),
+                dpop_nonce: Mutex::new(None),
                 list_changed: AtomicBool::new(false),
                 handler,
                 limits: SseLimits::default(),
@@ -167,8 +184,26 @@ impl HttpTransport {
             v.set_sensitive(true);
             Some(v)
         });
-        if let Ok(mut b) = self.inner.bearer.lock() {
-            *b = value;
+        if let Ok(mut a) = self.inner.auth.lock() {
+            *a = value.map(Auth::Bearer);
+        }
+    }
+
+    /// Present this DPoP-bound token on every later request, each with a fresh proof of
+    /// possession of `key` bound to the request's method and URL and to the token.
+    pub fn set_dpop(&self, token: &secrecy::SecretString, key: Arc<crate::oauth::dpop::DpopKey>) {
+        use secrecy::ExposeSecret;
+        let Ok(mut header) = HeaderValue::from_str(&format!("DPoP {}", token.expose_secret()))
+        else {
+            return;
+        };
+        header.set_sensitive(true);
+        if let Ok(mut a) = self.inner.auth.lock() {
+            *a = Some(Auth::Dpop {
+                header,
+                token: token.clone(),
+                key,
+            });
         }
     }
 
@@ -215,7 +250,9 @@ impl HttpTransport {
                 if attempt > 0 {
                     tokio::time::sleep(DEFAULT_RETRY).await;
                 }
-                let mut headers = inner.base_headers(&HeaderMap::new());
+                let Ok(mut headers) = inner.base_headers(&Method::GET, &HeaderMap::new()) else {
+                    return;
+                };
                 headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
                 let mut req = Request::new(Method::GET, inner.url.clone());
                 req.headers = headers;
@@ -275,12 +312,41 @@ impl HttpInner {
         self.session.lock().is_ok_and(|s| s.is_some())
     }
 
-    fn base_headers(&self, extra: &HeaderMap) -> HeaderMap {
+    /// The headers of a `method` request: the configured ones, the authorization (with a fresh
+    /// DPoP proof for this method and URL), the session and version, then `extra`. `Err` only
+    /// when a DPoP proof cannot be made (nothing is sent then).
+    fn base_headers(
+        &self,
+        method: &Method,
+        extra: &HeaderMap,
+    ) -> Result<HeaderMap, TransportError> {
         let mut h = self.fixed_headers.clone();
-        if let Ok(b) = self.bearer.lock()
-            && let Some(v) = b.as_ref()
-        {
-            h.insert(reqwest::header::AUTHORIZATION, v.clone());
+        let auth = self.auth.lock().ok().and_then(|a| a.clone());
+        match auth {
+            Some(Auth::Bearer(v)) => {
+                h.insert(reqwest::header::AUTHORIZATION, v);
+            }
+            Some(Auth::Dpop { header, token, key }) => {
+                let nonce = self.dpop_nonce.lock().ok().and_then(|n| n.clone());
+                let proof = key
+                    .proof(
+                        method.as_str(),
+                        self.url.as_url(),
+                        Some(&token),
+                        nonce.as_deref(),
+                    )
+                    .ok()
+                    .and_then(|p| HeaderValue::from_str(&p).ok())
+                    .ok_or_else(|| {
+                        protocol("a DPoP proof could not be made", Certainty::NotSent)
+                    })?;
+                h.insert(reqwest::header::AUTHORIZATION, header);
+                h.insert(
+                    HeaderName::from_static(crate::oauth::dpop::DPOP_HEADER),
+                    proof,
+                );
+            }
+            None => {}
         }
         h.insert(
             ACCEPT,
@@ -300,7 +366,27 @@ impl HttpInner {
         for (k, v) in extra {
             h.insert(k.clone(), v.clone());
         }
-        h
+        Ok(h)
+    }
+
+    /// Keep the DPoP nonce a response offers (RFC 9449 §9), for the next proof.
+    fn keep_nonce(&self, resp: &Response) -> Option<String> {
+        let n = resp
+            .headers()
+            .get(crate::oauth::dpop::NONCE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|n| crate::oauth::dpop::valid_nonce(n))?
+            .to_owned();
+        if let Ok(mut held) = self.dpop_nonce.lock() {
+            *held = Some(n.clone());
+        }
+        Some(n)
+    }
+
+    fn uses_dpop(&self) -> bool {
+        self.auth
+            .lock()
+            .is_ok_and(|a| matches!(*a, Some(Auth::Dpop { .. })))
     }
 
     /// POST one message. Returns the answer to `post.awaits` (a result, or a JSON-RPC error —
@@ -311,14 +397,36 @@ impl HttpInner {
     ) -> Result<Option<Result<Value, RpcError>>, TransportError> {
         let body = serde_json::to_vec(post.body)
             .map_err(|e| protocol(e.to_string(), Certainty::NotSent))?;
-        let mut headers = self.base_headers(&post.headers);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let sent_session = headers.contains_key(SESSION_HEADER);
-        let mut req = Request::new(Method::POST, self.url.clone());
-        req.headers = headers;
-        req.body = Some(body);
-        req.timeout = Some(EXCHANGE_DEADLINE);
-        let resp = self.client.send(req).await.map_err(|e| network(&e))?;
+        let mut nonce_retried = false;
+        let (resp, sent_session) = loop {
+            let mut headers = self.base_headers(&Method::POST, &post.headers)?;
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let sent_session = headers.contains_key(SESSION_HEADER);
+            let mut req = Request::new(Method::POST, self.url.clone());
+            req.headers = headers;
+            req.body = Some(body.clone());
+            req.timeout = Some(EXCHANGE_DEADLINE);
+            let resp = self.client.send(req).await.map_err(|e| network(&e))?;
+            let offered = self.keep_nonce(&resp);
+            // RFC 9449 §9: a 401 asking for a (new) nonce refused the request before anything
+            // ran; it is sent once more with a new proof carrying that nonce.
+            if resp.status().as_u16() == 401
+                && !nonce_retried
+                && offered.is_some()
+                && self.uses_dpop()
+                && resp
+                    .headers()
+                    .get(reqwest::header::WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(crate::oauth::parse_challenge)
+                    .is_some_and(|c| c.error.as_deref() == Some(crate::oauth::dpop::USE_DPOP_NONCE))
+            {
+                nonce_retried = true;
+                let _ = resp.body(MAX_ERROR_BODY).await;
+                continue;
+            }
+            break (resp, sent_session);
+        };
         let status = resp.status();
         if status.is_success()
             && post.adopt_session
@@ -494,7 +602,12 @@ impl HttpInner {
             resumptions += 1;
             let wait = parser.retry().unwrap_or(DEFAULT_RETRY).min(MAX_RETRY);
             tokio::time::sleep(wait).await;
-            let mut headers = self.base_headers(&HeaderMap::new());
+            let mut headers =
+                self.base_headers(&Method::GET, &HeaderMap::new())
+                    .map_err(|mut e| {
+                        e.certainty = Certainty::MaybeApplied;
+                        e
+                    })?;
             headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
             if let Ok(v) = HeaderValue::from_str(&last_id) {
                 headers.insert(HeaderName::from_static("last-event-id"), v);
@@ -573,7 +686,11 @@ impl HttpInner {
             return;
         }
         let mut req = Request::new(Method::DELETE, self.url.clone());
-        req.headers = self.base_headers(&HeaderMap::new());
+        let Ok(headers) = self.base_headers(&Method::DELETE, &HeaderMap::new()) else {
+            self.clear_session();
+            return;
+        };
+        req.headers = headers;
         req.timeout = Some(Duration::from_secs(5));
         let _ = self.client.send(req).await;
         self.clear_session();

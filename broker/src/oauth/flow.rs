@@ -18,6 +18,7 @@
 //!   else none (omitted); `offline_access` is never added.
 
 use std::fmt;
+use std::sync::Arc;
 
 use base64::Engine;
 use reqwest::Method;
@@ -28,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use iteron_policy::url::EndpointUrl;
 
+use super::jose::SigningKey;
 use super::metadata::ServerMetadata;
 use super::{MAX_OAUTH_BODY, OAuthError, Revoked, host_of};
 use crate::net::{Request, ZoneClient};
@@ -41,6 +43,8 @@ pub enum TokenAuth {
     Basic,
     /// `client_id` + `client_secret` in the body.
     Post,
+    /// An RFC 7523 client assertion signed with the client's private key.
+    PrivateKeyJwt,
 }
 
 impl TokenAuth {
@@ -50,14 +54,17 @@ impl TokenAuth {
             TokenAuth::None => "none",
             TokenAuth::Basic => "client_secret_basic",
             TokenAuth::Post => "client_secret_post",
+            TokenAuth::PrivateKeyJwt => "private_key_jwt",
         }
     }
 
-    fn parse(s: &str) -> Option<TokenAuth> {
+    /// Parse the RFC 7591 spelling.
+    pub fn parse(s: &str) -> Option<TokenAuth> {
         match s {
             "none" => Some(TokenAuth::None),
             "client_secret_basic" => Some(TokenAuth::Basic),
             "client_secret_post" => Some(TokenAuth::Post),
+            "private_key_jwt" => Some(TokenAuth::PrivateKeyJwt),
             _ => None,
         }
     }
@@ -81,6 +88,12 @@ pub struct OAuthClient {
     pub id: String,
     /// The client secret, for confidential clients.
     pub secret: Option<SecretString>,
+    /// The private key of a `private_key_jwt` client (never stored by Iteron: it is read from
+    /// where the operator named it).
+    pub key: Option<Arc<SigningKey>>,
+    /// The DPoP key its tokens are bound to (`oauth.dpop`): every token request carries a
+    /// proof, and only DPoP-bound tokens are accepted.
+    pub dpop: Option<Arc<super::dpop::DpopKey>>,
     /// Token endpoint authentication.
     pub auth: TokenAuth,
     /// How it was obtained.
@@ -94,6 +107,8 @@ impl fmt::Debug for OAuthClient {
         f.debug_struct("OAuthClient")
             .field("id", &self.id)
             .field("secret", &self.secret.as_ref().map(|_| "[not shown]"))
+            .field("key", &self.key.as_ref().map(|k| k.alg()))
+            .field("dpop", &self.dpop.as_ref().map(|k| k.thumbprint()))
             .field("auth", &self.auth)
             .field("kind", &self.kind)
             .field("issuer", &self.issuer)
@@ -119,6 +134,8 @@ pub struct ClientSettings {
     pub client_id: Option<String>,
     /// Its secret.
     pub client_secret: Option<SecretString>,
+    /// Its private key (`private_key_jwt`), instead of a secret.
+    pub client_key: Option<Arc<SigningKey>>,
     /// The client ID metadata document URL this client would present.
     pub cimd_url: Option<String>,
     /// The client name sent in dynamic registration.
@@ -149,7 +166,9 @@ pub async fn register(
     if *mode == Mode::Auto
         && let Some(id) = pre
     {
-        let auth = if settings.client_secret.is_some() {
+        let auth = if settings.client_key.is_some() {
+            TokenAuth::PrivateKeyJwt
+        } else if settings.client_secret.is_some() {
             confidential_method(meta)
         } else {
             TokenAuth::None
@@ -157,6 +176,8 @@ pub async fn register(
         return Ok(OAuthClient {
             id: id.clone(),
             secret: settings.client_secret.clone(),
+            key: settings.client_key.clone(),
+            dpop: None,
             auth,
             kind: ClientKind::PreRegistered,
             issuer: meta.issuer.clone(),
@@ -177,6 +198,8 @@ pub async fn register(
             return Ok(OAuthClient {
                 id: cimd.unwrap_or_default(),
                 secret: None,
+                key: None,
+                dpop: None,
                 auth: TokenAuth::None,
                 kind: ClientKind::Cimd,
                 issuer: meta.issuer.clone(),
@@ -248,6 +271,8 @@ pub async fn register(
     Ok(OAuthClient {
         id,
         secret,
+        key: None,
+        dpop: None,
         auth,
         kind: ClientKind::Dynamic,
         issuer: meta.issuer.clone(),
@@ -358,7 +383,14 @@ pub fn start(
     let state = random_token(24)?;
     let verifier = random_token(48)?;
     let challenge = s256(&verifier);
-    let mut url = meta.authorization_endpoint.as_url().clone();
+    let mut url = meta
+        .authorization_endpoint
+        .as_ref()
+        .ok_or(OAuthError::Malformed(
+            "authorization-server metadata (no authorization_endpoint)",
+        ))?
+        .as_url()
+        .clone();
     {
         let mut q = url.query_pairs_mut();
         q.append_pair("response_type", "code")
@@ -517,8 +549,16 @@ impl Tokens {
     }
 }
 
-/// Validate a successful token response (RFC 6749 §5.1). `Err` names the rule it broke.
+/// Validate a successful token response (RFC 6749 §5.1) for a Bearer token. `Err` names the
+/// rule it broke.
 pub fn parse_tokens(doc: &Value) -> Result<Tokens, &'static str> {
+    parse_tokens_as(doc, false)
+}
+
+/// Validate a successful token response; with `dpop`, the token must be DPoP-bound
+/// (`token_type` DPoP), never a Bearer token: a sender-constrained login is never silently
+/// weakened.
+pub fn parse_tokens_as(doc: &Value, dpop: bool) -> Result<Tokens, &'static str> {
     let access = match doc.get("access_token") {
         Some(Value::String(s)) if is_token_text(s) => SecretString::from(s.to_owned()),
         Some(Value::String(s)) if s.len() > MAX_TOKEN_BYTES => {
@@ -530,11 +570,17 @@ pub fn parse_tokens(doc: &Value) -> Result<Tokens, &'static str> {
         _ => return Err("it has no access_token string"),
     };
     match doc.get("token_type").and_then(Value::as_str) {
-        Some(t) if t.eq_ignore_ascii_case("bearer") => {}
-        // Sender-constrained tokens are never asked for, so never accepted.
+        Some(t) if t.eq_ignore_ascii_case("bearer") && !dpop => {}
+        Some(t) if t.eq_ignore_ascii_case("dpop") && dpop => {}
+        // A sender-constrained token that was not asked for cannot be used as one (its key
+        // is not Iteron's), and a Bearer token where DPoP was asked for is weaker than asked.
         Some(t) if t.eq_ignore_ascii_case("dpop") => {
             return Err("its token_type is DPoP, which was not asked for");
         }
+        Some(t) if t.eq_ignore_ascii_case("bearer") => {
+            return Err("its token_type is Bearer, but a DPoP-bound token was asked for");
+        }
+        Some(_) if dpop => return Err("its token_type is not DPoP"),
         Some(_) => return Err("its token_type is not Bearer"),
         None => return Err("it has no token_type"),
     }
@@ -622,7 +668,7 @@ pub fn check_secret_destination(
     meta: &ServerMetadata,
     client: &OAuthClient,
 ) -> Result<(), OAuthError> {
-    if client.secret.is_some()
+    if (client.secret.is_some() || client.key.is_some())
         && client.auth != TokenAuth::None
         && !same_origin_secret(&meta.issuer, &meta.token_endpoint)
     {
@@ -668,7 +714,38 @@ fn client_post(
         HeaderValue::from_static("application/x-www-form-urlencoded"),
     );
     match (client.auth, &client.secret) {
+        // A workload without a client id sends none.
+        (TokenAuth::None, _) if client.id.is_empty() => {}
         (TokenAuth::None, _) => form.push(("client_id", client.id.clone())),
+        (TokenAuth::PrivateKeyJwt, _) => {
+            let Some(key) = &client.key else {
+                if missing == MissingSecret::IdOnly {
+                    form.push(("client_id", client.id.clone()));
+                } else {
+                    return Err(OAuthError::NoRegistration(
+                        "a private_key_jwt client has no key",
+                    ));
+                }
+                return finish_form(req, form);
+            };
+            // The assertion authenticates the client for a minute: it goes where a secret may.
+            if !same_origin_secret(&meta.issuer, endpoint) {
+                return Err(OAuthError::BadEndpoint {
+                    which,
+                    host: host_of(endpoint.as_str()),
+                    why: "a client assertion is only sent to the issuer's own origin".into(),
+                });
+            }
+            form.push(("client_id", client.id.clone()));
+            form.push((
+                "client_assertion_type",
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer".to_owned(),
+            ));
+            form.push((
+                "client_assertion",
+                client_assertion(key, &client.id, &meta.issuer)?,
+            ));
+        }
         (_, None) if missing == MissingSecret::IdOnly => {
             form.push(("client_id", client.id.clone()));
         }
@@ -707,6 +784,14 @@ fn client_post(
             }
         }
     }
+    finish_form(req, form)
+}
+
+/// Encode `form` as the body of `req`, zeroizing every working copy.
+fn finish_form(
+    mut req: Request,
+    mut form: Vec<(&'static str, String)>,
+) -> Result<Request, OAuthError> {
     let body = zeroize::Zeroizing::new(
         url::form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form.iter().map(|(k, v)| (*k, v.as_str())))
@@ -719,37 +804,121 @@ fn client_post(
     Ok(req)
 }
 
+/// How long a client assertion is valid.
+pub const CLIENT_ASSERTION_LIFETIME_SECS: u64 = 60;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An RFC 7523 client assertion (RFC 7523bis: the audience is the issuer identifier): `iss`
+/// and `sub` the client id, a random `jti`, valid for [`CLIENT_ASSERTION_LIFETIME_SECS`].
+pub fn client_assertion(
+    key: &SigningKey,
+    client_id: &str,
+    issuer: &str,
+) -> Result<String, OAuthError> {
+    let now = unix_now();
+    key.sign(
+        &json!({"typ": "JWT"}),
+        &json!({
+            "iss": client_id,
+            "sub": client_id,
+            "aud": issuer,
+            "jti": random_token(24)?,
+            "iat": now,
+            "exp": now.saturating_add(CLIENT_ASSERTION_LIFETIME_SECS),
+        }),
+    )
+    .map_err(|_| OAuthError::Malformed("client assertion (signing failed)"))
+}
+
 async fn token_request(
     http: &ZoneClient,
     meta: &ServerMetadata,
     client: &OAuthClient,
     form: Vec<(&'static str, String)>,
 ) -> Result<Tokens, OAuthError> {
-    let mut req = client_post(
-        meta,
-        client,
-        &meta.token_endpoint,
-        "token_endpoint",
-        form,
-        MissingSecret::Refuse,
-    )?;
-    req.headers
-        .insert(ACCEPT, HeaderValue::from_static("application/json"));
-    let resp = http.send(req).await?;
-    let status = resp.status().as_u16();
-    let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
-    let doc: Value =
-        serde_json::from_slice(&bytes).map_err(|_| OAuthError::Malformed("token response"))?;
-    if !(200..300).contains(&status) {
-        return Err(server_error(&doc, status));
-    }
-    match parse_tokens(&doc) {
+    // The form holds the code, refresh token or assertion: wiped however this returns.
+    let form = WipedForm(form);
+    let mut nonce_retried = false;
+    let doc = loop {
+        let mut req = client_post(
+            meta,
+            client,
+            &meta.token_endpoint,
+            "token_endpoint",
+            form.0.clone(),
+            MissingSecret::Refuse,
+        )?;
+        req.headers
+            .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        if let Some(key) = &client.dpop {
+            // A fresh proof for every request, with the server's last nonce.
+            let proof = key
+                .proof(
+                    "POST",
+                    meta.token_endpoint.as_url(),
+                    None,
+                    key.as_nonce().as_deref(),
+                )
+                .map_err(|_| OAuthError::Malformed("DPoP proof (signing failed)"))?;
+            req.headers.insert(
+                reqwest::header::HeaderName::from_static(super::dpop::DPOP_HEADER),
+                HeaderValue::from_str(&proof).map_err(|_| OAuthError::Malformed("DPoP proof"))?,
+            );
+        }
+        let resp = http.send(req).await?;
+        let status = resp.status().as_u16();
+        let offered = resp
+            .headers()
+            .get(super::dpop::NONCE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|n| super::dpop::valid_nonce(n))
+            .map(str::to_owned);
+        let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
+        let doc: Value =
+            serde_json::from_slice(&bytes).map_err(|_| OAuthError::Malformed("token response"))?;
+        if let (Some(key), Some(n)) = (&client.dpop, &offered) {
+            key.set_as_nonce(n);
+        }
+        if !(200..300).contains(&status) {
+            let err = server_error(&doc, status);
+            // RFC 9449 §8: the server refused the request before acting on it and named the
+            // nonce to use: send it once more, with a new proof carrying that nonce.
+            if let (Some(_), Some(_), OAuthError::Server { error, .. }) =
+                (&client.dpop, &offered, &err)
+                && error == super::dpop::USE_DPOP_NONCE
+                && !nonce_retried
+            {
+                nonce_retried = true;
+                continue;
+            }
+            return Err(err);
+        }
+        break doc;
+    };
+    drop(form);
+    match parse_tokens_as(&doc, client.dpop.is_some()) {
         Ok(tokens) => Ok(tokens),
         Err(why) => {
             // The server granted something Iteron will not hold: revoke what it sent rather
             // than leave a live grant behind.
             let revoked = revoke_unusable(http, meta, client, &doc).await;
             Err(OAuthError::UnusableTokens { why, revoked })
+        }
+    }
+}
+
+/// A form whose values are zeroized when it is dropped.
+struct WipedForm(Vec<(&'static str, String)>);
+
+impl Drop for WipedForm {
+    fn drop(&mut self) {
+        for (_, v) in &mut self.0 {
+            zeroize::Zeroize::zeroize(v);
         }
     }
 }
@@ -853,6 +1022,120 @@ pub async fn refresh(
     token_request(http, meta, client, form).await
 }
 
+/// The client-credentials grant (RFC 6749 §4.4) with `resource` and, when chosen, `scope`.
+/// Only a confidential client (a secret or a key) may use it.
+pub async fn client_credentials(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<Tokens, OAuthError> {
+    if client.auth == TokenAuth::None {
+        return Err(OAuthError::NoRegistration(
+            "the client-credentials grant needs a client secret or key",
+        ));
+    }
+    let mut form = vec![
+        ("grant_type", "client_credentials".to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    token_request(http, meta, client, form).await
+}
+
+/// The RFC 7523 JWT-bearer grant type.
+pub const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+/// The RFC 7523 §2.1 JWT-bearer grant: `assertion` (a workload identity token, or an ID-JAG)
+/// exchanged for an access token, with `resource` and, when chosen, `scope`. A client without
+/// a secret or key identifies itself by id (when it has one).
+pub async fn jwt_bearer(
+    http: &ZoneClient,
+    meta: &ServerMetadata,
+    client: &OAuthClient,
+    assertion: &SecretString,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<Tokens, OAuthError> {
+    let mut form = vec![
+        ("grant_type", JWT_BEARER_GRANT.to_owned()),
+        ("assertion", assertion.expose_secret().to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    token_request(http, meta, client, form).await
+}
+
+/// The RFC 8693 token-exchange grant type.
+pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// The token type of an ID token (the subject of the exchange).
+pub const ID_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:id_token";
+/// The token type of an Identity Assertion JWT Authorization Grant.
+pub const ID_JAG_TYPE: &str = "urn:ietf:params:oauth:token-type:id-jag";
+
+/// Enterprise-managed authorization, first step: exchange the user's ID token at the identity
+/// provider's token endpoint (RFC 8693) for an ID-JAG addressed to `audience` (the
+/// authorization server's issuer) for `resource`. The answer must say `issued_token_type` is
+/// an ID-JAG and carry it as one compact JWT of at most [`MAX_TOKEN_BYTES`]; it is an assertion
+/// for the next grant, never presented to a resource.
+pub async fn exchange_for_id_jag(
+    http: &ZoneClient,
+    idp: &ServerMetadata,
+    client: &OAuthClient,
+    id_token: &SecretString,
+    audience: &str,
+    resource: &str,
+    scope: Option<&str>,
+) -> Result<SecretString, OAuthError> {
+    let mut form = vec![
+        ("grant_type", TOKEN_EXCHANGE_GRANT.to_owned()),
+        ("requested_token_type", ID_JAG_TYPE.to_owned()),
+        ("subject_token", id_token.expose_secret().to_owned()),
+        ("subject_token_type", ID_TOKEN_TYPE.to_owned()),
+        ("audience", audience.to_owned()),
+        ("resource", resource.to_owned()),
+    ];
+    if let Some(s) = scope {
+        form.push(("scope", s.to_owned()));
+    }
+    let mut req = client_post(
+        idp,
+        client,
+        &idp.token_endpoint,
+        "token_endpoint",
+        form,
+        MissingSecret::Refuse,
+    )?;
+    req.headers
+        .insert(ACCEPT, HeaderValue::from_static("application/json"));
+    let resp = http.send(req).await?;
+    let status = resp.status().as_u16();
+    let bytes = zeroize::Zeroizing::new(resp.body(MAX_OAUTH_BODY).await?);
+    let doc: Value = serde_json::from_slice(&bytes)
+        .map_err(|_| OAuthError::Malformed("token exchange response"))?;
+    if !(200..300).contains(&status) {
+        return Err(server_error(&doc, status));
+    }
+    if doc.get("issued_token_type").and_then(Value::as_str) != Some(ID_JAG_TYPE) {
+        return Err(OAuthError::Malformed(
+            "token exchange response (issued_token_type is not an ID-JAG)",
+        ));
+    }
+    match doc.get("access_token").and_then(Value::as_str) {
+        Some(t) if is_token_text(t) && t.split('.').count() == 3 => {
+            Ok(SecretString::from(t.to_owned()))
+        }
+        _ => Err(OAuthError::Malformed(
+            "token exchange response (the ID-JAG is not one compact JWT of at most 16 KiB)",
+        )),
+    }
+}
+
 /// RFC 7009 revocation, best effort: `Ok(true)` when the server accepted it, `Ok(false)` when
 /// it offers no revocation endpoint.
 pub async fn revoke(
@@ -888,7 +1171,9 @@ mod tests {
     fn meta(iss_supported: bool) -> ServerMetadata {
         ServerMetadata {
             issuer: "https://as.example".into(),
-            authorization_endpoint: EndpointUrl::parse("https://as.example/authorize").unwrap(),
+            authorization_endpoint: Some(
+                EndpointUrl::parse("https://as.example/authorize").unwrap(),
+            ),
             token_endpoint: EndpointUrl::parse("https://as.example/token").unwrap(),
             registration_endpoint: None,
             revocation_endpoint: None,
@@ -896,6 +1181,7 @@ mod tests {
             scopes_supported: vec![],
             cimd_supported: false,
             iss_parameter_supported: iss_supported,
+            grant_types_supported: vec![],
         }
     }
 
@@ -903,6 +1189,8 @@ mod tests {
         OAuthClient {
             id: "c1".into(),
             secret: None,
+            key: None,
+            dpop: None,
             auth: TokenAuth::None,
             kind: ClientKind::Dynamic,
             issuer: "https://as.example".into(),

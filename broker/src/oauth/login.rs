@@ -61,6 +61,8 @@ pub struct LoginRequest {
     pub mode: Mode,
     /// Client settings (pre-registered id and secret, CIMD URL).
     pub client: ClientSettings,
+    /// Ask for DPoP-bound tokens (a new key is made for the login).
+    pub dpop: bool,
 }
 
 /// A completed login. The tokens are secret.
@@ -305,33 +307,29 @@ pub async fn login(
 ) -> Result<LoginOutcome, OAuthError> {
     // A pre-registered secret goes only to the issuer the operator pinned — never to whichever
     // authorization server the MCP server happens to name.
-    if req.client.client_secret.is_some() && req.issuer.is_none() {
+    let confidential = req.client.client_secret.is_some() || req.client.client_key.is_some();
+    if confidential && req.issuer.is_none() {
         return Err(OAuthError::NoRegistration(
             "a pre-registered client secret needs a pinned issuer (--oauth-issuer)",
         ));
     }
     let prm =
         metadata::discover_resource(http, &req.server, challenge, req.resource.as_deref()).await?;
-    let issuer = match &req.issuer {
-        Some(pinned) => {
-            if !prm.authorization_servers.iter().any(|s| s == pinned) {
-                return Err(OAuthError::BadEndpoint {
+    let issuer =
+        match &req.issuer {
+            Some(pinned) => metadata::pinned_issuer(&prm.authorization_servers, pinned)
+                .ok_or_else(|| OAuthError::BadEndpoint {
                     which: "issuer",
                     host: super::host_of(pinned),
                     why: "the pinned issuer is not listed by the protected-resource metadata"
                         .into(),
-                });
-            }
-            pinned.clone()
-        }
-        None => prm.authorization_servers[0].clone(),
-    };
+                })?,
+            None => prm.authorization_servers[0].clone(),
+        };
     let meta = metadata::discover_server(http, &issuer).await?;
     // A confidential pre-registered client whose secret could only go to another origin stops
     // here, before any registration or browser step.
-    if req.client.client_secret.is_some()
-        && !flow::same_origin_secret(&meta.issuer, &meta.token_endpoint)
-    {
+    if confidential && !flow::same_origin_secret(&meta.issuer, &meta.token_endpoint) {
         return Err(OAuthError::BadEndpoint {
             which: "token_endpoint",
             host: super::host_of(meta.token_endpoint.as_str()),
@@ -341,8 +339,14 @@ pub async fn login(
         });
     }
     let callback = Callback::bind().await?;
-    let client =
+    let mut client =
         flow::register(http, &meta, &req.mode, &req.client, &callback.redirect_uri).await?;
+    if req.dpop {
+        client.dpop = Some(std::sync::Arc::new(
+            super::dpop::DpopKey::generate()
+                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
+        ));
+    }
     // A dynamically registered confidential client likewise, before the operator authorizes.
     flow::check_secret_destination(&meta, &client)?;
     // Scope: the operator's choice is used as given; otherwise the configured, challenged or
@@ -384,8 +388,11 @@ pub async fn login(
         &prm.resource,
         scope.clone(),
     )?;
-    let auth_zone =
-        crate::servers::endpoint_zone(&meta.authorization_endpoint).unwrap_or(Zone::Loopback);
+    let auth_zone = meta
+        .authorization_endpoint
+        .as_ref()
+        .and_then(|e| crate::servers::endpoint_zone(e).ok())
+        .unwrap_or(Zone::Loopback);
     present(&attempt.url, auth_zone <= binding);
     let returned = callback.wait(&attempt).await?;
     let code = match flow::finish(&attempt, &returned) {

@@ -27,8 +27,9 @@ pub struct ResourceMetadata {
 pub struct ServerMetadata {
     /// The issuer, exactly as fetched.
     pub issuer: String,
-    /// Where the browser goes.
-    pub authorization_endpoint: EndpointUrl,
+    /// Where the browser goes (absent for endpoints the operator configured for an externally
+    /// managed token, which never involve a browser).
+    pub authorization_endpoint: Option<EndpointUrl>,
     /// Where codes and refresh tokens are exchanged.
     pub token_endpoint: EndpointUrl,
     /// RFC 7591 registration, if offered.
@@ -43,6 +44,19 @@ pub struct ServerMetadata {
     pub cimd_supported: bool,
     /// Whether the authorization response carries `iss` (RFC 9207).
     pub iss_parameter_supported: bool,
+    /// The grant types offered (empty when the metadata does not say).
+    pub grant_types_supported: Vec<String>,
+}
+
+/// What the metadata will be used for: the rules differ only in what a browser needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The authorization-code flow: an authorization endpoint and PKCE S256 are required, and
+    /// the cross-origin authorization-endpoint rule applies.
+    AuthorizationCode,
+    /// Only the token and revocation endpoints are used (grants without a browser, refresh,
+    /// revocation): the issuer must still match exactly and every endpoint pass the rules.
+    TokenEndpoint,
 }
 
 async fn get_json(http: &ZoneClient, url: &EndpointUrl) -> Result<Option<Value>, OAuthError> {
@@ -189,6 +203,22 @@ pub async fn discover_resource(
     Err(OAuthError::NoResourceMetadata)
 }
 
+/// The issuer of `listed` (a protected-resource metadata's `authorization_servers`) that the
+/// operator pinned: the one spelled exactly like `pinned`, else the one that is the same URL
+/// once both are parsed (a configured issuer is stored normalized, so `https://as.example`
+/// reads back as `https://as.example/`). The listed spelling is returned: it is the issuer the
+/// metadata must then name exactly.
+pub fn pinned_issuer(listed: &[String], pinned: &str) -> Option<String> {
+    if let Some(exact) = listed.iter().find(|s| *s == pinned) {
+        return Some(exact.clone());
+    }
+    let want = EndpointUrl::parse(pinned).ok()?;
+    listed
+        .iter()
+        .find(|s| EndpointUrl::parse(s).is_ok_and(|u| u == want))
+        .cloned()
+}
+
 /// Candidate metadata URLs for an issuer, in the specified order.
 pub fn server_candidates(issuer: &str) -> Result<Vec<EndpointUrl>, OAuthError> {
     let u = EndpointUrl::parse(issuer).map_err(|e| OAuthError::BadEndpoint {
@@ -235,39 +265,53 @@ fn endpoint(doc: &Value, key: &'static str) -> Result<Option<EndpointUrl>, OAuth
 /// Validate one metadata document for `issuer` (exact issuer match, endpoint rules, PKCE S256,
 /// the cross-origin authorization-endpoint rule).
 pub fn validate_server(issuer: &str, doc: &Value) -> Result<ServerMetadata, OAuthError> {
+    validate_server_for(issuer, doc, Purpose::AuthorizationCode)
+}
+
+/// Validate one metadata document for `issuer` and `purpose`.
+pub fn validate_server_for(
+    issuer: &str,
+    doc: &Value,
+    purpose: Purpose,
+) -> Result<ServerMetadata, OAuthError> {
     if doc.get("issuer").and_then(Value::as_str) != Some(issuer) {
         return Err(OAuthError::IssuerMismatch);
     }
-    let authorization_endpoint = endpoint(doc, "authorization_endpoint")?.ok_or(
-        OAuthError::Malformed("authorization-server metadata (no authorization_endpoint)"),
-    )?;
+    let authorization_endpoint = endpoint(doc, "authorization_endpoint")?;
     let token_endpoint = endpoint(doc, "token_endpoint")?.ok_or(OAuthError::Malformed(
         "authorization-server metadata (no token_endpoint)",
     ))?;
-    if !strings(doc, "code_challenge_methods_supported")
-        .iter()
-        .any(|m| m == "S256")
-    {
-        return Err(OAuthError::NoPkce);
-    }
     let iss_parameter_supported = doc
         .get("authorization_response_iss_parameter_supported")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let issuer_origin = url::Url::parse(issuer)
-        .map(|u| origin(&u))
-        .unwrap_or_default();
-    let auth_origin = origin(authorization_endpoint.as_url());
-    let same_origin =
-        auth_origin == issuer_origin || auth_origin == origin(token_endpoint.as_url());
-    if !same_origin && !iss_parameter_supported {
-        return Err(OAuthError::BadEndpoint {
-            which: "authorization_endpoint",
-            host: host_of(authorization_endpoint.as_str()),
-            why: "it is on another origin than the issuer and the token endpoint, and the \
-                  server does not bind its responses to the issuer (RFC 9207)"
-                .into(),
-        });
+    if purpose == Purpose::AuthorizationCode {
+        let Some(authorization_endpoint) = &authorization_endpoint else {
+            return Err(OAuthError::Malformed(
+                "authorization-server metadata (no authorization_endpoint)",
+            ));
+        };
+        if !strings(doc, "code_challenge_methods_supported")
+            .iter()
+            .any(|m| m == "S256")
+        {
+            return Err(OAuthError::NoPkce);
+        }
+        let issuer_origin = url::Url::parse(issuer)
+            .map(|u| origin(&u))
+            .unwrap_or_default();
+        let auth_origin = origin(authorization_endpoint.as_url());
+        let same_origin =
+            auth_origin == issuer_origin || auth_origin == origin(token_endpoint.as_url());
+        if !same_origin && !iss_parameter_supported {
+            return Err(OAuthError::BadEndpoint {
+                which: "authorization_endpoint",
+                host: host_of(authorization_endpoint.as_str()),
+                why: "it is on another origin than the issuer and the token endpoint, and the \
+                      server does not bind its responses to the issuer (RFC 9207)"
+                    .into(),
+            });
+        }
     }
     Ok(ServerMetadata {
         issuer: issuer.to_owned(),
@@ -282,17 +326,30 @@ pub fn validate_server(issuer: &str, doc: &Value) -> Result<ServerMetadata, OAut
             .and_then(Value::as_bool)
             .unwrap_or(false),
         iss_parameter_supported,
+        grant_types_supported: strings(doc, "grant_types_supported")
+            .into_iter()
+            .take(MAX_LISTED_SCOPES)
+            .collect(),
     })
 }
 
-/// Find and validate the metadata of `issuer`.
+/// Find and validate the metadata of `issuer` for the authorization-code flow.
 pub async fn discover_server(
     http: &ZoneClient,
     issuer: &str,
 ) -> Result<ServerMetadata, OAuthError> {
+    discover_server_for(http, issuer, Purpose::AuthorizationCode).await
+}
+
+/// Find and validate the metadata of `issuer` for `purpose`.
+pub async fn discover_server_for(
+    http: &ZoneClient,
+    issuer: &str,
+    purpose: Purpose,
+) -> Result<ServerMetadata, OAuthError> {
     for url in server_candidates(issuer)? {
         if let Some(doc) = get_json(http, &url).await? {
-            return validate_server(issuer, &doc);
+            return validate_server_for(issuer, &doc, purpose);
         }
     }
     Err(OAuthError::NoServerMetadata)
@@ -383,6 +440,35 @@ mod tests {
                 "https://as.example/.well-known/openid-configuration",
             ]
         );
+    }
+
+    #[test]
+    fn a_pinned_issuer_matches_its_listed_spelling_only_as_the_same_url() {
+        let listed = vec![
+            "https://as.example".to_owned(),
+            "https://other.example/tenant".to_owned(),
+        ];
+        assert_eq!(
+            pinned_issuer(&listed, "https://as.example/").as_deref(),
+            Some("https://as.example")
+        );
+        assert_eq!(
+            pinned_issuer(&listed, "https://as.example").as_deref(),
+            Some("https://as.example")
+        );
+        assert_eq!(
+            pinned_issuer(&listed, "https://other.example/tenant").as_deref(),
+            Some("https://other.example/tenant")
+        );
+        for other in [
+            "https://other.example/tenant/",
+            "https://other.example",
+            "https://as.example:8443",
+            "http://as.example",
+            "not a url",
+        ] {
+            assert_eq!(pinned_issuer(&listed, other), None, "{other}");
+        }
     }
 
     #[test]

@@ -10,8 +10,13 @@
 //! issuer's own metadata and pass the endpoint URL rules. Secrets (codes, verifiers, tokens,
 //! client secrets) live in [`SecretString`] and never reach `Debug`, `Display` or an error.
 
+pub mod dpop;
+pub mod external;
 pub mod flow;
+pub mod grant;
+pub mod jose;
 pub mod login;
+pub mod material;
 pub mod metadata;
 
 use std::fmt;
@@ -70,6 +75,23 @@ pub enum OAuthError {
         /// What became of the tokens it carried.
         revoked: Revoked,
     },
+    /// The workload's identity token cannot be presented (where it comes from, and the rule).
+    Identity {
+        /// Where it comes from (a path or a variable name, never the token).
+        source: String,
+        /// Why (fixed text).
+        why: &'static str,
+    },
+    /// The identity token file cannot be read (the rule and the path).
+    IdentityFile {
+        /// Why, naming the path.
+        why: String,
+    },
+}
+
+/// A line of remote or file-system text made safe for an error.
+pub(crate) fn text_line(s: &str) -> String {
+    iteron_policy::text::single_line_capped(s, 300)
 }
 
 /// What became of tokens Iteron received but could not keep.
@@ -145,6 +167,8 @@ impl fmt::Display for OAuthError {
                 "the token response was refused because {why}; {}",
                 revoked.as_str()
             ),
+            OAuthError::Identity { source, why } => write!(f, "{source} {why}"),
+            OAuthError::IdentityFile { why } => write!(f, "the identity token file {why}"),
         }
     }
 }
@@ -172,24 +196,32 @@ pub struct Challenge {
 /// Longest challenge header parsed.
 pub const MAX_CHALLENGE_BYTES: usize = 8 * 1024;
 
-/// Parse the Bearer challenge of a `WWW-Authenticate` value: auth-params `key=token` or
-/// `key="quoted\"string"`, comma separated. Other schemes and unknown keys are ignored; a value
-/// longer than [`MAX_CHALLENGE_BYTES`] or without a Bearer challenge yields `None`.
+/// Parse the Bearer (or, from a server that binds tokens, DPoP — RFC 9449 §7.1) challenge of a
+/// `WWW-Authenticate` value: auth-params `key=token` or `key="quoted\"string"`, comma
+/// separated. Other schemes and unknown keys are ignored; the first Bearer or DPoP challenge
+/// is taken; a value longer than [`MAX_CHALLENGE_BYTES`] or with neither yields `None`.
 pub fn parse_challenge(header: &str) -> Option<Challenge> {
     if header.len() > MAX_CHALLENGE_BYTES {
         return None;
     }
     let lower = header.to_ascii_lowercase();
-    let start = lower
-        .match_indices("bearer")
-        .find(|(i, _)| {
-            (*i == 0 || matches!(header.as_bytes()[i - 1], b' ' | b','))
-                && header
-                    .as_bytes()
-                    .get(i + 6)
-                    .is_none_or(|b| *b == b' ' || *b == b',')
-        })
-        .map(|(i, _)| i + 6)?;
+    let scheme_at = |name: &str| {
+        lower
+            .match_indices(name)
+            .find(|(i, _)| {
+                (*i == 0 || matches!(header.as_bytes()[i - 1], b' ' | b','))
+                    && header
+                        .as_bytes()
+                        .get(i + name.len())
+                        .is_none_or(|b| *b == b' ' || *b == b',')
+            })
+            .map(|(i, _)| (i, i + name.len()))
+    };
+    let start = match (scheme_at("bearer"), scheme_at("dpop")) {
+        (Some(b), Some(d)) => b.min(d).1,
+        (Some((_, e)), None) | (None, Some((_, e))) => e,
+        (None, None) => return None,
+    };
     let mut c = Challenge::default();
     let bytes = header.as_bytes();
     let mut i = start;
@@ -264,6 +296,19 @@ mod tests {
             parse_challenge(r#"Basic realm="x", Bearer realm="mcp",error=invalid_token"#).unwrap();
         assert_eq!(c.error.as_deref(), Some("invalid_token"));
         assert_eq!(parse_challenge("Basic realm=\"x\""), None);
+        // A server that binds tokens challenges with DPoP (RFC 9449 §7.1).
+        let c = parse_challenge(
+            r#"DPoP error="use_dpop_nonce", resource_metadata="https://r.example/prm""#,
+        )
+        .unwrap();
+        assert_eq!(c.error.as_deref(), Some("use_dpop_nonce"));
+        assert_eq!(
+            c.resource_metadata.as_deref(),
+            Some("https://r.example/prm")
+        );
+        let c = parse_challenge(r#"DPoP algs="ES256", Bearer scope="a""#).unwrap();
+        assert_eq!(c.scope, None, "the first challenge is taken");
+        assert_eq!(parse_challenge("DPoPx error=x"), None);
         assert_eq!(parse_challenge("bearer").unwrap(), Challenge::default());
         let c = parse_challenge(r#"Bearer scope="a \"b\"""#).unwrap();
         assert_eq!(c.scope.as_deref(), Some("a \"b\""));

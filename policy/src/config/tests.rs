@@ -1154,9 +1154,19 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         let server = match key.split_once('.') {
             None => r#"{"name": "a", "transport": "http", "url": "https://203.0.114.1:8443/mcp"}"#
                 .to_owned(),
-            Some((_, k)) => format!(
-                r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "https://203.0.114.1:8443/x"}}}}"#
-            ),
+            Some((_, k)) => {
+                // The externally managed token's endpoints come with what they need.
+                let with = match k {
+                    "refresh_url" => {
+                        r#", "access_token_env": "T", "refresh_token_env": "R", "client_id": "c""#
+                    }
+                    "revoke_url" => r#", "access_token_env": "T", "client_id": "c""#,
+                    _ => "",
+                };
+                format!(
+                    r#"{{"name": "a", "transport": "http", "url": "https://a.example/", "oauth": {{"{k}": "https://203.0.114.1:8443/x"{with}}}}}"#
+                )
+            }
         };
         parse(&doc_with(&format!(r#""mcp_servers": [{server}]"#)))
             .unwrap_or_else(|e| panic!("{key}: {e}"));
@@ -1166,6 +1176,287 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         "policy/src/config/tests.rs::urls_that_are_never_a_destination_are_refused_with_their_rule",
         serde_json::json!({"keys": keys.len(), "urls": bad.len()}),
     );
+}
+
+#[test]
+fn the_externally_managed_token_block_is_refused_when_its_keys_do_not_fit_together() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let cases = [
+        (
+            r#""expires_at_env": "E""#,
+            "$.mcp_servers[0].oauth.expires_at_env",
+            "needs access_token_env",
+        ),
+        (
+            r#""revoke_url": "https://a.example/revoke", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.revoke_url",
+            "needs access_token_env",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_url": "https://a.example/token", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.refresh_url",
+            "needs refresh_token_env",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_token_env": "R", "client_id": "c""#,
+            "$.mcp_servers[0].oauth.refresh_token_env",
+            "needs refresh_url",
+        ),
+        (
+            r#""access_token_env": "T", "refresh_url": "https://a.example/token", "refresh_token_env": "R""#,
+            "$.mcp_servers[0].oauth.refresh_url",
+            "needs client_id",
+        ),
+        (
+            r#""access_token_env": "T", "revoke_url": "https://a.example/revoke""#,
+            "$.mcp_servers[0].oauth.revoke_url",
+            "needs client_id",
+        ),
+    ];
+    for (oauth, path, why) in cases {
+        let e = error(&server(oauth));
+        assert_eq!(e.path.to_string(), path, "{oauth}: {e}");
+        assert!(
+            matches!(e.kind, ConfigErrorKind::Inconsistent(_)),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+    // The whole block, as the product page shows it, and a token alone are fine.
+    parse(HTTP_EXAMPLE).unwrap();
+    parse(&server(r#""access_token_env": "T""#)).unwrap();
+    parse(&server(r#""access_token_env": "T", "expires_at_env": "E""#)).unwrap();
+}
+
+#[test]
+fn noninteractive_grants_name_their_client_credentials_consistently() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let cc = r#""grant": "client_credentials", "client_id": "ci", "issuer": "https://as.example""#;
+    for ok in [
+        format!(r#"{cc}, "client_secret_env": "S""#),
+        format!(r#"{cc}, "client_secret_env": "S", "token_endpoint_auth": "client_secret_post""#),
+        format!(r#"{cc}, "client_key_file": "/etc/iteron/ci.pem""#),
+        format!(r#"{cc}, "client_key_env": "K", "token_endpoint_auth": "private_key_jwt""#),
+        r#""client_id": "pre", "client_key_env": "K""#.to_owned(),
+    ] {
+        let c = parse(&server(&ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        let Transport::Http(h) = &c.mcp_servers[0].transport else {
+            panic!("http expected")
+        };
+        // The canonical form keeps every key.
+        let again = parse(&c.to_json_pretty()).unwrap();
+        assert_eq!(again, c, "{ok}");
+        assert!(h.oauth.is_some());
+    }
+    let cases = [
+        (r#""grant": "password""#.to_owned(), "oauth.grant", "must be one of"),
+        (cc.to_owned(), "oauth.grant", "needs client_secret_env, client_key_file or client_key_env"),
+        (
+            r#""grant": "client_credentials", "client_id": "ci", "client_secret_env": "S""#.to_owned(),
+            "oauth.grant",
+            "needs issuer",
+        ),
+        (
+            r#""grant": "client_credentials", "issuer": "https://as.example", "client_secret_env": "S""#.to_owned(),
+            "oauth.grant",
+            "needs a pre-registered client_id",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "access_token_env": "T""#),
+            "oauth.grant",
+            "excludes access_token_env",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "client_registration": "dcr""#),
+            "oauth.client_registration",
+            "applies to the authorization_code grant only",
+        ),
+        (
+            format!(r#"{cc}, "client_key_file": "/k.pem", "client_key_env": "K""#),
+            "oauth.client_key_env",
+            "excludes client_key_file",
+        ),
+        (
+            format!(r#"{cc}, "client_secret_env": "S", "token_endpoint_auth": "private_key_jwt""#),
+            "oauth.token_endpoint_auth",
+            "private_key_jwt needs client_key_file or client_key_env",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "token_endpoint_auth": "client_secret_basic""#),
+            "oauth.token_endpoint_auth",
+            "needs client_secret_env",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "client_secret_env": "S", "token_endpoint_auth": "client_secret_basic""#),
+            "oauth.client_key_env",
+            "only used with token_endpoint_auth private_key_jwt",
+        ),
+        (
+            format!(r#"{cc}, "client_key_env": "K", "client_secret_env": "S""#),
+            "oauth.client_secret_env",
+            "is ambiguous",
+        ),
+        (
+            r#""client_id": "https://client.example/cimd.json", "client_key_env": "K""#.to_owned(),
+            "oauth.client_key_env",
+            "needs a pre-registered client_id",
+        ),
+        (
+            format!(r#"{cc}, "client_key_file": "relative.pem""#),
+            "oauth.client_key_file",
+            "absolute path",
+        ),
+    ];
+    for (oauth, key, why) in cases {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+}
+
+#[test]
+fn the_jwt_bearer_grant_names_its_identity_token_once() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let jb = r#""grant": "jwt_bearer", "issuer": "https://as.example""#;
+    for ok in [
+        format!(r#"{jb}, "identity_token_file": "/var/run/secrets/tokens/mcp""#),
+        format!(r#"{jb}, "identity_token_env": "CI_JOB_JWT", "client_id": "wl""#),
+        format!(r#"{jb}, "identity_token_env": "T", "client_id": "wl", "client_secret_env": "S""#),
+    ] {
+        let c = parse(&server(&ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert_eq!(parse(&c.to_json_pretty()).unwrap(), c, "{ok}");
+    }
+    let cases = [
+        (
+            jb.to_owned(),
+            "oauth.grant",
+            "need identity_token_file or identity_token_env",
+        ),
+        (
+            r#""grant": "jwt_bearer", "identity_token_env": "T""#.to_owned(),
+            "oauth.grant",
+            "needs issuer",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_file": "/t", "identity_token_env": "T""#),
+            "oauth.identity_token_env",
+            "excludes identity_token_file",
+        ),
+        (
+            r#""identity_token_env": "T""#.to_owned(),
+            "oauth.identity_token_env",
+            "only used with grant jwt_bearer or id_jag",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_file": "t.jwt""#),
+            "oauth.identity_token_file",
+            "absolute path",
+        ),
+        (
+            format!(r#"{jb}, "identity_token_env": "T", "client_id": "https://c.example/m.json""#),
+            "oauth.client_id",
+            "pre-registered client_id",
+        ),
+    ];
+    for (oauth, key, why) in cases {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains(why) && !line.contains('\n'),
+            "{oauth}: {line}"
+        );
+    }
+}
+
+#[test]
+fn the_id_jag_grant_names_its_identity_provider_whole() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    let full = r#""grant": "id_jag", "issuer": "https://as.example", "client_id": "mcp-client", "client_secret_env": "S", "idp_issuer": "https://idp.example", "idp_client_id": "idp-client", "identity_token_env": "ID_TOKEN""#;
+    let c = parse(&server(full)).unwrap();
+    assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
+    parse(&server(&format!(
+        r#"{full}, "idp_client_secret_env": "IS""#
+    )))
+    .unwrap();
+    let without = |key: &str| {
+        full.split(", ")
+            .filter(|kv| !kv.starts_with(&format!("\"{key}\"")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (oauth, key, why) in [
+        (
+            without("idp_issuer"),
+            "oauth.grant",
+            "id_jag needs idp_issuer",
+        ),
+        (
+            without("idp_client_id"),
+            "oauth.grant",
+            "id_jag needs idp_client_id",
+        ),
+        (
+            without("client_id"),
+            "oauth.grant",
+            "id_jag needs client_id",
+        ),
+        (
+            without("identity_token_env"),
+            "oauth.grant",
+            "need identity_token_file or identity_token_env",
+        ),
+        (
+            r#""idp_issuer": "https://idp.example""#.to_owned(),
+            "oauth.idp_issuer",
+            "only used with grant id_jag",
+        ),
+        (
+            r#""client_id": "c", "idp_client_secret_env": "X""#.to_owned(),
+            "oauth.idp_client_secret_env",
+            "only used with grant id_jag",
+        ),
+    ] {
+        let e = error(&server(&oauth));
+        assert_eq!(
+            e.path.to_string(),
+            format!("$.mcp_servers[0].{key}"),
+            "{oauth}: {e}"
+        );
+        assert!(e.to_string().contains(why), "{oauth}: {e}");
+    }
 }
 
 /// A document with one server `ev` and these rules (a JSON array's inside).

@@ -1,0 +1,874 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The noninteractive OAuth paths (issue 13) against scripted servers on loopback: the
+//! externally managed token's endpoints, the client-credentials and JWT-bearer grants, DPoP
+//! and the enterprise-managed (ID-JAG) exchange. Every refusal is proven by what a recording
+//! server did NOT receive, and every request by what it did.
+
+#[allow(dead_code)]
+#[path = "support/scripted.rs"]
+mod scripted;
+
+#[path = "../../tests/support/report.rs"]
+mod report;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::sync::Arc;
+
+use iteron_broker::mcp::client::Options;
+use iteron_broker::servers::{self, ConnectError, LearnedSecrets};
+use iteron_broker::store::Home;
+use iteron_policy::config::{Config, ServerConfig};
+use scripted::{Reply, Seen, Server};
+use serde_json::{Value, json};
+
+/// A throwaway operator home.
+struct TempHome(std::path::PathBuf);
+
+impl TempHome {
+    fn new(tag: &str) -> TempHome {
+        let p = std::env::temp_dir().join(format!("iteron-grants-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempHome(p)
+    }
+
+    fn home(&self) -> Home {
+        Home::at(self.0.join("home")).unwrap()
+    }
+}
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One HTTP server entry parsed from JSON (so every configuration rule applies).
+fn server(entry: Value) -> ServerConfig {
+    let doc = json!({"schema_version": 2, "mcp_servers": [entry]});
+    let c = Config::parse(doc.to_string().as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    c.mcp_servers.into_iter().next().unwrap()
+}
+
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + Sync + use<> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |k: &str| map.get(k).map(OsString::from)
+}
+
+async fn connect(
+    home: &Home,
+    s: &ServerConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<iteron_broker::mcp::client::Client, ConnectError> {
+    servers::connect_with_credentials(
+        s,
+        &Default::default(),
+        lookup,
+        Options::default(),
+        home,
+        servers::SpawnContext {
+            home: home.dir().to_path_buf(),
+            ceiling: Config::default().ceiling(),
+            egress: None,
+        },
+        &LearnedSecrets::default(),
+    )
+    .await
+}
+
+fn expired() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    (now - 60).to_string()
+}
+
+fn token_endpoint() -> Arc<dyn Fn(&Seen) -> Reply + Send + Sync> {
+    Arc::new(|req: &Seen| match (req.method.as_str(), req.path()) {
+        ("POST", "/token") => Reply::json(json!({
+            "access_token": "renewed-access",
+            "token_type": "Bearer",
+            "expires_in": 3600,
+            "refresh_token": "rotated-refresh",
+        })),
+        _ => Reply::not_found(),
+    })
+}
+
+#[tokio::test]
+async fn an_external_tokens_refresh_url_obeys_the_binding_zone_of_its_server() {
+    let t = TempHome::new("ext-zone");
+    let home = t.home();
+    let auth = Server::start(|_| token_endpoint()).await;
+    let block = |url: &str| {
+        server(json!({
+            "name": "ci", "transport": "http", "url": url,
+            "oauth": {
+                "access_token_env": "T", "expires_at_env": "E",
+                "refresh_url": format!("{}/token", auth.base()),
+                "refresh_token_env": "R", "client_id": "ci-client",
+            },
+        }))
+    };
+    let lookup = env(&[
+        ("T", "stale-access"),
+        ("E", &expired()),
+        ("R", "first-refresh"),
+    ]);
+    // A server on a public name: its loopback refresh_url is never contacted.
+    let public = block("https://mcp.example/mcp");
+    let err = connect(&home, &public, &lookup).await.err().unwrap();
+    let line = err.to_string();
+    assert!(
+        line.contains("renewing the access token named by T") && line.contains("loopback"),
+        "{line}"
+    );
+    auth.assert_untouched("a public server's refresh_url on loopback")
+        .await;
+    // The control: the same block for a loopback server renews at refresh_url (and then fails
+    // to reach the MCP server, which does not exist; what matters is the refresh request).
+    let local = block("http://127.0.0.1:9/mcp");
+    let _ = connect(&home, &local, &lookup).await;
+    let seen = auth.to("/token");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let form = seen[0].form();
+    assert_eq!(form["grant_type"], "refresh_token");
+    assert_eq!(form["refresh_token"], "first-refresh");
+    assert_eq!(form["client_id"], "ci-client");
+    assert_eq!(form["resource"], "http://127.0.0.1:9/mcp");
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::an_external_tokens_refresh_url_obeys_the_binding_zone_of_its_server",
+        json!({"refused_zone": "loopback", "binding": "public"}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client-credentials grant
+// ---------------------------------------------------------------------------------------------
+
+use iteron_broker::oauth::flow::{ClientKind, OAuthClient, TokenAuth};
+use iteron_broker::oauth::grant::{self, GrantRequest, Kind};
+use iteron_broker::oauth::jose::SigningKey;
+use iteron_broker::oauth::{ExposeSecret, OAuthError, SecretString};
+use iteron_policy::url::EndpointUrl;
+
+const CC_SECRET: &str = "cc-s3cret/with+chars";
+const KEY_PEM: &str = include_str!("../../fixtures/keys/p256-test-only.pem");
+
+fn ep(s: &str) -> EndpointUrl {
+    EndpointUrl::parse(s).unwrap()
+}
+
+/// PRM at `/.well-known/oauth-protected-resource/mcp` naming `issuer`; AS metadata for `base`
+/// (its token endpoint at `token`, the listed grants, no authorization endpoint or PKCE); a
+/// token endpoint answering with `token_reply`.
+fn cc_provider(
+    base: &str,
+    token: String,
+    grants: Value,
+    token_reply: fn() -> Reply,
+) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base],
+        "scopes_supported": ["mcp:tools"]});
+    let meta = json!({"issuer": base, "token_endpoint": token, "grant_types_supported": grants,
+        "revocation_endpoint": format!("{base}/revoke")});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/token") => token_reply(),
+        ("POST", "/revoke") => Reply::json(json!({})),
+        _ => Reply::not_found(),
+    })
+}
+
+fn issued() -> Reply {
+    Reply::json(json!({"access_token": "cc-access", "token_type": "Bearer", "expires_in": 60}))
+}
+
+fn cc_request(base: &str, auth: TokenAuth) -> GrantRequest {
+    let key = (auth == TokenAuth::PrivateKeyJwt)
+        .then(|| Arc::new(SigningKey::from_pem(KEY_PEM).unwrap()));
+    let secret =
+        (auth != TokenAuth::PrivateKeyJwt).then(|| SecretString::from(CC_SECRET.to_owned()));
+    GrantRequest {
+        server: ep(&format!("{base}/mcp")),
+        resource: None,
+        issuer: base.to_owned(),
+        scopes: None,
+        client: OAuthClient {
+            id: "ci client".into(),
+            secret,
+            key,
+            dpop: None,
+            auth,
+            kind: ClientKind::PreRegistered,
+            issuer: base.to_owned(),
+        },
+        kind: Kind::ClientCredentials,
+        identity: None,
+        dpop: false,
+        idp: None,
+    }
+}
+
+fn loopback() -> iteron_broker::net::ZoneClient {
+    iteron_broker::net::Net::new(Default::default())
+        .unwrap()
+        .client(iteron_policy::zone::Zone::Loopback)
+        .unwrap()
+}
+
+/// Check an ES256 compact JWS against the public JWK of `key` (independently of the signer).
+fn verifies(key: &SigningKey, jws: &str) -> bool {
+    use base64::Engine;
+    let jwk = key.public_jwk().unwrap();
+    let d = |s: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .unwrap()
+    };
+    let mut point = vec![4u8];
+    point.extend(d(jwk["x"].as_str().unwrap()));
+    point.extend(d(jwk["y"].as_str().unwrap()));
+    let (input, sig) = jws.rsplit_once('.').unwrap();
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, &point)
+        .verify(input.as_bytes(), &d(sig))
+        .is_ok()
+}
+
+#[tokio::test]
+async fn client_credentials_authenticates_with_basic_post_or_a_signed_assertion_and_sends_resource()
+{
+    for auth in [TokenAuth::Basic, TokenAuth::Post, TokenAuth::PrivateKeyJwt] {
+        let s = Server::start(|base| {
+            cc_provider(
+                base,
+                format!("{base}/token"),
+                json!(["client_credentials"]),
+                issued,
+            )
+        })
+        .await;
+        let out = grant::obtain(&loopback(), &cc_request(&s.base(), auth), None)
+            .await
+            .unwrap_or_else(|e| panic!("{auth:?}: {e}"));
+        assert_eq!(out.tokens.access.expose_secret(), "cc-access");
+        assert_eq!(out.resource, format!("{}/mcp", s.base()));
+        assert_eq!(out.requested.as_deref(), Some("mcp:tools"));
+        let seen = s.to("/token");
+        assert_eq!(seen.len(), 1, "{auth:?}: one request, no retry");
+        let form = seen[0].form();
+        assert_eq!(form["grant_type"], "client_credentials");
+        assert_eq!(form["resource"], format!("{}/mcp", s.base()));
+        assert_eq!(form["scope"], "mcp:tools");
+        match auth {
+            TokenAuth::Basic => {
+                use base64::Engine;
+                // RFC 6749 §2.3.1: both parts form-encoded before base64.
+                let want = base64::engine::general_purpose::STANDARD
+                    .encode("ci+client:cc-s3cret%2Fwith%2Bchars");
+                assert_eq!(
+                    seen[0].header("authorization"),
+                    Some(format!("Basic {want}").as_str())
+                );
+                assert!(!form.contains_key("client_secret"));
+            }
+            TokenAuth::Post => {
+                assert_eq!(form["client_id"], "ci client");
+                assert_eq!(form["client_secret"], CC_SECRET);
+                assert!(seen[0].header("authorization").is_none());
+            }
+            _ => {
+                assert!(seen[0].header("authorization").is_none());
+                assert!(!seen[0].body.contains("s3cret"));
+                assert_eq!(
+                    form["client_assertion_type"],
+                    "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+                );
+                let jws = &form["client_assertion"];
+                let key = SigningKey::from_pem(KEY_PEM).unwrap();
+                assert!(verifies(&key, jws), "the assertion does not verify");
+                let (h, c) = iteron_broker::oauth::jose::decode_unverified(jws).unwrap();
+                assert_eq!(h["alg"], "ES256");
+                assert_eq!(c["iss"], "ci client");
+                assert_eq!(c["sub"], "ci client");
+                assert_eq!(c["aud"], s.base());
+                assert_eq!(
+                    c["exp"].as_u64().unwrap() - c["iat"].as_u64().unwrap(),
+                    iteron_broker::oauth::flow::CLIENT_ASSERTION_LIFETIME_SECS
+                );
+                assert!(c["jti"].as_str().is_some_and(|j| j.len() >= 32));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_refusal_is_final() {
+    // A token endpoint on another origin: neither the secret nor an assertion is sent at all.
+    let elsewhere = Server::start(|_| Arc::new(|_: &Seen| issued())).await;
+    let target = format!("{}/token", elsewhere.base());
+    for auth in [TokenAuth::Basic, TokenAuth::Post, TokenAuth::PrivateKeyJwt] {
+        let target = target.clone();
+        let s = Server::start(move |base| {
+            cc_provider(base, target, json!(["client_credentials"]), issued)
+        })
+        .await;
+        let e = grant::obtain(&loopback(), &cc_request(&s.base(), auth), None)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                e,
+                OAuthError::BadEndpoint {
+                    which: "token_endpoint",
+                    ..
+                }
+            ),
+            "{auth:?}: {e}"
+        );
+        s.assert_only_discovery("a cross-origin token endpoint");
+    }
+    elsewhere
+        .assert_untouched("the other origin's token endpoint")
+        .await;
+    // Metadata that lists its grants without client_credentials: nothing is posted.
+    let s = Server::start(|base| {
+        cc_provider(
+            base,
+            format!("{base}/token"),
+            json!(["authorization_code"]),
+            issued,
+        )
+    })
+    .await;
+    let e = grant::obtain(&loopback(), &cc_request(&s.base(), TokenAuth::Basic), None)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("grant_types_supported"), "{e}");
+    s.assert_only_discovery("an unlisted grant");
+    // A refusal is the answer: one request, never repeated.
+    fn refused() -> Reply {
+        Reply::status(401, json!({"error": "invalid_client"}))
+    }
+    let s = Server::start(|base| {
+        cc_provider(
+            base,
+            format!("{base}/token"),
+            json!(["client_credentials"]),
+            refused,
+        )
+    })
+    .await;
+    let e = grant::obtain(&loopback(), &cc_request(&s.base(), TokenAuth::Basic), None)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        "the authorization server answered 401 invalid_client"
+    );
+    assert_eq!(s.to("/token").len(), 1);
+    // A public client cannot use the grant: nothing is sent.
+    let s = Server::start(|base| {
+        cc_provider(
+            base,
+            format!("{base}/token"),
+            json!(["client_credentials"]),
+            issued,
+        )
+    })
+    .await;
+    let mut public = cc_request(&s.base(), TokenAuth::None);
+    public.client.secret = None;
+    assert!(grant::obtain(&loopback(), &public, None).await.is_err());
+    s.assert_only_discovery("a public client");
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_refusal_is_final",
+        json!({"methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload identity: the JWT-bearer grant
+// ---------------------------------------------------------------------------------------------
+
+use iteron_broker::oauth::grant::{IdentitySource, IdentityToken};
+
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+/// A token endpoint that accepts every assertion except `refused-*` ones (`invalid_grant`).
+fn judge() -> Reply {
+    Reply::json(json!({"access_token": "wl-access", "token_type": "Bearer", "expires_in": 60}))
+}
+
+fn jb_provider(base: &str) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": [JWT_BEARER]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/token") if req.form()["assertion"].starts_with("refused") => {
+            Reply::status(400, json!({"error": "invalid_grant"}))
+        }
+        ("POST", "/token") => judge(),
+        _ => Reply::not_found(),
+    })
+}
+
+fn jb_request(base: &str, identity: IdentityToken, client_id: &str) -> GrantRequest {
+    GrantRequest {
+        server: ep(&format!("{base}/mcp")),
+        resource: None,
+        issuer: base.to_owned(),
+        scopes: Some("mcp:tools".into()),
+        client: OAuthClient {
+            id: client_id.into(),
+            secret: None,
+            key: None,
+            dpop: None,
+            auth: TokenAuth::None,
+            kind: ClientKind::PreRegistered,
+            issuer: base.to_owned(),
+        },
+        kind: Kind::JwtBearer,
+        identity: Some(identity),
+        dpop: false,
+        idp: None,
+    }
+}
+
+fn write_token(path: &std::path::Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+#[tokio::test]
+async fn the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_never_presented_again()
+ {
+    let t = TempHome::new("wif");
+    let file = t.0.join("token.jwt");
+    let s = Server::start(jb_provider).await;
+    let identity = IdentityToken::new(IdentitySource::File(file.clone()));
+    let req = jb_request(&s.base(), identity.clone(), "workload-1");
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bCJ9.c2ln");
+    let out = grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "wl-access");
+    let form = s.to("/token")[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(
+        form["assertion"],
+        "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bCJ9.c2ln"
+    );
+    assert_eq!(form["client_id"], "workload-1");
+    assert_eq!(form["resource"], format!("{}/mcp", s.base()));
+    assert_eq!(form["scope"], "mcp:tools");
+    // The runtime rotates the file: the next exchange presents the new token.
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDIifQ.c2lnMg");
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(
+        s.to("/token")[1].form()["assertion"],
+        "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDIifQ.c2lnMg"
+    );
+    // Refused once: the same token is never presented again, by any clone of the request.
+    write_token(&file, "refused-a.eyJzdWIiOiJ3bCJ9.c2ln");
+    let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        "the authorization server answered 400 invalid_grant"
+    );
+    assert_eq!(s.to("/token").len(), 3);
+    let again = jb_request(&s.base(), identity.clone(), "workload-1");
+    let e = grant::obtain(&loopback(), &again, None)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("is not presented again"), "{e}");
+    assert_eq!(
+        s.to("/token").len(),
+        3,
+        "a refused identity token was presented again"
+    );
+    // A new token is tried.
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDMifQ.c2lnMw");
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(s.to("/token").len(), 4);
+    // Without a client id, none is sent.
+    let anonymous = jb_request(&s.base(), identity, "");
+    grant::obtain(&loopback(), &anonymous, None).await.unwrap();
+    assert!(!s.to("/token")[4].form().contains_key("client_id"));
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_never_presented_again",
+        json!({"exchanges": s.to("/token").len()}),
+    );
+}
+
+#[tokio::test]
+async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = TempHome::new("wif-bad");
+    let file = t.0.join("token.jwt");
+    let s = Server::start(jb_provider).await;
+    let max = iteron_broker::oauth::flow::MAX_TOKEN_BYTES;
+    let third = "c".repeat(max - 8);
+    let exact = format!("aaa.bbb.{third}");
+    assert_eq!(exact.len(), max);
+    let cases: Vec<(String, u32, &str)> = vec![
+        (String::new(), 0o600, "is empty"),
+        ("not-a-jwt".into(), 0o600, "is not one compact JWT"),
+        ("a.b.c.d".into(), 0o600, "is not one compact JWT"),
+        ("a.b c.d".into(), 0o600, "is not one compact JWT"),
+        ("aaa.bbb.ccc".into(), 0o666, "writable by group or others"),
+        (format!("{exact}c"), 0o600, "is longer than 16 KiB"),
+        (format!("{exact}cc\n"), 0o600, "larger than 16385 bytes"),
+    ];
+    for (content, mode, why) in &cases {
+        std::fs::write(&file, content).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(*mode)).unwrap();
+        let req = jb_request(
+            &s.base(),
+            IdentityToken::new(IdentitySource::File(file.clone())),
+            "w",
+        );
+        let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+        let line = e.to_string();
+        assert!(line.contains(why), "{} bytes: {line}", content.len());
+        assert!(
+            !line.contains("aaa.bbb"),
+            "the token reached the error: {line}"
+        );
+    }
+    assert!(s.to("/token").is_empty(), "{:?}", s.to("/token"));
+    // At the bound it is presented (16 KiB and a newline).
+    std::fs::write(&file, format!("{exact}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let req = jb_request(
+        &s.base(),
+        IdentityToken::new(IdentitySource::File(file.clone())),
+        "w",
+    );
+    grant::obtain(&loopback(), &req, None).await.unwrap();
+    assert_eq!(s.to("/token")[0].form()["assertion"], exact);
+    let missing = jb_request(
+        &s.base(),
+        IdentityToken::new(IdentitySource::File(t.0.join("absent"))),
+        "w",
+    );
+    let e = grant::obtain(&loopback(), &missing, None)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .starts_with("the identity token file cannot be opened"),
+        "{e}"
+    );
+    report::record(
+        "P5",
+        "broker/tests/oauth_grants.rs::an_identity_token_that_cannot_be_presented_sends_nothing",
+        json!({"max_token_bytes": max}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// DPoP at the token endpoint
+// ---------------------------------------------------------------------------------------------
+
+/// What the scripted token endpoint does with DPoP requests.
+#[derive(Clone, Copy)]
+enum AsMode {
+    /// Wants the nonce `as-n1`, then issues a DPoP-bound token.
+    Nonce,
+    /// A new nonce every time: never satisfied.
+    NeverSatisfied,
+    /// Refuses the client, offering a nonce anyway.
+    InvalidClient,
+    /// Issues a Bearer token whatever the proof.
+    Bearer,
+}
+
+fn dpop_provider(base: &str, mode: AsMode) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "revocation_endpoint": format!("{base}/revoke"),
+        "dpop_signing_alg_values_supported": ["ES256"]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/revoke") => Reply::json(json!({})),
+        ("POST", "/token") => {
+            let nonce = req
+                .header("dpop")
+                .and_then(iteron_broker::oauth::jose::decode_unverified)
+                .and_then(|(_, c)| c["nonce"].as_str().map(str::to_owned));
+            let challenge = |n: &str| {
+                let mut r = Reply::status(400, json!({"error": "use_dpop_nonce"}));
+                r.headers.push(("DPoP-Nonce".into(), n.into()));
+                r
+            };
+            let bound = json!({"access_token": "bound-at", "token_type": "DPoP", "expires_in": 60});
+            match mode {
+                AsMode::Nonce if nonce.as_deref() == Some("as-n1") => Reply::json(bound),
+                AsMode::Nonce => challenge("as-n1"),
+                AsMode::NeverSatisfied => challenge(&format!("n{}", nonce.unwrap_or_default())),
+                AsMode::InvalidClient => {
+                    let mut r = Reply::status(401, json!({"error": "invalid_client"}));
+                    r.headers.push(("DPoP-Nonce".into(), "as-n9".into()));
+                    r
+                }
+                AsMode::Bearer => Reply::json(
+                    json!({"access_token": "plain-at", "token_type": "Bearer", "expires_in": 60}),
+                ),
+            }
+        }
+        _ => Reply::not_found(),
+    })
+}
+
+fn dpop_request(base: &str) -> GrantRequest {
+    GrantRequest {
+        dpop: true,
+        ..cc_request(base, TokenAuth::Basic)
+    }
+}
+
+#[tokio::test]
+async fn a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token() {
+    let s = Server::start(|base| dpop_provider(base, AsMode::Nonce)).await;
+    let out = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "bound-at");
+    let key = out
+        .client
+        .dpop
+        .clone()
+        .expect("the client holds its DPoP key");
+    let seen = s.to("/token");
+    assert_eq!(
+        seen.len(),
+        2,
+        "refused for the nonce once, then sent with it"
+    );
+    let claims: Vec<Value> = seen
+        .iter()
+        .map(|r| {
+            let (h, c) =
+                iteron_broker::oauth::jose::decode_unverified(r.header("dpop").unwrap()).unwrap();
+            assert_eq!(h["typ"], "dpop+jwt");
+            assert!(h["jwk"].get("d").is_none());
+            c
+        })
+        .collect();
+    for c in &claims {
+        assert_eq!(c["htm"], "POST");
+        assert_eq!(c["htu"], format!("{}/token", s.base()));
+        assert!(c.get("ath").is_none());
+    }
+    assert!(claims[0].get("nonce").is_none());
+    assert_eq!(claims[1]["nonce"], "as-n1");
+    assert_ne!(claims[0]["jti"], claims[1]["jti"]);
+    assert_eq!(
+        seen[0].form(),
+        seen[1].form(),
+        "the same grant, sent once more"
+    );
+    assert_eq!(key.as_nonce().as_deref(), Some("as-n1"));
+    // Never satisfied: exactly one resend, then the refusal.
+    let s = Server::start(|base| dpop_provider(base, AsMode::NeverSatisfied)).await;
+    let e = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        "the authorization server answered 400 use_dpop_nonce"
+    );
+    assert_eq!(s.to("/token").len(), 2);
+    // Another refusal that offers a nonce is not a nonce challenge: no resend.
+    let s = Server::start(|base| dpop_provider(base, AsMode::InvalidClient)).await;
+    assert!(
+        grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+            .await
+            .is_err()
+    );
+    assert_eq!(s.to("/token").len(), 1);
+    // A Bearer token where a DPoP-bound one was asked for is refused and revoked.
+    let s = Server::start(|base| dpop_provider(base, AsMode::Bearer)).await;
+    let e = grant::obtain(&loopback(), &dpop_request(&s.base()), None)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, OAuthError::UnusableTokens { why, .. } if why.contains("a DPoP-bound token was asked for")),
+        "{e}"
+    );
+    let revoked = s.to("/revoke");
+    assert_eq!(revoked.len(), 1);
+    assert_eq!(revoked[0].form()["token"], "plain-at");
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token",
+        json!({"resends_per_nonce_challenge": 1}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enterprise-managed authorization (ID-JAG)
+// ---------------------------------------------------------------------------------------------
+
+use iteron_broker::oauth::grant::IdentityProvider;
+
+const ID_TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0.aWQtdG9rZW4";
+const ID_JAG: &str = "eyJ0eXAiOiJvYXV0aC1pZC1qYWcrand0In0.eyJzdWIiOiJ1c2VyIn0.amFn";
+const IDP_SECRET: &str = "idp-s3cret";
+
+/// An identity provider whose token endpoint answers the exchange with `answer`.
+fn idp_script(base: &str, answer: fn() -> Reply) -> scripted::Script {
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": ["urn:ietf:params:oauth:grant-type:token-exchange"]});
+    Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+        ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+        ("POST", "/token") => answer(),
+        _ => Reply::not_found(),
+    })
+}
+
+fn jag_issued() -> Reply {
+    Reply::json(json!({"access_token": ID_JAG, "token_type": "N_A",
+        "issued_token_type": "urn:ietf:params:oauth:token-type:id-jag"}))
+}
+
+fn jag_mislabelled() -> Reply {
+    Reply::json(json!({"access_token": ID_JAG, "token_type": "Bearer",
+        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}))
+}
+
+fn jag_refused() -> Reply {
+    Reply::status(400, json!({"error": "invalid_grant"}))
+}
+
+fn jag_request(as_base: &str, idp_base: &str, identity: IdentityToken) -> GrantRequest {
+    GrantRequest {
+        kind: Kind::IdJag,
+        identity: Some(identity),
+        scopes: None,
+        idp: Some(IdentityProvider {
+            issuer: idp_base.to_owned(),
+            client: OAuthClient {
+                id: "idp-client".into(),
+                secret: Some(SecretString::from(IDP_SECRET.to_owned())),
+                key: None,
+                dpop: None,
+                auth: TokenAuth::Basic,
+                kind: ClientKind::PreRegistered,
+                issuer: idp_base.to_owned(),
+            },
+        }),
+        ..cc_request(as_base, TokenAuth::Basic)
+    }
+}
+
+#[tokio::test]
+async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token() {
+    let auth = Server::start(jb_provider).await;
+    let idp = Server::start(|base| idp_script(base, jag_issued)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let out = grant::obtain(
+        &loopback(),
+        &jag_request(&auth.base(), &idp.base(), identity),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.tokens.access.expose_secret(), "wl-access");
+    let ex = idp.to("/token");
+    assert_eq!(ex.len(), 1);
+    let form = ex[0].form();
+    assert_eq!(
+        form["grant_type"],
+        "urn:ietf:params:oauth:grant-type:token-exchange"
+    );
+    assert_eq!(
+        form["requested_token_type"],
+        "urn:ietf:params:oauth:token-type:id-jag"
+    );
+    assert_eq!(form["subject_token"], ID_TOKEN);
+    assert_eq!(
+        form["subject_token_type"],
+        "urn:ietf:params:oauth:token-type:id_token"
+    );
+    assert_eq!(
+        form["audience"],
+        auth.base(),
+        "the ID-JAG is addressed to the AS issuer"
+    );
+    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert!(
+        ex[0]
+            .header("authorization")
+            .is_some_and(|h| h.starts_with("Basic "))
+    );
+    let grant_req = auth.to("/token");
+    assert_eq!(grant_req.len(), 1);
+    let form = grant_req[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(form["assertion"], ID_JAG);
+    assert!(
+        !grant_req[0].carries(IDP_SECRET),
+        "the IdP secret went to the AS"
+    );
+    assert!(
+        !grant_req[0].body.contains(ID_TOKEN),
+        "the ID token went to the AS"
+    );
+    // Not labelled an ID-JAG: nothing reaches the authorization server's token endpoint.
+    let auth = Server::start(jb_provider).await;
+    let idp = Server::start(|base| idp_script(base, jag_mislabelled)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let e = grant::obtain(
+        &loopback(),
+        &jag_request(&auth.base(), &idp.base(), identity),
+        None,
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("is not an ID-JAG"), "{e}");
+    assert!(auth.to("/token").is_empty());
+    // The identity provider refuses the ID token: it is never presented again.
+    let idp = Server::start(|base| idp_script(base, jag_refused)).await;
+    let identity = IdentityToken::new(IdentitySource::Value(
+        SecretString::from(ID_TOKEN.to_owned()),
+        "named by ID_TOKEN".into(),
+    ));
+    let req = jag_request(&auth.base(), &idp.base(), identity);
+    assert!(grant::obtain(&loopback(), &req, None).await.is_err());
+    let e = grant::obtain(&loopback(), &req, None).await.err().unwrap();
+    assert!(e.to_string().contains("is not presented again"), "{e}");
+    assert_eq!(idp.to("/token").len(), 1);
+    assert!(auth.to("/token").is_empty());
+    report::record(
+        "P16",
+        "broker/tests/oauth_grants.rs::an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token",
+        json!({"steps": ["token_exchange", "jwt_bearer"]}),
+    );
+}
