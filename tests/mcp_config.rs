@@ -176,7 +176,7 @@ fn add_list_get_remove_round_trip_in_text_and_json() {
                 "scopes": ["read", "write"],
                 "client_registration": "dcr",
                 "client_secret_env": "ITERON_CLIENT_SECRET",
-                "issuer": "https://auth.example.com/",
+                "issuer": "https://auth.example.com",
             },
         })
     );

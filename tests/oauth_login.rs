@@ -58,9 +58,33 @@ fn wait_line(reader: &mut impl BufRead, prefix: &str) -> String {
 struct Pair {
     _mcp: Proc,
     _as: Proc,
-    _stdin: ChildStdin,
+    stdin: ChildStdin,
+    /// The MCP server's stdout lines (drained on a thread so it never blocks on a full pipe).
+    mcp_lines: std::sync::mpsc::Receiver<String>,
     mcp_url: String,
+    /// The resource its metadata names (the endpoint, or the bare origin).
+    resource: String,
     issuer: String,
+}
+
+impl Pair {
+    /// Have the MCP server name `issuer` from now on (its metadata and token validation).
+    fn set_issuer(&mut self, issuer: &str) {
+        writeln!(self.stdin, "{issuer}").unwrap();
+        self.stdin.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .mcp_lines
+                .recv_timeout(left)
+                .expect("the MCP server did not take the issuer");
+            if line.starts_with("AS_ISSUER ") {
+                assert_eq!(line.trim(), format!("AS_ISSUER {issuer}"));
+                return;
+            }
+        }
+    }
 }
 
 fn start_pair(dir: &Path, access_ttl: &str) -> Pair {
@@ -73,22 +97,20 @@ fn start_pair_with(
     mcp_env: &[(&str, &str)],
     as_env: &[(&str, &str)],
 ) -> Pair {
-    let mut mcp = Command::new("node")
-        .arg("mcp_server.mjs")
-        .envs(mcp_env.iter().copied())
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut mcp_out = BufReader::new(mcp.stdout.take().unwrap());
-    let port = wait_line(&mut mcp_out, "LISTENING ")["LISTENING ".len()..].to_owned();
-    let mcp_url = format!("http://127.0.0.1:{port}/mcp");
+    start_pair_full(dir, access_ttl, mcp_env, as_env, false)
+}
+
+/// Start an authorization server for `resource`; its issuer (`http://127.0.0.1:<port>`).
+fn start_as(
+    dir: &Path,
+    resource: &str,
+    access_ttl: &str,
+    as_env: &[(&str, &str)],
+) -> (Proc, String) {
     let mut auth = Command::new("node")
         .arg("as.mjs")
         .current_dir(dir)
-        .env("MCP_RESOURCE", &mcp_url)
+        .env("MCP_RESOURCE", resource)
         .env("ACCESS_TOKEN_FORMAT", "opaque")
         .env("ACCESS_TTL", access_ttl)
         .envs(as_env.iter().copied())
@@ -98,21 +120,54 @@ fn start_pair_with(
         .unwrap();
     let mut as_out = BufReader::new(auth.stdout.take().unwrap());
     let as_port = wait_line(&mut as_out, "LISTENING ")["LISTENING ".len()..].to_owned();
-    let issuer = format!("http://127.0.0.1:{as_port}");
-    let mut stdin = mcp.stdin.take().unwrap();
-    writeln!(stdin, "{issuer}").unwrap();
-    stdin.flush().unwrap();
-    wait_line(&mut mcp_out, "AS_ISSUER ");
-    // Keep draining stdout so neither server blocks on a full pipe.
-    std::thread::spawn(move || for _ in mcp_out.lines() {});
+    // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in as_out.lines() {});
-    Pair {
+    (Proc(auth), format!("http://127.0.0.1:{as_port}"))
+}
+
+/// The pair, its resource the MCP endpoint or (`at_origin`) the bare origin.
+fn start_pair_full(
+    dir: &Path,
+    access_ttl: &str,
+    mcp_env: &[(&str, &str)],
+    as_env: &[(&str, &str)],
+    at_origin: bool,
+) -> Pair {
+    let mut mcp = Command::new("node")
+        .arg("mcp_server.mjs")
+        .envs(mcp_env.iter().copied())
+        .env("RESOURCE_AT_ORIGIN", if at_origin { "1" } else { "0" })
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut mcp_out = BufReader::new(mcp.stdout.take().unwrap());
+    let port = wait_line(&mut mcp_out, "LISTENING ")["LISTENING ".len()..].to_owned();
+    let origin = format!("http://127.0.0.1:{port}");
+    let mcp_url = format!("{origin}/mcp");
+    let resource = if at_origin { origin } else { mcp_url.clone() };
+    let (auth, issuer) = start_as(dir, &resource, access_ttl, as_env);
+    let (tx, mcp_lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in mcp_out.lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let stdin = mcp.stdin.take().unwrap();
+    let mut pair = Pair {
         _mcp: Proc(mcp),
-        _as: Proc(auth),
-        _stdin: stdin,
+        _as: auth,
+        stdin,
+        mcp_lines,
         mcp_url,
-        issuer,
-    }
+        resource,
+        issuer: issuer.clone(),
+    };
+    pair.set_issuer(&issuer);
+    pair
 }
 
 struct Home(PathBuf);
@@ -1610,4 +1665,265 @@ fn status_and_doctor_show_how_each_server_gets_its_tokens_without_contacting_any
         .unwrap()
         .to_owned();
     assert!(!String::from_utf8_lossy(&doctor.stdout).contains(&key_body));
+}
+
+/// The scope an authorization URL asks for, as a list.
+fn url_scopes(printed: &str) -> Vec<String> {
+    let url = printed.lines().next().unwrap();
+    url::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "scope")
+        .map(|(_, v)| v.split(' ').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Issue 14 item 3: an issuer and a resource without a path are kept exactly as the operator
+/// wrote them (no `/` added), so a pre-registered client pinned to the issuer oidc-provider
+/// names (`http://127.0.0.1:<port>`) logs in, bound to a resource that is the bare origin.
+#[test]
+fn an_issuer_and_a_resource_without_a_path_are_kept_as_written_and_a_pinned_client_logs_in() {
+    let dir = fixture();
+    let secret = "PRESECRETexact4d5e6f";
+    let pair = start_pair_full(
+        &dir,
+        "60",
+        &[],
+        &[
+            ("PRE_CLIENT_ID", "iteron-pre"),
+            ("PRE_CLIENT_SECRET", secret),
+            ("PRE_CLIENT_AUTH_METHOD", "client_secret_basic"),
+        ],
+        true,
+    );
+    assert!(
+        url::Url::parse(&pair.resource).unwrap().path() == "/" && !pair.resource.ends_with('/')
+    );
+    assert!(!pair.issuer.ends_with('/'));
+    let home = Home::new_tagged("exact");
+    let add = home.run(&[
+        "mcp",
+        "add",
+        "guarded",
+        "--url",
+        &pair.mcp_url,
+        "--oauth-resource",
+        &pair.resource,
+        "--oauth-issuer",
+        &pair.issuer,
+        "--oauth-client-id",
+        "iteron-pre",
+        "--oauth-client-secret-env",
+        "PRE_SECRET",
+    ]);
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.0.join("home/config.json")).unwrap()).unwrap();
+    let oauth = &config["mcp_servers"][0]["oauth"];
+    assert_eq!(oauth["issuer"], pair.issuer.as_str(), "{oauth}");
+    assert_eq!(oauth["resource"], pair.resource.as_str(), "{oauth}");
+    let printed = login_via_cli(&home, &dir, &pair, &[], &[("PRE_SECRET", secret)]);
+    assert!(!printed.contains(secret));
+    let cred = home.credential().unwrap();
+    assert_eq!(cred["binding"]["issuer"], pair.issuer.as_str());
+    assert_eq!(cred["binding"]["resource"], pair.resource.as_str());
+    assert_eq!(cred["binding"]["client_id"], "iteron-pre");
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let info = introspect(&pair.issuer, &access);
+    assert_eq!(info["active"], true);
+    assert!(
+        info["aud"] == serde_json::json!(pair.resource)
+            || info["aud"]
+                .as_array()
+                .is_some_and(|a| a.contains(&serde_json::json!(pair.resource))),
+        "{info}"
+    );
+    let test = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("PRE_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    // Read back and written again (an unrelated change), the spelling stays.
+    assert!(
+        home.run(&["mcp", "add", "other", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    let again = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+    assert!(again.contains(&format!("\"{}\"", pair.issuer)), "{again}");
+    assert!(again.contains(&format!("\"{}\"", pair.resource)), "{again}");
+    assert_no_token(&[&add, &test], &[&access]);
+    report::record(
+        "P12",
+        "tests/oauth_login.rs::an_issuer_and_a_resource_without_a_path_are_kept_as_written_and_a_pinned_client_logs_in",
+        serde_json::json!({"issuer_as_written": true, "resource_as_written": true}),
+    );
+}
+
+/// Issue 14 item 1: an explicit re-login stays on the authorization server its credential was
+/// bound to. When the MCP server's metadata names another one, the re-login is refused with one
+/// line naming both — before the new server hears anything, and with the stored login intact —
+/// until the operator names the new issuer; that login registers anew there and never presents
+/// the old server's client.
+#[test]
+fn a_relogin_stays_on_its_issuer_until_the_operator_names_the_new_one() {
+    let dir = fixture();
+    let mut pair = start_pair(&dir, "60");
+    let home = Home::new_tagged("moved");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&home, &dir, &pair, &[], &[]);
+    let first = home.credential().unwrap();
+    let old_issuer = pair.issuer.clone();
+    let old_client = first["binding"]["client_id"].as_str().unwrap().to_owned();
+
+    // The server moves to another authorization server.
+    let log = home.0.join("as2.jsonl");
+    let (_as2, new_issuer) = start_as(
+        &dir,
+        &pair.mcp_url,
+        "60",
+        &[("REQUEST_LOG", log.to_str().unwrap())],
+    );
+    pair.set_issuer(&new_issuer);
+    let refused = home.run(&["mcp", "auth", "login", "guarded", "--no-browser"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&new_issuer) && err.contains(&old_issuer) && err.contains("--oauth-issuer"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("Open this URL"));
+    assert_eq!(
+        home.credential().unwrap(),
+        first,
+        "the stored login is untouched"
+    );
+    let heard = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        heard(),
+        "",
+        "the new authorization server heard from the refused login"
+    );
+
+    // Named by the operator: the login moves.
+    pair.issuer = new_issuer.clone();
+    login_via_cli(&home, &dir, &pair, &["--oauth-issuer", &new_issuer], &[]);
+    let second = home.credential().unwrap();
+    assert_eq!(second["binding"]["issuer"], new_issuer.as_str());
+    assert_ne!(second["binding"]["client_id"], old_client.as_str());
+    let lines = log_lines(&log);
+    assert!(
+        lines.iter().any(|l| l["path"] == "/reg"),
+        "registered anew: {lines:?}"
+    );
+    assert!(
+        lines.iter().all(|l| l["client_id"] != old_client.as_str()),
+        "the old server's client was presented at the new one"
+    );
+    let test = home.run(&["mcp", "test", "guarded"]);
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    report::record(
+        "P12",
+        "tests/oauth_login.rs::a_relogin_stays_on_its_issuer_until_the_operator_names_the_new_one",
+        serde_json::json!({"refused_before_contact": true, "moved_when_named": true}),
+    );
+}
+
+/// Issue 14 item 2: `auth login --scopes X` on an existing credential asks for X together with
+/// what was granted before, so a step-up never drops a scope the login already had.
+#[test]
+fn a_relogin_with_scopes_asks_for_them_together_with_the_granted_ones() {
+    let dir = fixture();
+    let pair = start_pair_with(&dir, "60", &[], &[("MCP_SCOPES", "mcp:tools mcp:admin")]);
+    let home = Home::new_tagged("union");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    let first = login_via_cli(&home, &dir, &pair, &[], &[]);
+    assert_eq!(url_scopes(&first), ["mcp:tools"]);
+    assert_eq!(
+        home.credential().unwrap()["binding"]["granted_scopes"],
+        serde_json::json!(["mcp:tools"])
+    );
+    let again = login_via_cli(&home, &dir, &pair, &["--scopes", "mcp:admin"], &[]);
+    let mut asked = url_scopes(&again);
+    asked.sort();
+    assert_eq!(asked, ["mcp:admin", "mcp:tools"]);
+    let cred = home.credential().unwrap();
+    let mut granted: Vec<String> = cred["binding"]["granted_scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    granted.sort();
+    assert_eq!(granted, ["mcp:admin", "mcp:tools"]);
+    let info = introspect(
+        &pair.issuer,
+        cred["secrets"]["access_token"].as_str().unwrap(),
+    );
+    let mut scope: Vec<&str> = info["scope"].as_str().unwrap().split(' ').collect();
+    scope.sort_unstable();
+    assert_eq!(scope, ["mcp:admin", "mcp:tools"], "{info}");
+    report::record(
+        "P12",
+        "tests/oauth_login.rs::a_relogin_with_scopes_asks_for_them_together_with_the_granted_ones",
+        serde_json::json!({"requested": asked}),
+    );
+}
+
+/// Issue 14 item 7: a revocation the authorization server fails is reported as failed, with its
+/// HTTP status — never as "offers no revocation" — and the local credential is deleted anyway.
+#[test]
+fn logout_says_revocation_failed_with_the_status_the_authorization_server_answered() {
+    let dir = fixture();
+    let pair = start_pair_with(&dir, "60", &[], &[("REVOCATION_STATUS", "500")]);
+    let home = Home::new_tagged("revfail");
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&home, &dir, &pair, &[], &[]);
+    let access = home.credential().unwrap()["secrets"]["access_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let logout = home.run(&["mcp", "auth", "logout", "guarded"]);
+    assert!(logout.status.success());
+    let said = String::from_utf8_lossy(&logout.stdout);
+    assert!(said.contains("revocation failed (HTTP 500)"), "{said}");
+    assert!(!said.contains("offers no revocation"), "{said}");
+    assert!(
+        home.credential().is_none(),
+        "the local credential is deleted anyway"
+    );
+    // It really was not revoked: the report is the truth.
+    assert!(active(&pair.issuer, &access));
+    assert_no_token(&[&logout], &[&access]);
+    report::record(
+        "P12",
+        "tests/oauth_login.rs::logout_says_revocation_failed_with_the_status_the_authorization_server_answered",
+        serde_json::json!({"status": 500}),
+    );
 }

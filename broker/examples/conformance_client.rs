@@ -45,9 +45,12 @@ const CIMD_URL: &str = "https://conformance-test.local/client-metadata.json";
 const MAX_AUTHORIZATIONS: usize = 3;
 
 /// The conformance client plays the operator: when a server asks for authorization it logs in
-/// (an explicit login each time — the operator CLI never does this on its own). Clients are kept
-/// per issuer and never reused across issuers; from 2026-07-28 on, a re-authorization asks for
-/// the union of the scopes requested before and the challenged ones.
+/// (an explicit login each time — the operator CLI never does this on its own). When the server
+/// names another authorization server (`auth/authorization-server-migration`) it follows, as an
+/// operator accepting the move does with `auth login --oauth-issuer <new>` (the CLI refuses the
+/// move until then; see docs/oauth.md). Clients are kept per issuer and never reused across
+/// issuers; from 2026-07-28 on, a re-authorization asks for the union of the scopes requested
+/// before and the challenged ones.
 struct Login {
     http: ZoneClient,
     server: EndpointUrl,

@@ -745,7 +745,8 @@ pub fn grant_request(
                     .as_ref()
                     .map(|n| secret_var(lookup, n))
                     .transpose()?;
-                let issuer = issuer_identifier(iss);
+                // As the operator wrote it: the provider's metadata must name it exactly.
+                let issuer = iss.as_str().to_owned();
                 Some(crate::oauth::grant::IdentityProvider {
                     issuer: issuer.clone(),
                     client: OAuthClient {
@@ -766,17 +767,6 @@ pub fn grant_request(
             _ => None,
         },
     }))
-}
-
-/// A configured issuer as an issuer identifier: the configuration stores URLs normalized, so
-/// an origin reads back with a `/`; an issuer that is an origin is written without it.
-fn issuer_identifier(u: &iteron_policy::url::EndpointUrl) -> String {
-    let url = u.as_url();
-    if url.path() == "/" && url.query().is_none() {
-        url.origin().ascii_serialization()
-    } else {
-        u.as_str().to_owned()
-    }
 }
 
 /// The credential a completed login or grant yields for `server` (bound to its current

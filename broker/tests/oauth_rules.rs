@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use iteron_broker::net::{Net, NetConfig, NetError, ZoneClient};
 use iteron_broker::oauth::flow::{self, ClientKind, ClientSettings, Mode, OAuthClient, TokenAuth};
-use iteron_broker::oauth::login::{self, LoginOutcome, LoginRequest};
+use iteron_broker::oauth::login::{self, LoginOutcome, LoginRequest, Previous};
 use iteron_broker::oauth::metadata::{self, ServerMetadata};
 use iteron_broker::oauth::{Challenge, ExposeSecret, OAuthError, SecretString};
 use iteron_policy::url::EndpointUrl;
@@ -293,6 +293,7 @@ fn request(server: &Server) -> LoginRequest {
         operator_scopes: None,
         configured_scopes: None,
         previous_scopes: vec![],
+        previous: None,
         mode: Mode::Auto,
         client: ClientSettings {
             client_id: Some(CLIENT_ID.into()),
@@ -679,6 +680,107 @@ async fn a_pinned_issuer_the_resource_does_not_list_is_never_contacted() {
     listed.assert_untouched("the listed issuer").await;
 }
 
+/// Issue 14 item 1: an explicit re-login stays on the issuer and the resource its credential is
+/// bound to. A server that now names another authorization server, or another resource, gets a
+/// refusal naming both — before any authorization server is contacted and before the browser —
+/// and the login goes on only where the operator names the new one.
+#[tokio::test]
+async fn a_relogin_whose_server_now_names_another_issuer_or_resource_is_refused_naming_both() {
+    // The issuer moved: the old one and the new one hear nothing from the refused re-login.
+    let old = Server::start(|base| provider(None, Some(as_doc(base)))).await;
+    let new = provider_with(|_, _| {}).await;
+    let (old_issuer, new_issuer) = (old.base(), new.base());
+    let rs = Server::start({
+        let new_issuer = new_issuer.clone();
+        move |base| provider(Some(prm_doc(&mcp_url(base), &new_issuer)), None)
+    })
+    .await;
+    let mut req = request(&rs);
+    req.previous = Some(Previous {
+        resource: mcp_url(&rs.base()),
+        issuer: old_issuer.clone(),
+    });
+    let browser = Browser::never();
+    let e = refused(run_login(&req, None, &browser).await);
+    let line = e.to_string();
+    assert!(matches!(e, OAuthError::Moved { .. }), "{e:?}");
+    assert!(
+        line.contains(&format!("authorization server \"{new_issuer}\""))
+            && line.contains(&format!("authorization server \"{old_issuer}\""))
+            && line.contains("--oauth-issuer")
+            && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(browser.shown().is_empty());
+    old.assert_untouched("the old issuer").await;
+    assert!(
+        new.seen().is_empty(),
+        "the new issuer heard from a refused re-login"
+    );
+    // A server that still lists the old issuer (beside a new one first) keeps the login there.
+    let both = Server::start({
+        let (old_issuer, new_issuer) = (old_issuer.clone(), new_issuer.clone());
+        move |base| {
+            provider(
+                Some(json!({"resource": mcp_url(base), "authorization_servers": [new_issuer, old_issuer]})),
+                None,
+            )
+        }
+    })
+    .await;
+    let mut stay = request(&both);
+    stay.previous = Some(Previous {
+        resource: mcp_url(&both.base()),
+        issuer: old_issuer.clone(),
+    });
+    stay.client.client_id = Some(CLIENT_ID.into());
+    let browser = Browser::new(|_, s| vec![s.code("")]);
+    let out = run_login(&stay, None, &browser).await.unwrap();
+    assert_eq!(out.server.issuer, old_issuer);
+    assert!(new.seen().is_empty());
+    // Named by the operator, the login moves.
+    req.issuer = Some(new_issuer.clone());
+    let browser = Browser::new(|_, s| vec![s.code("")]);
+    let out = run_login(&req, None, &browser).await.unwrap();
+    assert_eq!(out.server.issuer, new_issuer);
+    assert_eq!(new.to("/token").len(), 1);
+
+    // The resource moved (from the endpoint to the origin root, which alone would be legal).
+    let srv = Server::start(|base| provider(Some(prm_doc(base, base)), Some(as_doc(base)))).await;
+    let base = srv.base();
+    let mut req = request(&srv);
+    req.previous = Some(Previous {
+        resource: mcp_url(&base),
+        issuer: base.clone(),
+    });
+    let browser = Browser::never();
+    let e = refused(run_login(&req, None, &browser).await);
+    let line = e.to_string();
+    assert!(
+        line.contains(&format!("resource \"{base}\""))
+            && line.contains(&format!("resource \"{}\"", mcp_url(&base)))
+            && line.contains("--oauth-resource"),
+        "{line}"
+    );
+    assert!(browser.shown().is_empty());
+    assert!(
+        srv.seen().iter().all(|s| s
+            .path()
+            .starts_with("/.well-known/oauth-protected-resource")),
+        "only the resource metadata was read: {:?}",
+        srv.seen().iter().map(Seen::path).collect::<Vec<_>>()
+    );
+    req.resource = Some(base.clone());
+    let browser = Browser::new(|_, s| vec![s.code("")]);
+    let out = run_login(&req, None, &browser).await.unwrap();
+    assert_eq!(out.resource, base);
+    report::record(
+        "P12",
+        "broker/tests/oauth_rules.rs::a_relogin_whose_server_now_names_another_issuer_or_resource_is_refused_naming_both",
+        json!({"moved": ["authorization server", "resource"], "contacted_before_refusal": 0}),
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The cross-origin authorization endpoint
 // ---------------------------------------------------------------------------------------------
@@ -1030,10 +1132,11 @@ async fn a_client_secret_never_goes_to_a_token_or_revocation_endpoint_off_the_is
         )
         .await
         .unwrap();
-        assert!(
+        assert_eq!(
             flow::revoke(&http, &at_home, &client, &secret("rt-1"), "refresh_token")
                 .await
-                .unwrap()
+                .unwrap(),
+            flow::Revocation::Accepted
         );
     }
     let tokens = home.to("/token");
@@ -1694,10 +1797,11 @@ async fn refresh_and_revocation_are_checked_again_against_the_binding_zone() {
     flow::refresh(&loopback, &meta, &client, &secret("rt-1"), "r")
         .await
         .unwrap();
-    assert!(
+    assert_eq!(
         flow::revoke(&loopback, &meta, &client, &secret("rt-1"), "refresh_token")
             .await
-            .unwrap()
+            .unwrap(),
+        flow::Revocation::Accepted
     );
     let before = srv.connections_settled().await;
     assert_eq!(before, 2);

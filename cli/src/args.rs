@@ -434,7 +434,7 @@ pub(crate) struct LoginArgs {
     /// The protected resource the metadata must name exactly.
     #[arg(long, value_name = "URL")]
     pub(crate) oauth_resource: Option<String>,
-    /// Scopes to request, comma-separated (used as given).
+    /// Scopes to request, comma-separated (as given, together with those already granted).
     #[arg(long, value_name = "SCOPE,SCOPE")]
     pub(crate) scopes: Option<String>,
     /// Client registration: auto, cimd or dcr.

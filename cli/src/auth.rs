@@ -162,6 +162,10 @@ pub(crate) fn login(
             .as_ref()
             .map(|c| c.binding.granted_scopes.clone())
             .unwrap_or_default(),
+        previous: previous.as_ref().map(|c| login::Previous {
+            resource: c.binding.resource.clone(),
+            issuer: c.binding.issuer.clone(),
+        }),
         mode,
         dpop: oauth.dpop == Some(true),
         client: ClientSettings {
@@ -173,16 +177,6 @@ pub(crate) fn login(
             client_name: "Iteron".into(),
         },
     };
-    if let Some(prev) = &previous {
-        // An explicit re-login stays on the resource and issuer it had.
-        if req.issuer.as_deref().is_some_and(|i| {
-            metadata::pinned_issuer(std::slice::from_ref(&prev.binding.issuer), i).is_none()
-        }) {
-            return Err(CliError::Usage(
-                "the server is bound to another issuer; log out first to change it".into(),
-            ));
-        }
-    }
     let no_browser = a.no_browser;
     // Pages handed to the opener live until the login ends (then they are removed).
     let pages: std::sync::Mutex<Vec<login::OpenerPage>> = std::sync::Mutex::new(Vec::new());
@@ -292,9 +286,8 @@ pub(crate) fn login(
             revoke_tokens(&http, &outcome.server, &outcome.client, &cred.secrets).await
         });
         let what = match revoked {
-            Ok(true) => "the new tokens were revoked at the authorization server",
-            Ok(false) => "the authorization server offers no revocation",
-            Err(_) => "revoking the new tokens failed",
+            Ok(r) => r.said("the new tokens were"),
+            Err(_) => "revoking the new tokens failed".into(),
         };
         return Err(fail(format!("{e}; {what}")));
     }
@@ -341,13 +334,21 @@ fn login_noninteractive(
         }
     }
     if let Some(scopes) = &a.scopes {
-        grant.scopes = Some(
-            scopes
-                .split([',', ' '])
-                .filter(|t| !t.is_empty())
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        // Together with what the stored token (of this configuration) was granted, as for a
+        // browser login: a re-login never drops a scope.
+        let mut all: Vec<String> = CredentialStore::new(home)
+            .load(server.name.as_str())
+            .ok()
+            .flatten()
+            .filter(|c| check_binding(&c.binding, server).is_ok())
+            .map(|c| c.binding.granted_scopes)
+            .unwrap_or_default();
+        for t in scopes.split([',', ' ']).filter(|t| !t.is_empty()) {
+            if !all.iter().any(|s| s == t) {
+                all.push(t.to_owned());
+            }
+        }
+        grant.scopes = Some(all.join(" "));
     }
     let rt = crate::rt::multi_thread()?;
     let (cred, _meta) = rt.block_on(async {
@@ -682,24 +683,54 @@ fn print(out: &mut dyn Write, format: Format, v: &serde_json::Value) -> Result<(
     writeln!(out, "{}", text::single_line_capped(&line, 600)).map_err(CliError::Output)
 }
 
-/// Revoke a login's refresh and access tokens (RFC 7009); `Ok(false)` when the server offers
-/// no revocation.
+/// What revoking a login's tokens came to at the authorization server.
+enum Revocations {
+    /// Every token was revoked.
+    Revoked,
+    /// The server offers no revocation endpoint: nothing was sent.
+    NotOffered,
+    /// The server refused a revocation with this HTTP status (the first one refused).
+    Refused(u16),
+}
+
+impl Revocations {
+    /// One clause for the logout line (`what` names the tokens).
+    fn said(&self, what: &str) -> String {
+        match self {
+            Revocations::Revoked => format!("{what} revoked at the authorization server"),
+            Revocations::NotOffered => "the authorization server offers no revocation".into(),
+            Revocations::Refused(status) => format!("revocation failed (HTTP {status})"),
+        }
+    }
+}
+
+/// Revoke a login's refresh and access tokens (RFC 7009): revoked, not offered, or the status
+/// of the first refusal; a request that fails on the way is an error.
 async fn revoke_tokens(
     http: &iteron_broker::net::ZoneClient,
     meta: &metadata::ServerMetadata,
     client: &flow::OAuthClient,
     secrets: &Secrets,
-) -> Result<bool, String> {
-    let mut any = false;
-    if let Some(rt) = &secrets.refresh_token {
-        any |= flow::revoke(http, meta, client, rt, "refresh_token")
+) -> Result<Revocations, String> {
+    let mut refused = None;
+    let tokens = secrets
+        .refresh_token
+        .iter()
+        .map(|t| (t, "refresh_token"))
+        .chain([(&secrets.access_token, "access_token")]);
+    for (token, hint) in tokens {
+        match flow::revoke(http, meta, client, token, hint)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+        {
+            flow::Revocation::Accepted => {}
+            flow::Revocation::NotOffered => return Ok(Revocations::NotOffered),
+            flow::Revocation::Refused(status) => {
+                refused.get_or_insert(status);
+            }
+        }
     }
-    any |= flow::revoke(http, meta, client, &secrets.access_token, "access_token")
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(any)
+    Ok(refused.map_or(Revocations::Revoked, Revocations::Refused))
 }
 
 /// `iteron mcp auth logout <name>`: best-effort revocation, then the file is deleted whatever
@@ -717,7 +748,7 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
             == Some(CredentialBackend::Keyring)
     );
     let (cred, mut revoked) = match store.load(server.name.as_str()) {
-        Ok(c) => (c, "no credential was stored"),
+        Ok(c) => (c, "no credential was stored".to_owned()),
         // A keyring that cannot be reached cannot be cleared either: stop here, keeping the
         // file so a later logout finds the entry.
         Err(
@@ -733,12 +764,13 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
         ) => return Err(fail(e)),
         Err(_) => (
             None,
-            "the stored credential could not be read, so nothing was revoked (it is deleted anyway)",
+            "the stored credential could not be read, so nothing was revoked (it is deleted anyway)"
+                .to_owned(),
         ),
     };
     if let Some(c) = &cred {
         let rt = crate::rt::multi_thread()?;
-        let outcome: Result<bool, String> = rt.block_on(async {
+        let outcome: Result<Revocations, String> = rt.block_on(async {
             let net =
                 Net::new(NetConfig::from_operator(&config.network).map_err(|e| e.to_string())?)
                     .map_err(|e| e.to_string())?;
@@ -780,9 +812,12 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
             revoke_tokens(&http, &meta, &client, &c.secrets).await
         });
         revoked = match outcome {
-            Ok(true) => "revoked at the authorization server",
-            Ok(false) => "the authorization server offers no revocation",
-            Err(_) => "revocation failed (the local credential is deleted anyway)",
+            Ok(Revocations::Revoked) => "revoked at the authorization server".to_owned(),
+            Ok(r @ Revocations::NotOffered) => r.said(""),
+            Ok(r @ Revocations::Refused(_)) => {
+                format!("{} (the local credential is deleted anyway)", r.said(""))
+            }
+            Err(_) => "revocation failed (the local credential is deleted anyway)".to_owned(),
         };
     }
     store

@@ -15,7 +15,7 @@ use iteron_policy::config::{
 };
 use iteron_policy::names::{EnvName, HeaderName, NameError, ServerName};
 use iteron_policy::text;
-use iteron_policy::url::EndpointUrl;
+use iteron_policy::url::{EndpointUrl, IdentifierUrl};
 
 use crate::args::{AddArgs, Format, Mcp};
 use crate::error::CliError;
@@ -86,6 +86,11 @@ fn env_name(flag: &str, s: &str) -> Result<EnvName, CliError> {
 
 fn url(flag: &str, s: &str) -> Result<EndpointUrl, CliError> {
     EndpointUrl::parse(s).map_err(|e| usage(flag, e))
+}
+
+/// An issuer or resource: checked like a URL, kept as written (it is compared as a string).
+fn identifier(flag: &str, s: &str) -> Result<IdentifierUrl, CliError> {
+    IdentifierUrl::parse(s).map_err(|e| usage(flag, e))
 }
 
 fn value<T>(flag: &str, r: Result<T, ValueError>) -> Result<T, CliError> {
@@ -163,12 +168,12 @@ pub(crate) fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
             resource: a
                 .oauth_resource
                 .as_deref()
-                .map(|s| url("--oauth-resource", s))
+                .map(|s| identifier("--oauth-resource", s))
                 .transpose()?,
             issuer: a
                 .oauth_issuer
                 .as_deref()
-                .map(|s| url("--oauth-issuer", s))
+                .map(|s| identifier("--oauth-issuer", s))
                 .transpose()?,
             client_id: a
                 .oauth_client_id

@@ -23,7 +23,7 @@ use crate::rules::{
     MAX_UID, Rule, RuleTool, Scalar, Sha256Hex,
 };
 use crate::text::{self, UnsafeChar};
-use crate::url::{EndpointUrl, UrlError};
+use crate::url::{EndpointUrl, IdentifierUrl, UrlError};
 
 /// The only configuration schema this build reads and writes.
 pub const SCHEMA_VERSION: u32 = 2;
@@ -461,7 +461,7 @@ impl ClientAuth {
 pub struct OAuthConfig {
     /// The protected resource to bind, when it differs from what discovery would choose.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub resource: Option<EndpointUrl>,
+    pub resource: Option<IdentifierUrl>,
     /// Scopes requested at login (the operator's choice is never edited).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<Scope>,
@@ -476,7 +476,7 @@ pub struct OAuthConfig {
     pub client_secret_env: Option<EnvName>,
     /// The authorization server issuer to pin.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub issuer: Option<EndpointUrl>,
+    pub issuer: Option<IdentifierUrl>,
     /// Variable holding an externally managed access token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_token_env: Option<EnvName>,
@@ -518,7 +518,7 @@ pub struct OAuthConfig {
     pub dpop: Option<bool>,
     /// The enterprise identity provider (`id_jag`): its issuer.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub idp_issuer: Option<EndpointUrl>,
+    pub idp_issuer: Option<IdentifierUrl>,
     /// Iteron's client id at that identity provider.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idp_client_id: Option<ClientId>,
@@ -1276,6 +1276,10 @@ fn url_value(s: &str) -> Result<EndpointUrl, ValueError> {
     EndpointUrl::parse(s).map_err(ValueError::Url)
 }
 
+fn identifier_value(s: &str) -> Result<IdentifierUrl, ValueError> {
+    IdentifierUrl::parse(s).map_err(ValueError::Url)
+}
+
 fn env_value(s: &str) -> Result<EnvName, ValueError> {
     name_value(EnvName::parse(s))
 }
@@ -1897,6 +1901,8 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
     let f = Fields::new(node, path, OAUTH_KEYS)?;
     let env = |key| optional(&f, key, parsed(env_value));
     let url = |key| optional(&f, key, parsed(url_value));
+    // Issuers and resources are identifiers, compared as strings: kept as written.
+    let identifier = |key| optional(&f, key, parsed(identifier_value));
     let client_registration = optional(&f, "client_registration", |n, p| {
         Registration::parse(string(n, p)?).ok_or_else(|| {
             err(
@@ -1942,7 +1948,7 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         })
     })?;
     let config = OAuthConfig {
-        resource: url("resource")?,
+        resource: identifier("resource")?,
         scopes: match f.get("scopes") {
             None => Vec::new(),
             Some((n, p)) => string_list(n, &p, MAX_SCOPES, Scope::parse)?,
@@ -1950,7 +1956,7 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
         client_registration,
         client_id: optional(&f, "client_id", parsed(ClientId::parse))?,
         client_secret_env: env("client_secret_env")?,
-        issuer: url("issuer")?,
+        issuer: identifier("issuer")?,
         access_token_env: env("access_token_env")?,
         expires_at_env: env("expires_at_env")?,
         refresh_url: url("refresh_url")?,
@@ -1967,7 +1973,7 @@ fn decode_oauth(node: &Node, path: &Path) -> Result2<OAuthConfig> {
             Value::Bool(b) => Ok(b),
             _ => Err(wrong_type(p, n, "true or false")),
         })?,
-        idp_issuer: url("idp_issuer")?,
+        idp_issuer: identifier("idp_issuer")?,
         idp_client_id: optional(&f, "idp_client_id", parsed(ClientId::parse))?,
         idp_client_secret_env: env("idp_client_secret_env")?,
     };

@@ -37,8 +37,10 @@
 //! private or link-local addresses over `https` (the operator configured them deliberately).
 //! Callers that connect must still apply their own connect-time checks.
 //!
-//! Accepted URLs are stored exactly as the `url` crate serializes them (lowercased scheme and
-//! host, default port dropped, IPv4 forms canonicalized, and so on); nothing else is rewritten.
+//! Accepted endpoint URLs are stored exactly as the `url` crate serializes them (lowercased
+//! scheme and host, default port dropped, IPv4 forms canonicalized, and so on); nothing else is
+//! rewritten. Identifiers ([`IdentifierUrl`]: issuers, resources) pass the same rules and are
+//! stored as written, because they are compared as strings.
 
 use std::cell::Cell;
 use std::fmt;
@@ -157,6 +159,54 @@ impl serde::Serialize for EndpointUrl {
     /// Serializes as the normalized URL string.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
+    }
+}
+
+/// A URL that *identifies* something — an authorization server's issuer, a protected
+/// resource — and is compared as a string (RFC 8414 §3.3, RFC 9728 §3.3). It passes every rule
+/// of [`EndpointUrl`], and is kept, stored, shown and compared **exactly as written**: the
+/// parser's normalization would turn `https://as.example` into `https://as.example/`, which is
+/// another identifier, one that an authorization server naming itself `https://as.example`
+/// never matches. What is kept is safe to show: the endpoint rules refuse every control,
+/// whitespace, formatting and invisible character before parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentifierUrl {
+    written: String,
+    url: EndpointUrl,
+}
+
+impl IdentifierUrl {
+    /// Check `input` against the endpoint rules ([`EndpointUrl::parse`]) and keep it as written.
+    pub fn parse(input: &str) -> Result<Self, UrlError> {
+        let url = EndpointUrl::parse(input)?;
+        Ok(Self {
+            written: input.to_owned(),
+            url,
+        })
+    }
+
+    /// The identifier exactly as written.
+    pub fn as_str(&self) -> &str {
+        &self.written
+    }
+
+    /// The parsed (normalized) URL, for connecting and for origin comparisons.
+    pub fn endpoint(&self) -> &EndpointUrl {
+        &self.url
+    }
+}
+
+impl fmt::Display for IdentifierUrl {
+    /// Writes the identifier as written.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.written)
+    }
+}
+
+impl serde::Serialize for IdentifierUrl {
+    /// Serializes as written.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.written)
     }
 }
 

@@ -86,7 +86,17 @@ export function optionsFromEnv(env = process.env) {
     requestLog: env.REQUEST_LOG || undefined,
     // RFC 9449 §8: every DPoP proof at the token endpoint must carry a nonce the AS issued.
     dpopRequireNonce: flag(env.DPOP_REQUIRE_NONCE, false),
+    // A revocation endpoint that fails: every request to it gets this status (400..599) and
+    // nothing is revoked (logout's report of a failed revocation).
+    revocationStatus: errorStatus(env.REVOCATION_STATUS),
   };
+}
+
+function errorStatus(value) {
+  if (value === undefined || value === '') return undefined;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n) || n < 400 || n > 599) throw new Error(`REVOCATION_STATUS must be 400..599, got ${value}`);
+  return n;
 }
 
 function positiveIntOrZero(value) {
@@ -391,6 +401,12 @@ export async function startAuthServer(options) {
   const handle = provider.callback();
   server.on('request', (req, res) => {
     const path = (req.url ?? '').split('?')[0];
+    if (o.revocationStatus && path === '/token/revocation') {
+      res.writeHead(o.revocationStatus, { 'Content-Type': 'application/json', 'Cache-Control': 'no-store' });
+      res.end(JSON.stringify({ error: 'server_error', error_description: 'revocation fails on purpose (REVOCATION_STATUS)' }));
+      log({ method: req.method, path, route: 'revocation', status: o.revocationStatus });
+      return;
+    }
     const m = INTERACTION_PATH.exec(path);
     if (m && req.method === 'GET') {
       interaction(req, res, m[1]);

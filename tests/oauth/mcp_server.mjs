@@ -49,6 +49,8 @@ export function optionsFromEnv(env = process.env) {
     },
     issuerWaitMs: Number.isFinite(wait) && wait >= 0 ? wait : 10000,
     requestLog: env.REQUEST_LOG || undefined,
+    // The resource is the bare origin (no path, no trailing slash) instead of the endpoint.
+    resourceAtOrigin: env.RESOURCE_AT_ORIGIN === '1',
   };
 }
 
@@ -135,7 +137,8 @@ export async function startMcpServer(options) {
   });
   const { port } = server.address();
   const origin = `http://127.0.0.1:${port}`;
-  const resource = `${origin}${MCP_PATH}`;
+  const endpoint = `${origin}${MCP_PATH}`;
+  const resource = o.resourceAtOrigin ? origin : endpoint;
   const prmUrl = `${origin}${PRM_PATH}`;
 
   // DPoP (RFC 9449): the proof of a request presenting a DPoP-bound token. Its key must be
@@ -154,7 +157,7 @@ export async function startMcpServer(options) {
       throw new Rejection(401, 'invalid_dpop_proof', `DPoP proof rejected: ${err.code ?? err.message}`);
     }
     const ath = createHash('sha256').update(token).digest('base64url');
-    if (payload.htm !== req.method || payload.htu !== resource || payload.ath !== ath) {
+    if (payload.htm !== req.method || payload.htu !== endpoint || payload.ath !== ath) {
       throw new Rejection(401, 'invalid_dpop_proof', 'DPoP proof not bound to this request or token');
     }
     if (typeof payload.iat !== 'number' || Math.abs(Date.now() / 1000 - payload.iat) > 300) {

@@ -150,7 +150,7 @@ impl Endpoints {
             any = true;
             all &= matches!(
                 flow::revoke(http, &self.meta, &self.client, t, hint).await,
-                Ok(true)
+                Ok(flow::Revocation::Accepted)
             );
         }
         match (any, all) {
@@ -237,7 +237,8 @@ mod tests {
             r#""access_token_env": "T", "client_id": "c", "issuer": "https://id.example", "revoke_url": "https://id.example/r", "resource": "https://mcp.example/""#,
         );
         let e = Endpoints::of(&h, None).unwrap();
-        assert_eq!(e.meta.issuer, "https://id.example/");
+        // The issuer and the resource as written (identifiers are never normalized).
+        assert_eq!(e.meta.issuer, "https://id.example");
         assert_eq!(e.client.auth, TokenAuth::None);
         assert_eq!(e.resource, "https://mcp.example/");
         assert!(!e.refreshable);

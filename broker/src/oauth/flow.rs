@@ -947,9 +947,9 @@ async fn revoke_unusable(
         found = true;
         let token = SecretString::from(t.to_owned());
         match revoke(http, meta, client, &token, hint).await {
-            Ok(true) => {}
-            Ok(false) if meta.revocation_endpoint.is_none() => return Revoked::NotOffered,
-            _ => all = false,
+            Ok(Revocation::Accepted) => {}
+            Ok(Revocation::NotOffered) => return Revoked::NotOffered,
+            Ok(Revocation::Refused(_)) | Err(_) => all = false,
         }
     }
     match (found, all) {
@@ -974,12 +974,12 @@ pub async fn revoke_all(
     if let Some(r) = refresh {
         all &= matches!(
             revoke(http, meta, client, r, "refresh_token").await,
-            Ok(true)
+            Ok(Revocation::Accepted)
         );
     }
     all &= matches!(
         revoke(http, meta, client, access, "access_token").await,
-        Ok(true)
+        Ok(Revocation::Accepted)
     );
     if all {
         Revoked::Revoked
@@ -1136,17 +1136,29 @@ pub async fn exchange_for_id_jag(
     }
 }
 
-/// RFC 7009 revocation, best effort: `Ok(true)` when the server accepted it, `Ok(false)` when
-/// it offers no revocation endpoint.
+/// What one RFC 7009 revocation request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// The server accepted it (a 2xx answer).
+    Accepted,
+    /// The server offers no revocation endpoint: nothing was sent.
+    NotOffered,
+    /// The server answered with this other HTTP status: the token may still be valid.
+    Refused(u16),
+}
+
+/// RFC 7009 revocation, best effort: accepted, not offered (no endpoint: nothing sent), or
+/// refused with the HTTP status the server answered. A request that fails on the way is an
+/// error.
 pub async fn revoke(
     http: &ZoneClient,
     meta: &ServerMetadata,
     client: &OAuthClient,
     token: &SecretString,
     hint: &'static str,
-) -> Result<bool, OAuthError> {
+) -> Result<Revocation, OAuthError> {
     let Some(endpoint) = &meta.revocation_endpoint else {
-        return Ok(false);
+        return Ok(Revocation::NotOffered);
     };
     let form = vec![
         ("token", token.expose_secret().to_owned()),
@@ -1161,7 +1173,12 @@ pub async fn revoke(
         MissingSecret::IdOnly,
     )?;
     let resp = http.send(req).await?;
-    Ok(resp.status().is_success())
+    let status = resp.status();
+    Ok(if status.is_success() {
+        Revocation::Accepted
+    } else {
+        Revocation::Refused(status.as_u16())
+    })
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ pub async fn obtain(
             OAuthError::BadEndpoint {
                 which: "issuer",
                 host: host_of(&req.issuer),
-                why: "the pinned issuer is not listed by the protected-resource metadata".into(),
+                why: "the pinned issuer is not listed by the protected-resource metadata (issuers are compared exactly as written)".into(),
             }
         })?;
     let meta = metadata::discover_server_for(http, &issuer, Purpose::TokenEndpoint).await?;

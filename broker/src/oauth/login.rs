@@ -55,14 +55,27 @@ pub struct LoginRequest {
     pub operator_scopes: Option<String>,
     /// Scopes from the server configuration.
     pub configured_scopes: Option<String>,
-    /// Scopes granted before (an explicit re-login unions them with the challenge).
+    /// Scopes granted before: an explicit re-login asks for them together with the operator's
+    /// (or, without `--scopes`, the discovered) ones.
     pub previous_scopes: Vec<String>,
+    /// What the credential this login replaces is bound to (an explicit re-login): the login
+    /// stays on that resource and issuer unless `resource` / `issuer` name others.
+    pub previous: Option<Previous>,
     /// Registration mode.
     pub mode: Mode,
     /// Client settings (pre-registered id and secret, CIMD URL).
     pub client: ClientSettings,
     /// Ask for DPoP-bound tokens (a new key is made for the login).
     pub dpop: bool,
+}
+
+/// The resource and issuer a stored credential is bound to, exactly as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Previous {
+    /// The resource of the binding.
+    pub resource: String,
+    /// The issuer of the binding.
+    pub issuer: String,
 }
 
 /// A completed login. The tokens are secret.
@@ -315,17 +328,38 @@ pub async fn login(
     }
     let prm =
         metadata::discover_resource(http, &req.server, challenge, req.resource.as_deref()).await?;
-    let issuer =
-        match &req.issuer {
-            Some(pinned) => metadata::pinned_issuer(&prm.authorization_servers, pinned)
-                .ok_or_else(|| OAuthError::BadEndpoint {
-                    which: "issuer",
-                    host: super::host_of(pinned),
-                    why: "the pinned issuer is not listed by the protected-resource metadata"
-                        .into(),
-                })?,
-            None => prm.authorization_servers[0].clone(),
-        };
+    // An explicit re-login stays on the resource and the issuer its credential is bound to
+    // (compared exactly): a server that now names others does not move the login — the
+    // operator does, by naming them. Refused before any authorization server is contacted.
+    if let Some(prev) = &req.previous
+        && req.resource.is_none()
+        && prm.resource != prev.resource
+    {
+        return Err(OAuthError::Moved {
+            what: "resource",
+            bound: prev.resource.clone(),
+            now: prm.resource.clone(),
+            flag: "--oauth-resource",
+        });
+    }
+    let issuer = match (&req.issuer, &req.previous) {
+        (Some(pinned), _) => metadata::pinned_issuer(&prm.authorization_servers, pinned)
+            .ok_or_else(|| OAuthError::BadEndpoint {
+                which: "issuer",
+                host: super::host_of(pinned),
+                why: "the pinned issuer is not listed by the protected-resource metadata \
+                      (issuers are compared exactly as written)"
+                    .into(),
+            })?,
+        (None, Some(prev)) => metadata::pinned_issuer(&prm.authorization_servers, &prev.issuer)
+            .ok_or_else(|| OAuthError::Moved {
+                what: "authorization server",
+                bound: prev.issuer.clone(),
+                now: prm.authorization_servers[0].clone(),
+                flag: "--oauth-issuer",
+            })?,
+        (None, None) => prm.authorization_servers[0].clone(),
+    };
     let meta = metadata::discover_server(http, &issuer).await?;
     // A confidential pre-registered client whose secret could only go to another origin stops
     // here, before any registration or browser step.
@@ -349,8 +383,8 @@ pub async fn login(
     }
     // A dynamically registered confidential client likewise, before the operator authorizes.
     flow::check_secret_destination(&meta, &client)?;
-    // Scope: the operator's choice is used as given; otherwise the configured, challenged or
-    // discovered one — on a re-login, together with what was granted before.
+    // Scope: the operator's choice as given, otherwise the configured, challenged or discovered
+    // one — on a re-login, either together with what was granted before.
     // The challenge's scope is the server's word: only RFC 6749 scope tokens in it are taken.
     let challenged = challenge
         .and_then(|c| c.scope.as_deref())
@@ -369,18 +403,20 @@ pub async fn login(
         &prm.scopes_supported,
         &meta.scopes_supported,
     );
-    let scope = match &req.operator_scopes {
-        Some(s) => Some(tokens_of(Some(s)).join(" ")),
-        None => {
-            let mut all = req.previous_scopes.clone();
-            for t in tokens_of(discovered.as_deref()) {
-                if !all.contains(&t) {
-                    all.push(t);
-                }
-            }
-            (!all.is_empty()).then(|| all.join(" "))
-        }
+    // On a re-login the scopes granted before are always asked for again: a step-up
+    // (`--scopes` naming what a 403 asked for) never drops what the login already had. Fewer
+    // scopes take a logout first.
+    let asked = match &req.operator_scopes {
+        Some(s) => tokens_of(Some(s)),
+        None => tokens_of(discovered.as_deref()),
     };
+    let mut all = req.previous_scopes.clone();
+    for t in asked {
+        if !all.contains(&t) {
+            all.push(t);
+        }
+    }
+    let scope = (!all.is_empty()).then(|| all.join(" "));
     let attempt = flow::start(
         &meta,
         &client,

@@ -204,19 +204,11 @@ pub async fn discover_resource(
 }
 
 /// The issuer of `listed` (a protected-resource metadata's `authorization_servers`) that the
-/// operator pinned: the one spelled exactly like `pinned`, else the one that is the same URL
-/// once both are parsed (a configured issuer is stored normalized, so `https://as.example`
-/// reads back as `https://as.example/`). The listed spelling is returned: it is the issuer the
-/// metadata must then name exactly.
+/// operator pinned: the one spelled exactly like `pinned`. Issuers are identifiers compared as
+/// strings (RFC 8414 §3.3), and a configured one is kept as written, so `https://as.example`
+/// and `https://as.example/` are two issuers, never one.
 pub fn pinned_issuer(listed: &[String], pinned: &str) -> Option<String> {
-    if let Some(exact) = listed.iter().find(|s| *s == pinned) {
-        return Some(exact.clone());
-    }
-    let want = EndpointUrl::parse(pinned).ok()?;
-    listed
-        .iter()
-        .find(|s| EndpointUrl::parse(s).is_ok_and(|u| u == want))
-        .cloned()
+    listed.iter().find(|s| *s == pinned).cloned()
 }
 
 /// Candidate metadata URLs for an issuer, in the specified order.
@@ -443,24 +435,18 @@ mod tests {
     }
 
     #[test]
-    fn a_pinned_issuer_matches_its_listed_spelling_only_as_the_same_url() {
+    fn a_pinned_issuer_matches_only_its_exact_spelling() {
         let listed = vec![
             "https://as.example".to_owned(),
             "https://other.example/tenant".to_owned(),
         ];
-        assert_eq!(
-            pinned_issuer(&listed, "https://as.example/").as_deref(),
-            Some("https://as.example")
-        );
-        assert_eq!(
-            pinned_issuer(&listed, "https://as.example").as_deref(),
-            Some("https://as.example")
-        );
-        assert_eq!(
-            pinned_issuer(&listed, "https://other.example/tenant").as_deref(),
-            Some("https://other.example/tenant")
-        );
+        for same in ["https://as.example", "https://other.example/tenant"] {
+            assert_eq!(pinned_issuer(&listed, same).as_deref(), Some(same));
+        }
         for other in [
+            "https://as.example/",
+            "https://AS.example",
+            "https://as.example:443",
             "https://other.example/tenant/",
             "https://other.example",
             "https://as.example:8443",

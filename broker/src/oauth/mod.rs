@@ -87,6 +87,19 @@ pub enum OAuthError {
         /// Why, naming the path.
         why: String,
     },
+    /// An explicit re-login found the server naming another resource or authorization server
+    /// than the stored login is bound to; it stays where it was unless the operator names the
+    /// new one. Both identifiers are shown (escaped): the operator needs them to decide.
+    Moved {
+        /// What moved (`resource`, `authorization server`).
+        what: &'static str,
+        /// What the stored login is bound to.
+        bound: String,
+        /// What the server names now.
+        now: String,
+        /// The login flag that names the new one.
+        flag: &'static str,
+    },
 }
 
 /// A line of remote or file-system text made safe for an error.
@@ -169,6 +182,18 @@ impl fmt::Display for OAuthError {
             ),
             OAuthError::Identity { source, why } => write!(f, "{source} {why}"),
             OAuthError::IdentityFile { why } => write!(f, "the identity token file {why}"),
+            OAuthError::Moved {
+                what,
+                bound,
+                now,
+                flag,
+            } => write!(
+                f,
+                "the server now names {what} \"{}\", but its login is bound to {what} \"{}\"; \
+                 a re-login stays where it was (pass {flag} with the new one to move it)",
+                text_line(now),
+                text_line(bound)
+            ),
         }
     }
 }

@@ -454,6 +454,12 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
         "http://127\\.0\\.0\\.1:[1-9][0-9]{1,3}/mcp",
     ]
     .prop_map(|u| EndpointUrl::parse(&u).unwrap());
+    // Identifiers round-trip as written: bare origins, trailing slashes, upper-case hosts.
+    let identifier = prop_oneof![
+        "https://[a-zA-Z]{1,10}\\.example(:[1-9][0-9]{1,3})?(/[a-z]{0,8})?",
+        "http://127\\.0\\.0\\.1:[1-9][0-9]{1,3}(/mcp)?",
+    ]
+    .prop_map(|u| IdentifierUrl::parse(&u).unwrap());
     let headers = prop::collection::btree_map("x-[a-z]{1,8}", "[A-Z][A-Z0-9_]{0,8}", 0..3)
         .prop_map(|m| {
             m.into_iter()
@@ -464,7 +470,7 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
         || prop::option::of("[A-Z][A-Z0-9_]{0,8}".prop_map(|e| EnvName::parse(&e).unwrap()));
     let oauth = prop::option::of(
         (
-            prop::option::of(url.clone()),
+            prop::option::of(identifier.clone()),
             prop::collection::btree_set("[a-z:.]{1,10}", 0..3),
             prop::option::of(prop::sample::select(vec![
                 Registration::Auto,
@@ -473,7 +479,7 @@ fn arb_server(index: usize) -> impl Strategy<Value = ServerConfig> {
             ])),
             prop::option::of("[a-zA-Z0-9_-]{1,16}"),
             env_opt(),
-            prop::option::of(url.clone()),
+            prop::option::of(identifier),
             env_opt(),
             prop::option::of(prop::sample::select(vec![
                 CredentialBackend::File,
@@ -1979,4 +1985,56 @@ fn sandbox_network_and_egress_parse_strictly_within_bounds_one_over() {
         "policy/src/config/tests.rs::sandbox_network_and_egress_parse_strictly_within_bounds_one_over",
         serde_json::json!({"max_egress_rules": MAX_EGRESS_RULES}),
     );
+}
+
+/// Issuers and resources are identifiers compared as strings: a configuration keeps them
+/// exactly as written (no `/` added to an origin, no case folded), while endpoints are stored
+/// normalized; both still pass the endpoint rules.
+#[test]
+fn oauth_issuers_and_resources_are_kept_exactly_as_written() {
+    let server = |oauth: &str| {
+        doc_with(&format!(
+            r#""mcp_servers": [{{"name": "a", "transport": "http", "url": "https://a.example/mcp", "oauth": {{{oauth}}}}}]"#
+        ))
+    };
+    for (written, key) in [
+        ("https://as.example", "issuer"),
+        ("https://as.example/", "issuer"),
+        ("https://AS.example:443/tenant", "issuer"),
+        ("http://127.0.0.1:8080", "issuer"),
+        ("https://a.example", "resource"),
+        ("https://a.example/", "resource"),
+        ("https://idp.example", "idp_issuer"),
+    ] {
+        let extra = if key == "idp_issuer" {
+            r#", "grant": "id_jag", "issuer": "https://as.example", "client_id": "c", "idp_client_id": "i", "identity_token_env": "T""#
+        } else {
+            ""
+        };
+        let c = parse(&server(&format!(r#""{key}": "{written}"{extra}"#)))
+            .unwrap_or_else(|e| panic!("{written}: {e}"));
+        let Transport::Http(h) = &c.mcp_servers[0].transport else {
+            panic!("http")
+        };
+        let o = h.oauth.as_ref().unwrap();
+        let got = match key {
+            "issuer" => o.issuer.as_ref(),
+            "resource" => o.resource.as_ref(),
+            _ => o.idp_issuer.as_ref(),
+        }
+        .unwrap();
+        assert_eq!(got.as_str(), written);
+        let json = c.to_json_pretty();
+        assert!(json.contains(&format!("\"{written}\"")), "{json}");
+        assert_eq!(parse(&json).unwrap(), c, "{written}");
+    }
+    // Still checked like every URL: no userinfo, no plain http off loopback.
+    for bad in ["https://u@as.example", "http://as.example"] {
+        let e = error(&server(&format!(r#""issuer": "{bad}""#)));
+        assert_eq!(
+            e.path.to_string(),
+            "$.mcp_servers[0].oauth.issuer",
+            "{bad}: {e}"
+        );
+    }
 }
