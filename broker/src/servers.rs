@@ -891,27 +891,7 @@ async fn store_outcome(
     cred.secrets.refresh_failed = false;
     // A new grant is bound to the key it was obtained with.
     cred.secrets.dpop_key = client.dpop.as_ref().map(|k| k.stored());
-    let saved = cred.clone();
-    let store2 = store.clone();
-    let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
-        .await
-        .map_err(|_| "the credential store task failed".to_owned())
-        .and_then(|r| r.map_err(|e| e.to_string()));
-    if let Err(why) = result {
-        let revoked = crate::oauth::flow::revoke_all(
-            http,
-            &meta,
-            &client,
-            &cred.secrets.access_token,
-            cred.secrets.refresh_token.as_ref(),
-        )
-        .await;
-        return Err(ConnectError::Credentials(format!(
-            "{why}; {}",
-            revoked.as_str()
-        )));
-    }
-    Ok((cred, meta))
+    save_or_revoke(store, http, &client, cred, meta).await
 }
 
 /// Run `server`'s noninteractive grant for the first time (no credential, or one bound to
@@ -943,6 +923,24 @@ pub async fn login_noninteractive(
     let meta = outcome.server.clone();
     let client = outcome.client.clone();
     let cred = credential_of(server, outcome, zone, unix_now());
+    save_or_revoke(&store, &http, &client, cred, meta).await
+}
+
+/// Store a freshly granted credential; if it cannot be stored, revoke its tokens at the
+/// authorization server (so no live token is left that nothing holds) and say so.
+async fn save_or_revoke(
+    store: &crate::credentials::CredentialStore,
+    http: &crate::net::ZoneClient,
+    client: &crate::oauth::flow::OAuthClient,
+    cred: crate::credentials::Credential,
+    meta: crate::oauth::metadata::ServerMetadata,
+) -> Result<
+    (
+        crate::credentials::Credential,
+        crate::oauth::metadata::ServerMetadata,
+    ),
+    ConnectError,
+> {
     let saved = cred.clone();
     let store2 = store.clone();
     let result = tokio::task::spawn_blocking(move || store2.save(&saved).map(|_| ()))
@@ -951,9 +949,9 @@ pub async fn login_noninteractive(
         .and_then(|r| r.map_err(|e| e.to_string()));
     if let Err(why) = result {
         let revoked = crate::oauth::flow::revoke_all(
-            &http,
+            http,
             &meta,
-            &client,
+            client,
             &cred.secrets.access_token,
             cred.secrets.refresh_token.as_ref(),
         )
