@@ -413,7 +413,8 @@ pub(crate) fn status(
                         | KeyringError::Denied
                         | KeyringError::TimedOut
                         | KeyringError::Refused
-                        | KeyringError::Busy,
+                        | KeyringError::Busy
+                        | KeyringError::NotBuiltIn,
                     ..
                 } => "keyring_unavailable",
                 _ => "reauth_required",
@@ -528,7 +529,8 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                     | KeyringError::Denied
                     | KeyringError::TimedOut
                     | KeyringError::Refused
-                    | KeyringError::Busy,
+                    | KeyringError::Busy
+                    | KeyringError::NotBuiltIn,
                 ..
             },
         ) => return Err(fail(e)),
