@@ -1934,11 +1934,13 @@ mod tests {
 
     // ---- keyring backend -------------------------------------------------------------------
 
+    #[cfg(feature = "keyring")]
     fn mock_keyring() -> (Arc<keyring_core::CredentialStore>, Keyring) {
         let store: Arc<keyring_core::CredentialStore> = keyring_core::mock::Store::new().unwrap();
         (store.clone(), Keyring::store(store))
     }
 
+    #[cfg(feature = "keyring")]
     /// Make the next keyring call on `server`'s entry in `cs` fail with `e`.
     fn fail_next(
         mock: &Arc<keyring_core::CredentialStore>,
@@ -1953,6 +1955,7 @@ mod tests {
         cred.set_error(e);
     }
 
+    #[cfg(feature = "keyring")]
     fn locked() -> keyring_core::Error {
         keyring_core::Error::NoStorageAccess("locked".into())
     }
@@ -1963,6 +1966,7 @@ mod tests {
         c
     }
 
+    #[cfg(feature = "keyring")]
     fn entry_exists(keyring: &Keyring, cs: &CredentialStore, server: &str) -> bool {
         match keyring.get(&cs.keyring_account(server)) {
             Ok(_) => true,
@@ -1971,11 +1975,13 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "keyring")]
     fn access_of(store: &CredentialStore, server: &str) -> String {
         let c = store.load(server).unwrap().unwrap();
         c.secrets.access_token.expose_secret().to_owned()
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn keyring_backed_secrets_never_touch_the_file() {
         let (base, home) = temp_home();
@@ -2012,6 +2018,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn a_failed_keyring_write_writes_no_file_and_keeps_the_previous_login() {
         let (base, home) = temp_home();
@@ -2044,6 +2051,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn the_login_probe_needs_a_keyring_that_accepts_writes() {
         let (base, home) = temp_home();
@@ -2066,6 +2074,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn an_unusable_keyring_fails_closed_and_never_falls_back_to_a_file() {
         let (base, home) = temp_home();
@@ -2115,6 +2124,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn logout_of_a_keyring_server_clears_an_entry_whose_file_is_gone_or_broken() {
         let (base, home) = temp_home();
@@ -2142,6 +2152,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn two_homes_with_the_same_server_name_never_share_a_keyring_entry() {
         let (base_a, home_a) = temp_home();
@@ -2185,6 +2196,7 @@ mod tests {
         fs::remove_dir_all(base_b).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn a_keyring_entry_is_tied_to_its_exact_binding() {
         let (base, home) = temp_home();
@@ -2213,6 +2225,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn keyring_entries_are_parsed_strictly() {
         let (base, home) = temp_home();
@@ -2263,6 +2276,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn relogin_into_the_file_store_removes_the_keyring_entry() {
         let (base, home) = temp_home();
@@ -2278,6 +2292,7 @@ mod tests {
         fs::remove_dir_all(base).unwrap();
     }
 
+    #[cfg(feature = "keyring")]
     #[test]
     fn keyring_references_are_checked_strictly() {
         let (base, home) = temp_home();

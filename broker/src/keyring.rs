@@ -9,14 +9,28 @@
 //! unlock prompt must not hang the broker. A timed-out write may still land later; the caller
 //! treats it as failed, and the digest check on read (see `credentials`) refuses a secret that
 //! does not belong to the stored binding.
+//!
+//! The backend is the `keyring` cargo feature (on by default). A build without it keeps this
+//! module's types, but every call fails with [`KeyringError::NotBuiltIn`], and the
+//! configuration store refuses a configuration naming the keyring when it is read or written
+//! (see `store`): a keyring login is never silently downgraded to a file.
 
+#[cfg(feature = "keyring")]
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+#[cfg(feature = "keyring")]
 use std::sync::mpsc;
+#[cfg(feature = "keyring")]
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+#[cfg(feature = "keyring")]
 use keyring_core::{CredentialStore as KeyringStore, Entry, Error as KError};
-use zeroize::{Zeroize, Zeroizing};
+#[cfg(feature = "keyring")]
+use zeroize::Zeroize;
+use zeroize::Zeroizing;
+
+/// Whether this build has the keyring backend (the `keyring` cargo feature).
+pub const BUILT_IN: bool = cfg!(feature = "keyring");
 
 /// The keyring service name of every Iteron entry; the account is the binding id.
 pub const KEYRING_SERVICE: &str = "iteron-mcp-credentials";
@@ -29,10 +43,14 @@ pub const MAX_KEYRING_CALLS: usize = 4;
 pub const MAX_KEYRING_ENTRY: usize = 64 * 1024;
 
 /// Abandoned calls against the system keyring, process-wide.
+#[cfg(feature = "keyring")]
 static SYSTEM_STUCK: LazyLock<Arc<AtomicUsize>> = LazyLock::new(|| Arc::new(AtomicUsize::new(0)));
 
+#[cfg(feature = "keyring")]
 const RUNNING: u8 = 0;
+#[cfg(feature = "keyring")]
 const DONE: u8 = 1;
+#[cfg(feature = "keyring")]
 const ABANDONED: u8 = 2;
 
 /// Why the keyring could not be used. Fixed texts only: platform messages are never shown
@@ -55,6 +73,8 @@ pub enum KeyringError {
     Mismatch,
     /// [`MAX_KEYRING_CALLS`] abandoned calls are still running (stuck behind a prompt?).
     Busy,
+    /// This build has no keyring backend (built without the `keyring` cargo feature).
+    NotBuiltIn,
 }
 
 impl KeyringError {
@@ -75,12 +95,16 @@ impl KeyringError {
             KeyringError::Busy => {
                 "4 earlier keyring calls are still stuck waiting for the keyring (an unlock prompt?); try again later"
             }
+            KeyringError::NotBuiltIn => {
+                "this iteron was built without the keyring backend (cargo feature \"keyring\")"
+            }
         }
     }
 }
 
 const _: () = assert!(KEYRING_TIMEOUT.as_secs() == 15 && MAX_KEYRING_CALLS == 4);
 
+#[cfg(feature = "keyring")]
 fn classify(e: KError) -> KeyringError {
     match e {
         KError::NoEntry => KeyringError::NoEntry,
@@ -94,6 +118,7 @@ fn classify(e: KError) -> KeyringError {
     }
 }
 
+#[cfg(feature = "keyring")]
 #[derive(Clone)]
 enum Source {
     System,
@@ -102,12 +127,14 @@ enum Source {
 
 /// Where keyring entries live: the system keyring, or a given store (tests use
 /// `keyring_core::mock`), with the bound on its running calls.
+#[cfg(feature = "keyring")]
 #[derive(Clone)]
 pub struct Keyring {
     source: Source,
     stuck: Arc<AtomicUsize>,
 }
 
+#[cfg(feature = "keyring")]
 impl std::fmt::Debug for Keyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self.source {
@@ -117,6 +144,7 @@ impl std::fmt::Debug for Keyring {
     }
 }
 
+#[cfg(feature = "keyring")]
 impl Keyring {
     /// The platform keyring (Secret Service on Linux), opened for each operation.
     pub fn system() -> Keyring {
@@ -255,7 +283,84 @@ impl Keyring {
     }
 }
 
-#[cfg(test)]
+/// A build without the keyring backend: the same surface, and every call fails with
+/// [`KeyringError::NotBuiltIn`] before touching anything.
+#[cfg(not(feature = "keyring"))]
+#[derive(Debug, Clone)]
+pub struct Keyring {
+    _none: (),
+}
+
+#[cfg(not(feature = "keyring"))]
+impl Keyring {
+    /// The platform keyring, which this build does not have.
+    pub fn system() -> Keyring {
+        Keyring { _none: () }
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]); `hold` is released
+    /// at once.
+    pub(crate) fn set_holding<H: Send + 'static>(
+        &self,
+        _account: &str,
+        _secret: Zeroizing<Vec<u8>>,
+        hold: H,
+    ) -> Result<(), KeyringError> {
+        drop(hold);
+        Err(KeyringError::NotBuiltIn)
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]).
+    pub fn set(&self, account: &str, secret: Zeroizing<Vec<u8>>) -> Result<(), KeyringError> {
+        self.set_holding(account, secret, ())
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]).
+    pub fn get(&self, _account: &str) -> Result<Zeroizing<Vec<u8>>, KeyringError> {
+        Err(KeyringError::NotBuiltIn)
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]); `hold` is released
+    /// at once.
+    pub(crate) fn delete_holding<H: Send + 'static>(
+        &self,
+        _account: &str,
+        hold: H,
+    ) -> Result<bool, KeyringError> {
+        drop(hold);
+        Err(KeyringError::NotBuiltIn)
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]).
+    pub fn delete(&self, account: &str) -> Result<bool, KeyringError> {
+        self.delete_holding(account, ())
+    }
+
+    /// Refused: this build has no keyring ([`KeyringError::NotBuiltIn`]).
+    pub fn probe_write(&self, account: &str) -> Result<(), KeyringError> {
+        self.set(account, Zeroizing::new(Vec::new()))
+    }
+}
+
+#[cfg(all(test, not(feature = "keyring")))]
+mod tests_without_keyring {
+    use super::*;
+
+    #[test]
+    fn without_the_keyring_feature_every_call_is_refused_as_not_built_in() {
+        const { assert!(!BUILT_IN) };
+        let k = Keyring::system();
+        let secret = || Zeroizing::new(b"CANARY-kr".to_vec());
+        assert_eq!(k.set("a", secret()), Err(KeyringError::NotBuiltIn));
+        assert_eq!(k.get("a").unwrap_err(), KeyringError::NotBuiltIn);
+        assert_eq!(k.delete("a"), Err(KeyringError::NotBuiltIn));
+        assert_eq!(k.probe_write("a"), Err(KeyringError::NotBuiltIn));
+        let reason = KeyringError::NotBuiltIn.reason();
+        assert!(reason.contains("built without") && !reason.contains('\n'));
+    }
+}
+
+#[cfg(all(test, feature = "keyring"))]
 mod tests {
     use super::*;
 

@@ -2,6 +2,10 @@
 //! network, processes and the IPC server). Decisions come from `iteron-policy`; this crate only
 //! carries them out.
 //!
+//! The start-up order of `iteron broker serve` (harden, check the options, read the
+//! configuration, discover the catalog, build the hooks, then audit, sockets, registry and
+//! serving) lives in the `start` module, so a test can run a whole broker.
+//!
 //! Unsafe code is denied crate-wide; the single `sys` module that will need FFI opts in
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
@@ -43,6 +47,8 @@ pub mod scrub;
 pub mod servers;
 #[cfg(feature = "broker")]
 pub mod spawn;
+#[cfg(feature = "broker")]
+pub mod start;
 #[cfg(feature = "broker")]
 pub mod store;
 #[cfg(feature = "broker")]

@@ -10,7 +10,10 @@
 //!   so a crash leaves either the old or the new file and concurrent writers lose no update;
 //! - a configuration that does not parse is never rewritten, and nothing is written that this
 //!   build could not read back;
-//! - reads are bounded to [`MAX_CONFIG_BYTES`] (+1 byte to detect oversize).
+//! - reads are bounded to [`MAX_CONFIG_BYTES`] (+1 byte to detect oversize);
+//! - in a build without the keyring backend (the `keyring` cargo feature), a configuration in
+//!   which a server keeps its OAuth secrets in the keyring (`oauth.credential_store:
+//!   "keyring"`) is refused when read and never written: it is not downgraded to the file store.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -20,8 +23,9 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::keyring;
 use crate::private_fs::{self, FsError};
-use iteron_policy::config::{Config, ConfigError, MAX_CONFIG_BYTES};
+use iteron_policy::config::{Config, ConfigError, CredentialBackend, MAX_CONFIG_BYTES, Transport};
 
 /// The configuration file's name inside the home directory.
 pub const CONFIG_FILE: &str = "config.json";
@@ -54,6 +58,20 @@ pub enum StoreError {
     WouldExceed,
     /// The serialized configuration did not read back identically; nothing was written.
     RoundTrip,
+    /// A server keeps its OAuth secrets in the keyring, and this build has no keyring backend;
+    /// the file is left untouched.
+    KeyringNotBuilt {
+        /// The file.
+        path: PathBuf,
+        /// The first such server.
+        server: String,
+    },
+    /// The new configuration would keep a server's OAuth secrets in the keyring, and this build
+    /// has no keyring backend; nothing was written.
+    WouldNeedKeyring {
+        /// The first such server.
+        server: String,
+    },
 }
 
 impl fmt::Display for StoreError {
@@ -80,6 +98,17 @@ impl fmt::Display for StoreError {
             ),
             StoreError::RoundTrip => f.write_str(
                 "internal error: the new configuration did not read back identically; nothing was written",
+            ),
+            StoreError::KeyringNotBuilt { path, server } => write!(
+                f,
+                "invalid configuration {}: server {server} keeps its OAuth secrets in the keyring (oauth.credential_store \"keyring\"), but {}; nothing falls back to the file store",
+                path.display(),
+                keyring::KeyringError::NotBuiltIn.reason()
+            ),
+            StoreError::WouldNeedKeyring { server } => write!(
+                f,
+                "server {server} would keep its OAuth secrets in the keyring (oauth.credential_store \"keyring\"), but {}; nothing was written",
+                keyring::KeyringError::NotBuiltIn.reason()
             ),
         }
     }
@@ -213,10 +242,25 @@ impl Home {
         if bytes.len() > MAX_CONFIG_BYTES {
             return Err(StoreError::TooLarge(path));
         }
-        Config::parse(&bytes).map_err(|error| StoreError::Invalid { path, error })
+        let config = Config::parse(&bytes).map_err(|error| StoreError::Invalid {
+            path: path.clone(),
+            error,
+        })?;
+        if let Some(server) = keyring_server_without_backend(&config, keyring::BUILT_IN) {
+            return Err(StoreError::KeyringNotBuilt {
+                path,
+                server: server.to_owned(),
+            });
+        }
+        Ok(config)
     }
 
     fn write_config(&self, config: &Config) -> Result<(), StoreError> {
+        if let Some(server) = keyring_server_without_backend(config, keyring::BUILT_IN) {
+            return Err(StoreError::WouldNeedKeyring {
+                server: server.to_owned(),
+            });
+        }
         let text = config.to_json_pretty();
         if text.len() > MAX_CONFIG_BYTES {
             return Err(StoreError::WouldExceed);
@@ -246,6 +290,24 @@ impl From<FsError> for StoreError {
     fn from(e: FsError) -> Self {
         StoreError::Fs(e)
     }
+}
+
+/// The first server of `config` that keeps its OAuth secrets in the keyring, when the build
+/// has no keyring backend (`built_in` is [`keyring::BUILT_IN`]); `None` when the build can use
+/// everything the configuration names.
+fn keyring_server_without_backend(config: &Config, built_in: bool) -> Option<&str> {
+    if built_in {
+        return None;
+    }
+    config.mcp_servers.iter().find_map(|s| match &s.transport {
+        Transport::Http(h)
+            if h.oauth.as_ref().and_then(|o| o.credential_store)
+                == Some(CredentialBackend::Keyring) =>
+        {
+            Some(s.name.as_str())
+        }
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -289,6 +351,82 @@ mod tests {
                 .map_err(|_| StoreError::RoundTrip)
         })
         .unwrap();
+    }
+
+    const KEYRING_CONFIG: &[u8] = br#"{"schema_version": 2, "mcp_servers": [
+        {"name": "files", "transport": "http", "url": "https://files.example/", "oauth": {"credential_store": "file"}},
+        {"name": "kr", "transport": "http", "url": "https://kr.example/", "oauth": {"credential_store": "keyring"}}
+    ]}"#;
+
+    #[test]
+    fn only_a_build_without_the_keyring_finds_a_keyring_server_to_refuse() {
+        let config = Config::parse(KEYRING_CONFIG).unwrap();
+        assert_eq!(keyring_server_without_backend(&config, false), Some("kr"));
+        assert_eq!(keyring_server_without_backend(&config, true), None);
+        let mut files_only = config.clone();
+        files_only.mcp_servers.retain(|s| s.name.as_str() != "kr");
+        files_only.mcp_servers.push(server("stdio"));
+        assert_eq!(keyring_server_without_backend(&files_only, false), None);
+    }
+
+    /// Write `bytes` as the home's configuration, private as the store makes it.
+    fn plant_config(home: &Home, bytes: &[u8]) {
+        add(home, "placeholder");
+        fs::write(home.config_path(), bytes).unwrap();
+    }
+
+    #[cfg(feature = "keyring")]
+    #[test]
+    fn a_build_with_the_keyring_reads_and_writes_a_keyring_configuration() {
+        let (base, home) = temp_home();
+        plant_config(&home, KEYRING_CONFIG);
+        assert_eq!(home.load().unwrap().mcp_servers.len(), 2);
+        add(&home, "more");
+        assert_eq!(home.load().unwrap().mcp_servers.len(), 3);
+        fs::remove_dir_all(base).unwrap();
+    }
+
+    #[cfg(not(feature = "keyring"))]
+    #[test]
+    fn a_build_without_the_keyring_refuses_a_keyring_configuration_and_never_downgrades_it() {
+        let (base, home) = temp_home();
+        plant_config(&home, KEYRING_CONFIG);
+        let e = home.load().unwrap_err();
+        assert!(
+            matches!(&e, StoreError::KeyringNotBuilt { server, .. } if server == "kr"),
+            "{e}"
+        );
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        for part in [
+            home.config_path().to_str().unwrap(),
+            "server kr",
+            "built without the keyring backend",
+            "nothing falls back to the file store",
+        ] {
+            assert!(line.contains(part), "{part}: {line}");
+        }
+        // Read-modify-write refuses it too, and the file stays byte for byte.
+        let r = home.update(|c| c.add_server(server("b")).map_err(|_| StoreError::RoundTrip));
+        assert!(matches!(r, Err(StoreError::KeyringNotBuilt { .. })));
+        assert_eq!(fs::read(home.config_path()).unwrap(), KEYRING_CONFIG);
+
+        // A change that would name the keyring is never written.
+        let (base2, home2) = temp_home();
+        add(&home2, "a");
+        let before = fs::read(home2.config_path()).unwrap();
+        let kr = Config::parse(KEYRING_CONFIG).unwrap().mcp_servers.remove(1);
+        let r = home2.update(|c| c.add_server(kr).map_err(|_| StoreError::RoundTrip));
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::WouldNeedKeyring { server } if server == "kr"),
+            "{e}"
+        );
+        assert!(e.to_string().ends_with("nothing was written"), "{e}");
+        assert_eq!(fs::read(home2.config_path()).unwrap(), before);
+        assert_eq!(home2.load().unwrap().mcp_servers.len(), 1);
+        fs::remove_dir_all(base).unwrap();
+        fs::remove_dir_all(base2).unwrap();
     }
 
     #[test]

@@ -471,7 +471,7 @@ fn logout_external(
     use iteron_broker::servers::{ExternalLogout, logout_external};
     // A running broker holds the tokens it renewed (rotated, in its memory only): it revokes
     // those, never sends them again, and restarts the server.
-    let socket = crate::broker::default_operator_socket(home);
+    let socket = iteron_broker::start::default_operator_socket(home);
     if socket.exists() {
         match crate::broker::operator_request(
             &socket,
@@ -606,7 +606,8 @@ pub(crate) fn status(
                         | KeyringError::Denied
                         | KeyringError::TimedOut
                         | KeyringError::Refused
-                        | KeyringError::Busy,
+                        | KeyringError::Busy
+                        | KeyringError::NotBuiltIn,
                     ..
                 } => "keyring_unavailable",
                 _ => "reauth_required",
@@ -758,7 +759,8 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                     | KeyringError::Denied
                     | KeyringError::TimedOut
                     | KeyringError::Refused
-                    | KeyringError::Busy,
+                    | KeyringError::Busy
+                    | KeyringError::NotBuiltIn,
                 ..
             },
         ) => return Err(fail(e)),

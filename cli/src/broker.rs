@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iteron_broker::approvals::MAX_PREVIEW;
-use iteron_broker::daemon::{self, ServeOptions};
 use iteron_broker::ipc::client::{ClientError, Connection};
+use iteron_broker::start::{self, StartError, StartOptions};
 use iteron_broker::store::Home;
 use iteron_policy::text;
 use serde_json::{Map, Value, json};
@@ -22,14 +22,10 @@ use crate::args::{
 };
 use crate::error::CliError;
 
-pub(crate) fn default_operator_socket(home: &Home) -> PathBuf {
-    home.dir().join("run").join("operator.sock")
-}
-
 fn operator_socket(arg: &OperatorSocketArg) -> Result<PathBuf, CliError> {
     match &arg.operator_socket {
         Some(p) => Ok(p.clone()),
-        None => Ok(default_operator_socket(&home()?)),
+        None => Ok(start::default_operator_socket(&home()?)),
     }
 }
 
@@ -189,119 +185,32 @@ pub(crate) fn operator_request(
     })
 }
 
-/// `--repo` must name a directory that exists: a mistyped path would otherwise offer nothing
-/// and say nothing. The path is not repeated (it is the operator's input).
+/// `--repo` must name a directory that exists (the broker's own check).
 fn check_repo(repo: Option<&Path>) -> Result<(), CliError> {
-    match repo {
-        Some(p) if !p.is_dir() => Err(CliError::Usage(
-            "--repo names no directory (it does not exist, is not a directory, or cannot be reached)"
-                .into(),
-        )),
-        _ => Ok(()),
-    }
+    start::check_repo(repo).map_err(start_error)
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
-    // First, while the process still has one thread: no ptrace, no core, umask 077, no
-    // loader/proxy/TLS variables.
-    let hardened = iteron_broker::sys::harden_self()
-        .map_err(|e| CliError::Serve(format!("cannot harden the broker process: {e}")))?;
+    // First, while the process still has one thread (iteron_broker::start has the whole order).
+    let hardened = start::harden().map_err(start_error)?;
+    // Said before the home is located, as it always was (start checks it again).
     check_repo(args.repo.as_deref())?;
     let home = home()?;
-    let own = nix::unistd::geteuid().as_raw();
-    let allow = if args.allow_uid.is_empty() {
-        vec![own]
-    } else {
-        args.allow_uid.clone()
-    };
-    let agent_socket = match args.socket {
-        Some(p) => p,
-        None if allow.iter().all(|u| *u == own) => home.dir().join("run").join("agent.sock"),
-        None => {
-            return Err(CliError::Usage(
-                "--socket is required when another uid is allowed: the default lies inside the private ITERON_HOME".into(),
-            ));
-        }
-    };
-    if agent_socket.starts_with(home.dir()) && allow.iter().any(|u| *u != own) {
-        return Err(CliError::Usage(
-            "the agent socket of another uid cannot be inside the private ITERON_HOME".into(),
-        ));
-    }
-    let operator_socket = args
-        .operator_socket
-        .unwrap_or_else(|| default_operator_socket(&home));
-    let interactive = !args.noninteractive;
-    let config = home.load()?;
-    // A rule that can never match is said at start, not left to fail silently.
-    for line in crate::rules::start_warnings(&config) {
-        let _ = writeln!(std::io::stderr(), "{line}");
-    }
-    // Secrets systemd hands the unit (LoadCredential=): read once, checked, and the directory
-    // denied to every child from here on.
-    let unit = iteron_broker::unit_secrets::UnitSecrets::from_env(|k| std::env::var_os(k))
-        .map_err(|e| CliError::Serve(e.to_string()))?;
-    if let Some(u) = &unit {
-        iteron_broker::confine::deny_to_every_child(vec![u.dir().to_path_buf()]);
-    }
-    // Skills and agent definitions are discovered once, for the broker's whole run; hooks come
-    // only from the operator's configuration.
-    let catalog = Arc::new(iteron_broker::catalog::discover(
-        home.dir(),
-        args.repo.as_deref(),
-    ));
-    let hooks = Arc::new(hook_runner(&home, &config));
-    let opts = ServeOptions {
-        catalog,
-        agent_socket,
-        operator_socket,
-        allow_uids: allow,
-        interactive,
+    let opts = StartOptions {
+        repo: args.repo,
+        agent_socket: args.socket,
+        operator_socket: args.operator_socket,
+        allow_uids: args.allow_uid,
+        interactive: !args.noninteractive,
         approval_deadline: Duration::from_secs(args.approval_timeout),
         idle_deadline: Duration::from_secs(args.idle_timeout),
+        env: Arc::new(|k: &str| std::env::var_os(k)),
     };
-    let mut err = std::io::stderr();
-    // A hook that cannot run has no opinion on every event, silently: say so now.
-    for p in hooks.problems() {
-        let _ = writeln!(
-            err,
-            "{}",
-            text::single_line(&format!(
-                "iteron broker: warning: the {} hook {} cannot run: {} (it will have no opinion; see iteron mcp doctor)",
-                p.event.as_str(),
-                p.command,
-                p.why
-            ))
-        );
-    }
-    if let Some(u) = &unit {
-        let names: Vec<&str> = u.names().collect();
-        let _ = writeln!(
-            err,
-            "{}",
-            text::single_line(&format!(
-                "iteron broker: credentials directory supplies {} variable(s){}{}{}",
-                names.len(),
-                if names.is_empty() { "" } else { ": " },
-                names.join(", "),
-                if u.ignored().is_empty() {
-                    String::new()
-                } else {
-                    format!("; ignored: {}", u.ignored().join(", "))
-                }
-            ))
-        );
-    }
-    if !hardened.removed.is_empty() {
-        let _ = writeln!(
-            err,
-            "{}",
-            text::single_line(&format!(
-                "iteron broker: ignoring environment variables: {}",
-                hardened.removed.join(", ")
-            ))
-        );
-    }
+    let started = start::start(home, &hardened, opts, &mut |line| {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    })
+    .map_err(start_error)?;
+    let interactive = started.interactive();
     // One thread: the broker's work is I/O-bound, and keeping a request's reader, handler and
     // writer on one thread saves a cross-thread wake-up per frame (measured: refused round trip
     // 86 → 73 µs at p50). Blocking work (keyring, credential files) goes to the blocking pool;
@@ -331,17 +240,8 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
                 _ = hup.recv() => {},
             }
         };
-        daemon::serve(
-            home,
-            opts,
-            hooks,
-            Arc::new(move |k: &str| {
-                unit.as_ref()
-                    .and_then(|u| u.get(k))
-                    .or_else(|| std::env::var_os(k))
-            }),
-            stop,
-            |ready| {
+        started
+            .serve(stop, |ready| {
                 let _ = writeln!(
                     std::io::stderr(),
                     "{}",
@@ -356,23 +256,23 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
                         }
                     ))
                 );
-            },
-        )
-        .await
-        .map_err(|e| CliError::Serve(e.to_string()))
+            })
+            .await
+            .map_err(start_error)
     })
 }
 
-/// The hooks of `config` as the broker runs them (home denied, `hooks_writable`,
-/// `hooks_run_as`).
-pub(crate) fn hook_runner(
-    home: &Home,
-    config: &iteron_policy::config::Config,
-) -> iteron_broker::hooks::HookRunner {
-    iteron_broker::hooks::HookRunner::new(config.hooks.clone())
-        .with_home(home.dir())
-        .with_writable(&config.hooks_writable)
-        .with_run_as(config.hooks_run_as.unwrap_or_default())
+/// A start-up error as the CLI reports it: bad options are usage errors (exit 2), an
+/// unreadable configuration exits as every configuration error does, the rest are serve
+/// failures.
+fn start_error(e: StartError) -> CliError {
+    match e {
+        StartError::Options(why) => CliError::Usage(why.into()),
+        StartError::Config(e) => CliError::Store(e),
+        e @ (StartError::Harden(_) | StartError::UnitSecrets(_) | StartError::Serve(_)) => {
+            CliError::Serve(e.to_string())
+        }
+    }
 }
 
 /// `iteron approvals …`
@@ -1205,7 +1105,7 @@ pub(crate) fn run_audit(cmd: Audit, out: &mut dyn Write) -> Result<(), CliError>
 /// The audit log's state for `iteron mcp doctor`: a running broker's own answer (`ok`, `failed`
 /// or `low_space`), else what a broker starting now would find on disk.
 pub(crate) fn audit_state(home: &Home) -> Value {
-    let socket = default_operator_socket(home);
+    let socket = start::default_operator_socket(home);
     let running = crate::rt::current_thread().ok().and_then(|rt| {
         rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(5), async {
@@ -1236,7 +1136,7 @@ fn catalog_view(args: &CatalogArgs) -> Result<(Value, &'static str), CliError> {
     use std::os::unix::ffi::OsStrExt;
     check_repo(args.repo.as_deref())?;
     let home = home()?;
-    let socket = default_operator_socket(&home);
+    let socket = start::default_operator_socket(&home);
     if let Some(v) = broker_catalog(&socket) {
         let wanted = args.repo.as_ref().map(|r| {
             let real = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());

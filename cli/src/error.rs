@@ -134,7 +134,10 @@ impl CliError {
             CliError::Broker(e) => broker_exit(e),
             CliError::NoBroker { .. } => Exit::Unreachable,
             CliError::Store(e) => match e {
-                StoreError::Invalid { .. } | StoreError::TooLarge(_) => Exit::InvalidConfig,
+                StoreError::Invalid { .. }
+                | StoreError::TooLarge(_)
+                | StoreError::KeyringNotBuilt { .. } => Exit::InvalidConfig,
+                StoreError::WouldNeedKeyring { .. } => Exit::Usage,
                 StoreError::Fs(
                     FsError::NotPlain { .. }
                     | FsError::WrongOwner { .. }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
+use iteron_broker::keyring::{self, KeyringError};
 use iteron_broker::store::Home;
 use iteron_policy::capability::{CapabilitySet, ServerPolicy, ToolFilter};
 use iteron_policy::config::{
@@ -140,6 +141,22 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `--oauth-credential-store`: `file` or `keyring`, and `keyring` only when the build has the
+/// keyring backend (`keyring_built_in` is [`keyring::BUILT_IN`]): it is never downgraded to the
+/// file store.
+fn credential_store(word: &str, keyring_built_in: bool) -> Result<CredentialBackend, CliError> {
+    let backend = CredentialBackend::parse(word).ok_or_else(|| {
+        CliError::Usage("--oauth-credential-store must be file or keyring".into())
+    })?;
+    if backend == CredentialBackend::Keyring && !keyring_built_in {
+        return Err(CliError::Usage(format!(
+            "--oauth-credential-store keyring: {}; nothing falls back to the file store",
+            KeyringError::NotBuiltIn.reason()
+        )));
+    }
+    Ok(backend)
+}
+
 pub(crate) fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
     refuse_foreign(a)?;
     let name = server_name(&a.name)?;
@@ -193,9 +210,7 @@ pub(crate) fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
             })?);
         }
         if let Some(store) = &a.oauth_credential_store {
-            oauth.credential_store = Some(CredentialBackend::parse(store).ok_or_else(|| {
-                CliError::Usage("--oauth-credential-store must be file or keyring".into())
-            })?);
+            oauth.credential_store = Some(credential_store(store, keyring::BUILT_IN)?);
         }
         if let Some(scopes) = &a.oauth_scopes {
             for s in scopes.split(',') {
@@ -588,4 +603,40 @@ fn get(home: &Home, raw: &str, format: Format, out: &mut dyn Write) -> Result<()
 
 fn join_names(v: &[iteron_policy::names::ToolName]) -> String {
     v.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Exit;
+
+    #[test]
+    fn a_keyring_store_is_refused_by_a_build_without_the_keyring_never_downgraded() {
+        let e = credential_store("keyring", false).unwrap_err();
+        assert_eq!(e.exit(), Exit::Usage);
+        let line = e.line();
+        assert!(
+            line.contains("--oauth-credential-store keyring")
+                && line.contains("built without the keyring backend")
+                && line.contains("nothing falls back to the file store")
+                && !line.contains('\n'),
+            "{line}"
+        );
+        assert_eq!(
+            credential_store("keyring", true).unwrap(),
+            CredentialBackend::Keyring
+        );
+        for built_in in [false, true] {
+            assert_eq!(
+                credential_store("file", built_in).unwrap(),
+                CredentialBackend::File
+            );
+            assert!(credential_store("auto", built_in).is_err());
+        }
+        // This build's own answer follows its feature.
+        assert_eq!(
+            credential_store("keyring", keyring::BUILT_IN).is_ok(),
+            cfg!(feature = "keyring")
+        );
+    }
 }

@@ -780,7 +780,7 @@ pub(crate) fn doctor(
     let mut approval_rules = crate::rules::report(&config, None);
     all_ok &= approval_rules.iter().all(|r| r["ok"] == Value::Bool(true));
     // Every configured hook command, as the broker would run it.
-    let problems = crate::broker::hook_runner(home, &config).problems();
+    let problems = iteron_broker::start::hook_runner(home, &config).problems();
     let mut hooks = Vec::new();
     for (event, commands) in &config.hooks {
         for cmd in commands {

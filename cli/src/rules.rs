@@ -306,18 +306,6 @@ fn check(
     }
 }
 
-/// Warnings `iteron broker serve` prints at start: one line per rule that can never match.
-pub(crate) fn start_warnings(config: &Config) -> Vec<String> {
-    rules::check(config, now())
-        .into_iter()
-        .map(|(id, f)| {
-            text::single_line(&format!(
-                "iteron broker: approval rule {id} can never match: {f}"
-            ))
-        })
-        .collect()
-}
-
 /// The per-run counts of the newest broker run in the audit log, by rule id (`None` when the
 /// log cannot be verified).
 fn run_counts(home: &Home) -> Option<BTreeMap<String, u64>> {
