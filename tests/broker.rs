@@ -3730,3 +3730,65 @@ fn a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited()
         json!({}),
     );
 }
+
+/// The golden exchanges of `fixtures/ipc/exchanges.json`, replayed against a real broker: each
+/// request frame sent as written, each answer compared whole with the golden one (values at
+/// the entry's `volatile` pointers only need to be present). With `ITERON_WRITE_GOLDEN=1` the
+/// run writes the answers it received back into the file instead (review the diff).
+#[test]
+fn golden_ipc_exchanges_are_what_the_broker_answers() {
+    let path = repo().join("fixtures/ipc/exchanges.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let write = std::env::var_os("ITERON_WRITE_GOLDEN").is_some();
+    let area = Area::new("golden");
+    area.config(json!([scripted("s", "legacy")]));
+    let broker = area.broker(&["--noninteractive"], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let exchanges = doc["exchanges"].as_array_mut().unwrap();
+    rt.block_on(async {
+        let mut open: Option<(String, Connection)> = None;
+        for (n, e) in exchanges.iter_mut().enumerate() {
+            let label = e["connection"].as_str().unwrap().to_owned();
+            if open.as_ref().is_none_or(|(l, _)| *l != label) {
+                let socket = match e["socket"].as_str().unwrap() {
+                    "agent" => area.agent_socket(),
+                    _ => area.operator_socket(),
+                };
+                open = Some((label.clone(), Connection::connect(&socket).await.unwrap()));
+            }
+            let (_, c) = open.as_mut().unwrap();
+            c.send_raw(&serde_json::to_vec(&e["request"]).unwrap())
+                .await
+                .unwrap();
+            let got = c
+                .read_value()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("exchange {n}: the broker closed without answering"));
+            if write {
+                e["answer"] = got;
+                continue;
+            }
+            let mut want = e["answer"].clone();
+            let mut seen = got.clone();
+            for p in e["volatile"].as_array().into_iter().flatten() {
+                let p = p.as_str().unwrap();
+                for v in [&mut want, &mut seen] {
+                    let slot = v
+                        .pointer_mut(p)
+                        .unwrap_or_else(|| panic!("exchange {n}: no {p} in {got}"));
+                    *slot = Value::Null;
+                }
+            }
+            assert_eq!(seen, want, "exchange {n} ({label}): {}", e["request"]);
+        }
+    });
+    if write {
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    }
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+}

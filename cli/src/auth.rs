@@ -18,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use iteron_broker::credentials::{
     Binding, Credential, CredentialError, CredentialStore, Secrets, check_binding, config_digest,
 };
+use iteron_broker::ipc::proto::{OperatorRequest, ServerArg};
 use iteron_broker::keyring::KeyringError;
 use iteron_broker::net::{Net, NetConfig};
 use iteron_broker::oauth::flow::{self, ClientSettings, Mode};
@@ -475,8 +476,9 @@ fn logout_external(
     if socket.exists() {
         match crate::broker::operator_request(
             &socket,
-            "logout",
-            json!({"server": server.name.as_str()}),
+            OperatorRequest::Logout(ServerArg {
+                server: server.name.as_str().to_owned(),
+            }),
         ) {
             Ok(v) => {
                 let what = match v.get("revoked").and_then(serde_json::Value::as_str) {

@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use iteron_broker::approvals::MAX_PREVIEW;
 use iteron_broker::ipc::client::{ClientError, Connection};
+use iteron_broker::ipc::proto::{
+    AgentRequest, Answer, CallTool, Decide, FormAction, GetPrompt, Hello, OperatorRequest,
+    PROTOCOL_VERSION, PendingArg, ReadResource, ResolveAgent, ServerArg, Show, StatusArg, UseSkill,
+};
 use iteron_broker::start::{self, StartError, StartOptions};
 use iteron_broker::store::Home;
 use iteron_policy::text;
@@ -47,11 +51,12 @@ pub(crate) fn run_broker(cmd: Broker, out: &mut dyn Write) -> Result<(), CliErro
         Broker::Serve(args) => serve(args),
         Broker::Status(a) => {
             let socket = operator_socket(&a.socket)?;
-            let params = match &a.server {
-                Some(s) => json!({"server": s}),
-                None => json!({}),
-            };
-            let v = operator_request(&socket, "status", params)?;
+            let v = operator_request(
+                &socket,
+                OperatorRequest::Status(StatusArg {
+                    server: a.server.clone(),
+                }),
+            )?;
             match a.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => status_text(out, &v),
@@ -60,8 +65,7 @@ pub(crate) fn run_broker(cmd: Broker, out: &mut dyn Write) -> Result<(), CliErro
         Broker::Cancel(a) => {
             let v = operator_request(
                 &operator_socket(&a.socket)?,
-                "cancel",
-                json!({"server": a.server}),
+                OperatorRequest::Cancel(ServerArg { server: a.server }),
             )?;
             let n = v.get("cancelled").and_then(Value::as_u64).unwrap_or(0);
             out_line(out, &format!("cancelled {n} call(s) in flight"))
@@ -69,8 +73,7 @@ pub(crate) fn run_broker(cmd: Broker, out: &mut dyn Write) -> Result<(), CliErro
         Broker::Restart(a) => {
             operator_request(
                 &operator_socket(&a.socket)?,
-                "restart",
-                json!({"server": a.server}),
+                OperatorRequest::Restart(ServerArg { server: a.server }),
             )?;
             out_line(
                 out,
@@ -80,8 +83,7 @@ pub(crate) fn run_broker(cmd: Broker, out: &mut dyn Write) -> Result<(), CliErro
         Broker::Stop(a) => {
             operator_request(
                 &operator_socket(&a.socket)?,
-                "stop",
-                json!({"server": a.server}),
+                OperatorRequest::Stop(ServerArg { server: a.server }),
             )?;
             out_line(out, "stopped: the server stays down until restarted")
         }
@@ -173,15 +175,11 @@ fn via(socket: &Path) -> impl Fn(ClientError) -> CliError + '_ {
     }
 }
 
-pub(crate) fn operator_request(
-    socket: &Path,
-    method: &str,
-    params: Value,
-) -> Result<Value, CliError> {
+pub(crate) fn operator_request(socket: &Path, request: OperatorRequest) -> Result<Value, CliError> {
     crate::rt::current_thread()?.block_on(async {
         let mut c = operator_connect(socket).await.map_err(via(socket))?;
         c.hello("iteron-cli").await.map_err(CliError::Broker)?;
-        c.request(method, params).await.map_err(CliError::Broker)
+        c.send(request).await.map_err(CliError::Broker)
     })
 }
 
@@ -284,7 +282,7 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
             format: Format::Text,
         })) {
         Approvals::List(f) => {
-            let v = operator_request(&socket, "pending", json!({}))?;
+            let v = operator_request(&socket, OperatorRequest::Pending(PendingArg::default()))?;
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -305,23 +303,26 @@ pub(crate) fn run_approvals(args: ApprovalsArgs, out: &mut dyn Write) -> Result<
         Approvals::Rules(cmd) => crate::rules::run(cmd, out),
         Approvals::Answer(a) => {
             let (action, content) = if a.decline {
-                ("decline", Map::new())
+                (FormAction::Decline, Map::new())
             } else if a.cancel {
-                ("cancel", Map::new())
+                (FormAction::Cancel, Map::new())
             } else {
                 let raw = a.json.ok_or_else(|| {
                     CliError::Usage("give --json OBJECT, --decline or --cancel".into())
                 })?;
                 (
-                    "accept",
+                    FormAction::Accept,
                     parse_object(&raw)
                         .ok_or_else(|| CliError::Usage("--json must be a JSON object".into()))?,
                 )
             };
             operator_request(
                 &socket,
-                "answer",
-                json!({"id": a.id, "action": action, "content": content}),
+                OperatorRequest::Answer(Answer {
+                    id: a.id,
+                    action,
+                    content,
+                }),
             )?;
             out_line(out, &format!("answered {}", a.id))
         }
@@ -345,7 +346,10 @@ fn show(socket: &Path, a: &ShowArgs, out: &mut dyn Write) -> Result<(), CliError
         let mut full = String::new();
         loop {
             let part = c
-                .request("show", json!({"id": a.id, "offset": full.len()}))
+                .send(OperatorRequest::Show(Show {
+                    id: a.id,
+                    offset: full.len(),
+                }))
                 .await
                 .map_err(CliError::Broker)?;
             let total = part.get("arguments_bytes").and_then(Value::as_u64);
@@ -429,24 +433,35 @@ fn decide(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let word = if approve { "approved" } else { "denied" };
-    let params = match (ids, sha256) {
-        ([one], Some(d)) => {
+    let one = |id: u64, args_sha256: Option<String>| Decide {
+        id: Some(id),
+        ids: Vec::new(),
+        approve,
+        args_sha256,
+    };
+    let request = match (ids, sha256) {
+        ([id], Some(d)) => {
             if iteron_policy::rules::Sha256Hex::parse(d).is_none() {
                 return Err(CliError::Usage(
                     "--sha256 must be 64 lowercase hex digits".into(),
                 ));
             }
-            json!({"id": one, "approve": approve, "args_sha256": d})
+            one(*id, Some(d.to_owned()))
         }
         (_, Some(_)) => {
             return Err(CliError::Usage(
                 "--sha256 names one call: give exactly one id with it".into(),
             ));
         }
-        ([one], None) => json!({"id": one, "approve": approve}),
-        (many, None) => json!({"ids": many, "approve": approve}),
+        ([id], None) => one(*id, None),
+        (many, None) => Decide {
+            id: None,
+            ids: many.to_vec(),
+            approve,
+            args_sha256: None,
+        },
     };
-    let v = operator_request(socket, "decide", params)?;
+    let v = operator_request(socket, OperatorRequest::Decide(request))?;
     let list = |k: &str| -> Vec<u64> {
         v.get(k)
             .and_then(Value::as_array)
@@ -583,6 +598,9 @@ fn discard_type_ahead(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), CliError> {
 /// How often `watch`, while nothing new waits, looks whether the input has ended.
 const WATCH_INPUT_POLL: Duration = Duration::from_millis(250);
 
+/// How long one `pending` long-poll of `approvals watch` waits for something new.
+const WATCH_PENDING_WAIT_MS: u64 = 1000;
+
 /// Whether the terminal's input ended while nothing was being asked (`Ctrl-D` on an empty
 /// line, or the terminal hung up), waiting at most `wait` for it. A line typed meanwhile
 /// answers nothing: it is read and dropped here (it would be discarded before the next prompt
@@ -649,7 +667,9 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
     out_line(out, "waiting for calls and forms (end input to stop)")?;
     loop {
         let v = rt
-            .block_on(conn.request("pending", json!({"wait_ms": 1000})))
+            .block_on(conn.send(OperatorRequest::Pending(PendingArg {
+                wait_ms: WATCH_PENDING_WAIT_MS,
+            })))
             .map_err(CliError::Broker)?;
         let empty = Vec::new();
         let items = v.get("pending").and_then(Value::as_array).unwrap_or(&empty);
@@ -696,22 +716,28 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
                 return watch_ended(out, &left);
             };
             let line = line.trim();
-            let (method, params) = if form {
-                match parse_object(line) {
-                    Some(content) if !line.is_empty() => (
-                        "answer",
-                        json!({"id": id, "action": "accept", "content": content}),
-                    ),
-                    _ => ("answer", json!({"id": id, "action": "decline"})),
-                }
+            let request = if form {
+                let (action, content) = match parse_object(line) {
+                    Some(content) if !line.is_empty() => (FormAction::Accept, content),
+                    _ => (FormAction::Decline, Map::new()),
+                };
+                OperatorRequest::Answer(Answer {
+                    id,
+                    action,
+                    content,
+                })
             } else {
-                let yes = matches!(line, "y" | "Y" | "yes");
-                ("decide", json!({"id": id, "approve": yes}))
+                OperatorRequest::Decide(Decide {
+                    id: Some(id),
+                    ids: Vec::new(),
+                    approve: matches!(line, "y" | "Y" | "yes"),
+                    args_sha256: None,
+                })
             };
-            match rt.block_on(conn.request(method, params)) {
+            match rt.block_on(conn.send(request)) {
                 Ok(_) => out_line(out, "sent")?,
                 // An answer that does not fit the form leaves it waiting: ask it again.
-                Err(e @ ClientError::Refused { .. }) if method == "answer" => {
+                Err(e @ ClientError::Refused { .. }) if form => {
                     out_line(out, &text::single_line(&format!("not sent: {e}")))?;
                     asked.remove(&id);
                 }
@@ -724,12 +750,13 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
 /// Connect and open the session (a child session with `--agent-type`).
 async fn agent_session(socket: &Path, agent_type: Option<&str>) -> Result<Connection, ClientError> {
     let mut c = Connection::connect(socket).await?;
-    let mut params =
-        json!({"protocol": iteron_broker::ipc::proto::PROTOCOL_VERSION, "client": "iteron-agent"});
-    if let (Some(t), Some(obj)) = (agent_type, params.as_object_mut()) {
-        obj.insert("agent_type".into(), t.into());
-    }
-    c.request("hello", params).await?;
+    c.send(AgentRequest::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        client: "iteron-agent".into(),
+        agent_type: agent_type.map(str::to_owned),
+        model: None,
+    }))
+    .await?;
     Ok(c)
 }
 
@@ -745,17 +772,17 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
     let socket = agent_socket(&args)?;
     let rt = crate::rt::current_thread()?;
     let child = args.agent_type.as_deref();
-    let one = |method: &str, params: Value| -> Result<Value, CliError> {
+    let one = |request: AgentRequest| -> Result<Value, CliError> {
         rt.block_on(async {
             let mut c = agent_session(&socket, child).await?;
-            c.request(method, params).await
+            c.send(request).await
         })
         .map_err(via(&socket))
     };
     let prompts = matches!(args.action, Agent::Prompts(_));
     match args.action {
         Agent::Skills(f) => {
-            let v = one("list_skills", json!({}))?;
+            let v = one(AgentRequest::ListSkills)?;
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -777,7 +804,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             }
         }
         Agent::UseSkill(a) => {
-            let v = one("use_skill", json!({"name": a.name}))?;
+            let v = one(AgentRequest::UseSkill(UseSkill { name: a.name }))?;
             let body = v.get("body").and_then(Value::as_str).unwrap_or("");
             for line in body.lines() {
                 out_line(out, &text::single_line_capped(line, usize::MAX))?;
@@ -785,11 +812,10 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             Ok(())
         }
         Agent::ResolveAgent(r) => {
-            let mut params = json!({"agent_type": r.agent_type});
-            if let (Some(m), Some(obj)) = (&r.model, params.as_object_mut()) {
-                obj.insert("model".into(), m.clone().into());
-            }
-            let v = one("resolve_agent", params)?;
+            let v = one(AgentRequest::ResolveAgent(ResolveAgent {
+                agent_type: r.agent_type,
+                model: r.model,
+            }))?;
             if let Format::Json = r.format {
                 json_out(out, &v)?;
             }
@@ -829,12 +855,13 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             }
         }
         Agent::Resources(a) | Agent::Prompts(a) => {
-            let (method, key) = if prompts {
-                ("list_prompts", "prompts")
+            let server = ServerArg { server: a.server };
+            let (request, key) = if prompts {
+                (AgentRequest::ListPrompts(server), "prompts")
             } else {
-                ("list_resources", "resources")
+                (AgentRequest::ListResources(server), "resources")
             };
-            let v = one(method, json!({"server": a.server}))?;
+            let v = one(request)?;
             match a.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -853,7 +880,10 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             }
         }
         Agent::ReadResource(r) => {
-            let v = one("read_resource", json!({"server": r.server, "uri": r.uri}))?;
+            let v = one(AgentRequest::ReadResource(ReadResource {
+                server: r.server,
+                uri: r.uri,
+            }))?;
             match r.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -875,12 +905,20 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
         }
         Agent::GetPrompt(g) => {
             let arguments = parse_object(&g.json)
-                .filter(|m| m.values().all(Value::is_string))
+                .and_then(|m| {
+                    m.into_iter()
+                        .map(|(k, v)| match v {
+                            Value::String(s) => Some((k, s)),
+                            _ => None,
+                        })
+                        .collect::<Option<_>>()
+                })
                 .ok_or_else(|| CliError::Usage("--json must be a JSON object of strings".into()))?;
-            let v = one(
-                "get_prompt",
-                json!({"server": g.server, "name": g.name, "arguments": arguments}),
-            )?;
+            let v = one(AgentRequest::GetPrompt(GetPrompt {
+                server: g.server,
+                name: g.name,
+                arguments,
+            }))?;
             match g.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
@@ -904,7 +942,7 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
         Agent::Tools(f) => {
             let v = rt.block_on(async {
                 let mut c = agent_session(&socket, child).await?;
-                c.request("list_tools", json!({})).await
+                c.send(AgentRequest::ListTools).await
             });
             let v = v.map_err(via(&socket))?;
             match f.format {
@@ -958,10 +996,11 @@ pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliE
             let v = rt
                 .block_on(async {
                     let mut conn = agent_session(&socket, child).await?;
-                    conn.request(
-                        "call_tool",
-                        json!({"server": c.server, "tool": c.tool, "arguments": arguments}),
-                    )
+                    conn.send(AgentRequest::CallTool(CallTool {
+                        server: c.server,
+                        tool: c.tool,
+                        arguments,
+                    }))
                     .await
                 })
                 .map_err(via(&socket))?;
@@ -1111,7 +1150,9 @@ pub(crate) fn audit_state(home: &Home) -> Value {
             tokio::time::timeout(Duration::from_secs(5), async {
                 let mut c = operator_connect(&socket).await.ok()?;
                 c.hello("iteron-cli").await.ok()?;
-                c.request("status", json!({})).await.ok()
+                c.send(OperatorRequest::Status(StatusArg::default()))
+                    .await
+                    .ok()
             })
             .await
             .ok()
@@ -1162,7 +1203,7 @@ fn broker_catalog(socket: &Path) -> Option<Value> {
         tokio::time::timeout(Duration::from_secs(5), async {
             let mut c = operator_connect(socket).await.ok()?;
             c.hello("iteron-cli").await.ok()?;
-            c.request("catalog", json!({})).await.ok()
+            c.send(OperatorRequest::Catalog).await.ok()
         })
         .await
         .ok()

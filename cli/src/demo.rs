@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use iteron_broker::ipc::proto::{OperatorRequest, PendingArg};
 use iteron_broker::store::Home;
 
 use crate::args::{Cli, Top};
@@ -419,7 +420,7 @@ fn wait_for_pending(home: &Home) -> Result<u64, CliError> {
         c.hello("iteron-demo").await.map_err(CliError::Broker)?;
         for _ in 0..1500 {
             let v = c
-                .request("pending", serde_json::json!({}))
+                .send(OperatorRequest::Pending(PendingArg::default()))
                 .await
                 .map_err(CliError::Broker)?;
             if let Some(id) = v["pending"][0]["id"].as_u64() {

@@ -9,7 +9,10 @@ use super::{
 };
 use crate::audit::Event;
 use crate::ipc::frame::{self, MAX_FRAME};
-use crate::ipc::proto::{self, Code, Fatal, PROTOCOL_VERSION, Refusal, Request, Role, State};
+use crate::ipc::proto::{
+    self, AgentMethod, AgentRequest, Code, Fatal, OperatorRequest, PROTOCOL_VERSION, Refusal,
+    Request, Role, State,
+};
 use iteron_policy::config::HookEvent;
 use iteron_policy::text;
 use serde_json::{Value, json};
@@ -205,7 +208,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                 break;
             }
         };
-        let (id, entry, request) = match proto::decode(role, state, &body) {
+        let (id, _, request) = match proto::decode(role, state, &body) {
             Ok(x) => x,
             Err(f) => {
                 send(&tx, &fatal(&f, &session)).await;
@@ -234,7 +237,8 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
             break;
         }
         match request {
-            Request::Hello(h) => {
+            Request::Agent(AgentRequest::Hello(h))
+            | Request::Operator(OperatorRequest::Hello(h)) => {
                 let opened = open_session(&broker, role, peer, &h);
                 if let Ok(mut set) = in_flight.lock() {
                     set.remove(&id);
@@ -271,7 +275,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                     }
                 }
             }
-            Request::EndSession => {
+            Request::Agent(AgentRequest::EndSession) => {
                 if let Some(s) = session.as_ref().filter(|s| s.child.is_none()) {
                     let reports = broker
                         .hooks
@@ -284,7 +288,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                         session: Some(s.id.clone()),
                         peer_uid: Some(peer.uid),
                         peer_pid: peer.pid,
-                        kind: entry.method,
+                        kind: AgentMethod::EndSession.name(),
                         decision: "allowed",
                         outcome: "ok",
                         ..Event::default()
@@ -305,7 +309,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                 tasks.spawn(async move {
                     // Boxed: the request's future is large, and the task would otherwise be
                     // copied whole whenever tokio moves it.
-                    let work = Box::pin(dispatch(&b, role, peer, s.as_deref(), other));
+                    let work = Box::pin(dispatch(&b, peer, s.as_deref(), other));
                     let answer = tokio::select! {
                         r = work => r,
                         _ = shut.wait_for(|s| *s) => Err(Denial::ShutdownDuringRequest.refusal()),

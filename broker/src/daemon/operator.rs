@@ -3,12 +3,16 @@
 
 use super::{Broker, Peer};
 use crate::audit::Event;
-use crate::ipc::proto::{self, Code, Refusal, Request};
+use crate::ipc::proto::{self, Code, OperatorRequest, Refusal};
 use crate::mcp::elicit::FormAnswer;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Result<Value, Refusal> {
+pub(super) async fn operator(
+    broker: &Broker,
+    peer: Peer,
+    req: OperatorRequest,
+) -> Result<Value, Refusal> {
     let not_found = || Refusal::new(Code::NotFound, "no such server");
     let control = |kind: &'static str, server: &str| {
         broker.audit(Event {
@@ -22,7 +26,7 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
         });
     };
     match req {
-        Request::Status(a) => {
+        OperatorRequest::Status(a) => {
             let servers = broker
                 .registry
                 .status(a.server.as_deref())
@@ -33,12 +37,12 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
                 "audit": broker.audit.state_json(),
             }))
         }
-        Request::Cancel(a) => {
+        OperatorRequest::Cancel(a) => {
             let n = broker.registry.cancel(&a.server).ok_or_else(not_found)?;
             control("operator_cancel", &a.server);
             Ok(json!({"cancelled": n}))
         }
-        Request::Restart(a) => {
+        OperatorRequest::Restart(a) => {
             broker
                 .registry
                 .restart(&a.server, false)
@@ -47,7 +51,7 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
             control("operator_restart", &a.server);
             Ok(json!({}))
         }
-        Request::Stop(a) => {
+        OperatorRequest::Stop(a) => {
             broker
                 .registry
                 .restart(&a.server, true)
@@ -56,7 +60,7 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
             control("operator_stop", &a.server);
             Ok(json!({}))
         }
-        Request::Logout(a) => {
+        OperatorRequest::Logout(a) => {
             let outcome = broker
                 .registry
                 .logout_external(&a.server)
@@ -74,14 +78,14 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
                 },
             }}))
         }
-        Request::Catalog => Ok(broker.catalog.snapshot_json()),
-        Request::Show(s) => broker.approvals.show(s.id, s.offset),
-        Request::Pending(p) => {
+        OperatorRequest::Catalog => Ok(broker.catalog.snapshot_json()),
+        OperatorRequest::Show(s) => broker.approvals.show(s.id, s.offset),
+        OperatorRequest::Pending(p) => {
             // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
             let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));
             Ok(json!({"pending": broker.approvals.list_wait(wait).await}))
         }
-        Request::Decide(d) => {
+        OperatorRequest::Decide(d) => {
             // Each call is decided — and audited — on its own, also when several are named.
             if d.args_sha256.is_some() && (d.id.is_none() || !d.ids.is_empty()) {
                 return Err(Refusal::new(
@@ -132,7 +136,7 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
                 Ok(json!({"decided": decided, "not_found": missing}))
             }
         }
-        Request::Answer(a) => {
+        OperatorRequest::Answer(a) => {
             let answer = match a.action {
                 proto::FormAction::Accept => FormAnswer::Accept(a.content),
                 proto::FormAction::Decline => FormAnswer::Decline,
@@ -164,6 +168,8 @@ pub(super) async fn operator(broker: &Broker, peer: Peer, req: Request) -> Resul
                 )),
             }
         }
-        _ => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+        // The connection answers `hello` itself; refused rather than trusted if one ever
+        // reached this point.
+        OperatorRequest::Hello(_) => Err(Refusal::new(Code::Protocol, "request not allowed here")),
     }
 }

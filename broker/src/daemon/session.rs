@@ -8,7 +8,7 @@ use super::operator::operator;
 use super::{Broker, Peer, Session};
 use crate::audit::Event;
 use crate::catalog::Catalog;
-use crate::ipc::proto::{self, Refusal, Request, Role};
+use crate::ipc::proto::{self, AgentRequest, Refusal, Request};
 use iteron_policy::agentdef::{self, AgentDef};
 use iteron_policy::config::HookEvent;
 use serde_json::{Value, json};
@@ -17,7 +17,6 @@ use std::time::Duration;
 
 pub(super) async fn dispatch(
     broker: &Broker,
-    role: Role,
     peer: Peer,
     session: Option<&Session>,
     request: Request,
@@ -25,9 +24,19 @@ pub(super) async fn dispatch(
     if let Some(s) = session {
         check_wall_budget(s)?;
     }
-    match (role, request, session) {
-        (Role::Agent, Request::ListTools, Some(s)) => list_tools(broker, s).await,
-        (Role::Agent, Request::CallTool(c), Some(s)) => match &s.child {
+    match (request, session) {
+        (Request::Operator(r), _) => operator(broker, peer, r).await,
+        (Request::Agent(r), Some(s)) => agent(broker, s, r).await,
+        // An agent request is decoded only in an open session, which an agent connection has
+        // from its `hello` on; refused rather than trusted if that ever were not so.
+        (Request::Agent(_), None) => Err(Denial::NotAllowedHere.refusal()),
+    }
+}
+
+async fn agent(broker: &Broker, s: &Session, request: AgentRequest) -> Result<Value, Refusal> {
+    match request {
+        AgentRequest::ListTools => list_tools(broker, s).await,
+        AgentRequest::CallTool(c) => match &s.child {
             None => call_tool(broker, s, c).await,
             Some(child) => {
                 let _serial = child.serial.lock().await;
@@ -69,16 +78,12 @@ pub(super) async fn dispatch(
                 r
             }
         },
-        (Role::Agent, Request::ListResources(a), Some(s)) => {
-            list_reads(broker, s, &a.server, false).await
-        }
-        (Role::Agent, Request::ListPrompts(a), Some(s)) => {
-            list_reads(broker, s, &a.server, true).await
-        }
-        (Role::Agent, Request::ReadResource(r), Some(s)) => {
+        AgentRequest::ListResources(a) => list_reads(broker, s, &a.server, false).await,
+        AgentRequest::ListPrompts(a) => list_reads(broker, s, &a.server, true).await,
+        AgentRequest::ReadResource(r) => {
             server_read(broker, s, &r.server, Read::Resource(r.uri)).await
         }
-        (Role::Agent, Request::GetPrompt(g), Some(s)) => {
+        AgentRequest::GetPrompt(g) => {
             let arguments = g
                 .arguments
                 .into_iter()
@@ -86,9 +91,9 @@ pub(super) async fn dispatch(
                 .collect();
             server_read(broker, s, &g.server, Read::Prompt(g.name, arguments)).await
         }
-        (Role::Agent, Request::ListSkills, Some(_)) => Ok(skills_index(&broker.catalog)),
-        (Role::Agent, Request::UseSkill(u), Some(s)) => use_skill(broker, s, &u.name),
-        (Role::Agent, Request::ResolveAgent(r), Some(s)) => {
+        AgentRequest::ListSkills => Ok(skills_index(&broker.catalog)),
+        AgentRequest::UseSkill(u) => use_skill(broker, s, &u.name),
+        AgentRequest::ResolveAgent(r) => {
             let answer = match resolve(&broker.catalog, &r.agent_type, r.model.as_deref()) {
                 Ok(def) => json!({"agent": crate::catalog::agent_json(def, None), "reason": null}),
                 Err(why) => json!({"agent": null, "reason": why}),
@@ -108,7 +113,7 @@ pub(super) async fn dispatch(
             });
             Ok(answer)
         }
-        (Role::Agent, Request::SubmitPrompt(p), Some(s)) => {
+        AgentRequest::SubmitPrompt(p) => {
             if p.prompt.len() > proto::MAX_PROMPT {
                 return Err(Denial::PromptTooLong.refusal());
             }
@@ -124,10 +129,9 @@ pub(super) async fn dispatch(
             }
             Ok(json!({}))
         }
-        (Role::Operator, req, _) => operator(broker, peer, req).await,
-        // The table admits nothing else in an open session; this is unreachable by
-        // construction, and refused rather than trusted if it ever were reached.
-        _ => Err(Denial::NotAllowedHere.refusal()),
+        // The connection answers these itself; refused rather than trusted if one ever
+        // reached this point.
+        AgentRequest::Hello(_) | AgentRequest::EndSession => Err(Denial::NotAllowedHere.refusal()),
     }
 }
 

@@ -5,11 +5,11 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::net::UnixStream;
 
 use super::frame::{self, FrameError, MAX_FRAME};
-use super::proto::{self, PROTOCOL_VERSION};
+use super::proto::{self, AgentRequest, Hello, PROTOCOL_VERSION, Reply, Request};
 
 /// How long the client waits for an answer that has started arriving.
 const BODY_DEADLINE: Duration = Duration::from_secs(30);
@@ -73,14 +73,6 @@ pub struct Connection {
     next: u64,
 }
 
-fn plain_word(s: &str) -> String {
-    if !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
-        s.to_owned()
-    } else {
-        "error".to_owned()
-    }
-}
-
 impl Connection {
     /// Connect to a socket.
     pub async fn connect(path: &Path) -> Result<Connection, ClientError> {
@@ -103,11 +95,25 @@ impl Connection {
 
     /// Open the session (`hello`) with a client label.
     pub async fn hello(&mut self, client: &str) -> Result<Value, ClientError> {
-        self.request(
-            "hello",
-            json!({"protocol": PROTOCOL_VERSION, "client": client}),
-        )
+        self.send(Request::Agent(AgentRequest::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            client: client.to_owned(),
+            agent_type: None,
+            model: None,
+        })))
         .await
+    }
+
+    /// Send one typed request and wait for its answer. (`hello` is spelled alike on both
+    /// sockets, so [`Connection::hello`] serves both.)
+    pub async fn send(&mut self, request: impl Into<Request>) -> Result<Value, ClientError> {
+        let id = self.next;
+        self.next += 1;
+        let frame = request
+            .into()
+            .frame(id)
+            .map_err(|_| ClientError::Malformed)?;
+        self.exchange(id, &frame).await
     }
 
     /// Send raw bytes as one frame (tests and fuzzing).
@@ -129,12 +135,17 @@ impl Connection {
         }
     }
 
-    /// Send one request and wait for its answer.
+    /// Send one request given by method name and parameters, and wait for its answer: for
+    /// tests of the wire itself. Clients send typed requests ([`Connection::send`]).
     pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
         let id = self.next;
         self.next += 1;
-        let body = serde_json::to_vec(&proto::request_frame(id, method, params))
-            .map_err(|_| ClientError::Malformed)?;
+        self.exchange(id, &proto::request_frame(id, method, params))
+            .await
+    }
+
+    async fn exchange(&mut self, id: u64, frame: &Value) -> Result<Value, ClientError> {
+        let body = serde_json::to_vec(frame).map_err(|_| ClientError::Malformed)?;
         let written = frame::write_frame(&mut self.stream, &body, MAX_FRAME).await;
         // A broker that refuses the connection (peer check, too many connections) answers and
         // closes at once, so the write may fail: its error frame is still there to read.
@@ -147,27 +158,18 @@ impl Connection {
             }
             Err(e) => return Err(written.err().map_or(e, ClientError::Frame)),
         };
-        let answered = answer.get("id").and_then(Value::as_u64);
-        if let Some(err) = answer.get("error") {
+        let reply = Reply::parse(&answer).ok_or(ClientError::Malformed)?;
+        match reply.outcome {
+            Ok(result) if reply.id == Some(id) => Ok(result),
             // A fatal error may carry a null id; any other id is a broken answer.
-            if answered.is_some_and(|a| a != id) {
-                return Err(ClientError::Malformed);
-            }
-            let text = |k: &str| err.get(k).and_then(Value::as_str).map(str::to_owned);
-            return Err(ClientError::Refused {
-                code: plain_word(&text("code").unwrap_or_default()),
+            Err(e) if reply.id.is_none_or(|a| a == id) => Err(ClientError::Refused {
+                code: e.code,
                 // The broker's reasons are already rendered: capped and checked again, never
                 // escaped a second time (unsafe characters still are).
-                message: iteron_policy::text::cap_rendered(
-                    &text("message").unwrap_or_default(),
-                    proto::MAX_REASON,
-                ),
-                certainty: text("certainty").map(|c| plain_word(&c)),
-            });
+                message: iteron_policy::text::cap_rendered(&e.message, proto::MAX_REASON),
+                certainty: e.certainty,
+            }),
+            _ => Err(ClientError::Malformed),
         }
-        if answered != Some(id) {
-            return Err(ClientError::Malformed);
-        }
-        answer.get("result").cloned().ok_or(ClientError::Malformed)
     }
 }
