@@ -1068,3 +1068,121 @@ fn the_ci_example_in_the_docs_runs_as_written() {
         json!({}),
     );
 }
+
+/// The agent program (`iteron-agent`, built from `broker/agent` on the IPC crate alone, with no
+/// credential, configuration, network or process code) does what `iteron agent` does, as
+/// another uid against the official everything server: the same tool list byte for byte, a
+/// rule-approved call that runs, a refusal with the same reason, exit code and certainty, and
+/// an audit log that names the rule and the agent's uid.
+#[test]
+fn the_agent_program_alone_does_what_iteron_agent_does_as_another_uid() {
+    if !root() {
+        eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
+        return;
+    }
+    let program = std::path::Path::new(iteron()).with_file_name("iteron-agent");
+    assert!(
+        program.exists(),
+        "{} is not built: cargo build -p iteron-agent (./scripts/test does)",
+        program.display()
+    );
+    let site = Site::new("agent-program");
+    site.configure(
+        json!([everything()]),
+        json!({"rules": [{"id": "ci-echo", "effect": "allow", "server": "ev", "tool": "echo",
+                          "arguments": {"message": {"prefix": "ci-"}},
+                          "agent_uids": [AGENT_UID]}]}),
+    );
+    let broker = site.broker(&[]);
+    let sock = site.socket();
+    let alone = |args: &[&str]| -> Output {
+        Command::new(&program)
+            .args(["--socket", sock.to_str().unwrap()])
+            .args(args)
+            .env_clear()
+            .current_dir(&site.base)
+            .stdin(Stdio::null())
+            .uid(AGENT_UID)
+            .gid(AGENT_UID)
+            .output()
+            .unwrap()
+    };
+    let both = |args: &[&str]| -> (Output, Output) {
+        (alone(args), site.agent(AGENT_UID, args).output().unwrap())
+    };
+
+    let (mine, theirs) = both(&["tools", "--format", "json"]);
+    assert!(mine.status.success(), "{}", text(&mine.stderr));
+    assert_eq!(text(&mine.stdout), text(&theirs.stdout));
+    let listed: Value = serde_json::from_slice(&mine.stdout).unwrap();
+    let echo = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "echo")
+        .unwrap();
+    assert_eq!(echo["approval"], "rule", "{echo}");
+
+    let call = |message: &str| {
+        let json = json!({"message": message}).to_string();
+        alone(&["call", "ev", "echo", "--json", &json, "--format", "json"])
+    };
+    let ok = call("ci-from-the-agent-program");
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    let v: Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert!(
+        v["text"]
+            .as_str()
+            .unwrap()
+            .contains("ci-from-the-agent-program"),
+        "{v}"
+    );
+
+    let no = call("prod");
+    let line = refused(&no, "approval_required");
+    assert!(
+        line.starts_with("iteron-agent: error: broker: approval_required: "),
+        "{line}"
+    );
+    let same = site.call(AGENT_UID, "ev", "echo", json!({"message": "prod"}));
+    assert_eq!(
+        line.trim_start_matches("iteron-agent"),
+        text(&same.stderr).trim_start_matches("iteron"),
+        "the two programs say the same"
+    );
+
+    // A command-line mistake is one line that does not quote what was typed.
+    let bad = alone(&["call", "ev", "echo", "--format", "sekrit-value"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        !text(&bad.stderr).contains("sekrit"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    let (code, err) = broker.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let records = site.records();
+    let approved: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "call_tool" && r["decision"] == "approved_by_rule")
+        .collect();
+    assert_eq!(approved.len(), 2, "dispatching and outcome: {approved:?}");
+    for r in &approved {
+        assert_eq!(r["peer_uid"], AGENT_UID, "{r}");
+        assert!(
+            r["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("rule ci-echo (digest "),
+            "{r}"
+        );
+    }
+    let verify = site.operator(&["audit", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+    support::report::record(
+        "P17",
+        "tests/approval_rules.rs::the_agent_program_alone_does_what_iteron_agent_does_as_another_uid",
+        json!({"program": "iteron-agent", "uid": AGENT_UID, "approved": 1, "refused": 1}),
+    );
+}

@@ -10,54 +10,35 @@
 //! explicitly, with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 
-#[cfg(feature = "broker")]
+/// The IPC channel (frames, the typed requests, the client): the `iteron-ipc` crate, the
+/// agent's whole side, used here to decode and dispatch.
+pub use iteron_ipc as ipc;
+
 pub mod approvals;
-#[cfg(feature = "broker")]
 pub mod audit;
-#[cfg(feature = "broker")]
 pub mod catalog;
-#[cfg(feature = "broker")]
 pub mod confine;
-#[cfg(feature = "broker")]
 pub mod credentials;
-#[cfg(feature = "broker")]
 pub mod daemon;
-#[cfg(feature = "broker")]
 pub mod egress;
-#[cfg(feature = "broker")]
 pub mod hooks;
-pub mod ipc;
-#[cfg(feature = "broker")]
 pub mod keyring;
-#[cfg(feature = "broker")]
 pub mod mcp;
-#[cfg(feature = "broker")]
 pub mod net;
-#[cfg(feature = "broker")]
 pub mod oauth;
-#[cfg(feature = "broker")]
 pub mod private_fs;
-#[cfg(feature = "broker")]
 pub mod registry;
-#[cfg(feature = "broker")]
 pub mod rules;
-#[cfg(feature = "broker")]
 pub mod scrub;
-#[cfg(feature = "broker")]
 pub mod servers;
-#[cfg(feature = "broker")]
 pub mod spawn;
-#[cfg(feature = "broker")]
 pub mod start;
-#[cfg(feature = "broker")]
 pub mod store;
-#[cfg(feature = "broker")]
 #[allow(
     unsafe_code,
     reason = "the one module with FFI; every block has a SAFETY comment"
 )]
 pub mod sys;
-#[cfg(feature = "broker")]
 pub mod unit_secrets;
 
 /// The security report (test builds only): tests that prove a SECURITY.md promise record it.

@@ -4,6 +4,8 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub(crate) use iteron_agent::args::{AgentArgs, Format, FormatArg};
+
 /// Iteron: a capability broker that lets an agent act through MCP servers, skills and hooks
 /// without ever holding a credential.
 #[derive(Debug, Parser)]
@@ -243,110 +245,6 @@ pub(crate) struct AnswerArgs {
     pub(crate) cancel: bool,
 }
 
-#[derive(Debug, Args)]
-pub(crate) struct AgentArgs {
-    /// The broker's agent socket (default: $ITERON_AGENT_SOCKET).
-    #[arg(long, value_name = "PATH")]
-    pub(crate) socket: Option<std::path::PathBuf>,
-    /// Open a child session bound to this agent definition (read-only, budgeted).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) agent_type: Option<String>,
-    #[command(subcommand)]
-    pub(crate) action: Agent,
-}
-
-#[derive(Debug, Subcommand)]
-#[expect(
-    clippy::enum_variant_names,
-    reason = "resolve-agent is the command's documented name"
-)]
-pub(crate) enum Agent {
-    /// The tools exposed to this agent.
-    Tools(FormatArg),
-    /// Call one exposed tool (waits for operator approval).
-    Call(CallArgs),
-    /// The skill index (names and descriptions).
-    Skills(FormatArg),
-    /// One skill's instructions.
-    UseSkill(SkillArg),
-    /// Look up an agent definition by its exact name.
-    ResolveAgent(ResolveArgs),
-    /// One server's resources.
-    Resources(ServerFormat),
-    /// Read one resource (waits for operator approval).
-    ReadResource(ReadResourceArgs),
-    /// One server's prompts.
-    Prompts(ServerFormat),
-    /// Get one prompt (waits for operator approval).
-    GetPrompt(GetPromptArgs),
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ServerFormat {
-    /// Server name.
-    pub(crate) server: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ReadResourceArgs {
-    /// Server name.
-    pub(crate) server: String,
-    /// The resource's URI, as listed.
-    pub(crate) uri: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct GetPromptArgs {
-    /// Server name.
-    pub(crate) server: String,
-    /// The prompt's name.
-    pub(crate) name: String,
-    /// The arguments, a JSON object of strings.
-    #[arg(long, value_name = "OBJECT", default_value = "{}")]
-    pub(crate) json: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct SkillArg {
-    /// The skill's name.
-    pub(crate) name: String,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ResolveArgs {
-    /// The agent type (exact, case-sensitive name).
-    pub(crate) agent_type: String,
-    /// A model override.
-    #[arg(long, value_name = "MODEL")]
-    pub(crate) model: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct CallArgs {
-    /// Server name.
-    pub(crate) server: String,
-    /// Tool name.
-    pub(crate) tool: String,
-    /// The arguments, a JSON object.
-    #[arg(long, value_name = "OBJECT", default_value = "{}")]
-    pub(crate) json: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
 #[derive(Debug, Subcommand)]
 pub(crate) enum Audit {
     /// Check the whole hash chain: any edit, reordering or removal fails.
@@ -507,20 +405,6 @@ pub(crate) struct DoctorArgs {
     pub(crate) connect: bool,
     #[command(flatten)]
     pub(crate) bounds: ProbeBounds,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub(crate) enum Format {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct FormatArg {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub(crate) format: Format,

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use iteron_agent::parse_object;
 use iteron_broker::approvals::MAX_PREVIEW;
 use iteron_broker::ipc::client::{ClientError, Connection};
 use iteron_broker::ipc::proto::{
-    AgentRequest, Answer, CallTool, Decide, FormAction, GetPrompt, Hello, OperatorRequest,
-    PROTOCOL_VERSION, PendingArg, ReadResource, ResolveAgent, ServerArg, Show, StatusArg, UseSkill,
+    Answer, Decide, FormAction, OperatorRequest, PendingArg, ServerArg, Show, StatusArg,
 };
 use iteron_broker::start::{self, StartError, StartOptions};
 use iteron_broker::store::Home;
@@ -21,8 +21,8 @@ use iteron_policy::text;
 use serde_json::{Map, Value, json};
 
 use crate::args::{
-    Agent, AgentArgs, Approvals, ApprovalsArgs, Audit, Broker, CatalogArgs, Format,
-    OperatorSocketArg, ServeArgs, ShowArgs,
+    Approvals, ApprovalsArgs, Audit, Broker, CatalogArgs, Format, OperatorSocketArg, ServeArgs,
+    ShowArgs,
 };
 use crate::error::CliError;
 
@@ -485,13 +485,6 @@ fn decide(
     Ok(())
 }
 
-fn parse_object(raw: &str) -> Option<Map<String, Value>> {
-    match serde_json::from_str::<Value>(raw) {
-        Ok(Value::Object(m)) => Some(m),
-        _ => None,
-    }
-}
-
 fn describe_item(item: &Value) -> String {
     let s = |k: &str| {
         item.get(k)
@@ -745,294 +738,6 @@ fn watch(socket: &Path, out: &mut dyn Write) -> Result<(), CliError> {
             }
         }
     }
-}
-
-/// Connect and open the session (a child session with `--agent-type`).
-async fn agent_session(socket: &Path, agent_type: Option<&str>) -> Result<Connection, ClientError> {
-    let mut c = Connection::connect(socket).await?;
-    c.send(AgentRequest::Hello(Hello {
-        protocol: PROTOCOL_VERSION,
-        client: "iteron-agent".into(),
-        agent_type: agent_type.map(str::to_owned),
-        model: None,
-    }))
-    .await?;
-    Ok(c)
-}
-
-fn agent_socket(args: &AgentArgs) -> Result<PathBuf, CliError> {
-    args.socket
-        .clone()
-        .or_else(|| std::env::var_os("ITERON_AGENT_SOCKET").map(PathBuf::from))
-        .ok_or_else(|| CliError::Usage("give --socket PATH (or set ITERON_AGENT_SOCKET)".into()))
-}
-
-/// `iteron agent …`: needs only the socket.
-pub(crate) fn run_agent(args: AgentArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let socket = agent_socket(&args)?;
-    let rt = crate::rt::current_thread()?;
-    let child = args.agent_type.as_deref();
-    let one = |request: AgentRequest| -> Result<Value, CliError> {
-        rt.block_on(async {
-            let mut c = agent_session(&socket, child).await?;
-            c.send(request).await
-        })
-        .map_err(via(&socket))
-    };
-    let prompts = matches!(args.action, Agent::Prompts(_));
-    match args.action {
-        Agent::Skills(f) => {
-            let v = one(AgentRequest::ListSkills)?;
-            match f.format {
-                Format::Json => json_out(out, &v),
-                Format::Text => {
-                    let empty = Vec::new();
-                    for s in v.get("skills").and_then(Value::as_array).unwrap_or(&empty) {
-                        let g = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("");
-                        out_line(
-                            out,
-                            &text::single_line(&format!(
-                                "{}  ({})  {}",
-                                g("name"),
-                                g("tier"),
-                                g("description")
-                            )),
-                        )?;
-                    }
-                    Ok(())
-                }
-            }
-        }
-        Agent::UseSkill(a) => {
-            let v = one(AgentRequest::UseSkill(UseSkill { name: a.name }))?;
-            let body = v.get("body").and_then(Value::as_str).unwrap_or("");
-            for line in body.lines() {
-                out_line(out, &text::single_line_capped(line, usize::MAX))?;
-            }
-            Ok(())
-        }
-        Agent::ResolveAgent(r) => {
-            let v = one(AgentRequest::ResolveAgent(ResolveAgent {
-                agent_type: r.agent_type,
-                model: r.model,
-            }))?;
-            if let Format::Json = r.format {
-                json_out(out, &v)?;
-            }
-            match v.get("agent") {
-                Some(a) if a.is_object() => {
-                    if let Format::Text = r.format {
-                        let g = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-                        // The identity is a digest the broker computed: shown whole (redaction
-                        // would take a 64-hex string for a secret); the rest is made safe.
-                        let identity = g("identity");
-                        let identity = if identity.len() == 64
-                            && identity.bytes().all(|b| b.is_ascii_hexdigit())
-                        {
-                            identity
-                        } else {
-                            "-".to_owned()
-                        };
-                        out_line(
-                            out,
-                            &format!(
-                                "{} identity {identity}",
-                                text::single_line(&format!("{} ({} tier)", g("name"), g("tier")))
-                            ),
-                        )?;
-                    }
-                    Ok(())
-                }
-                _ => Err(CliError::Broker(ClientError::Refused {
-                    code: "refused".into(),
-                    message: text::single_line(
-                        v.get("reason")
-                            .and_then(Value::as_str)
-                            .unwrap_or("not resolved"),
-                    ),
-                    certainty: None,
-                })),
-            }
-        }
-        Agent::Resources(a) | Agent::Prompts(a) => {
-            let server = ServerArg { server: a.server };
-            let (request, key) = if prompts {
-                (AgentRequest::ListPrompts(server), "prompts")
-            } else {
-                (AgentRequest::ListResources(server), "resources")
-            };
-            let v = one(request)?;
-            match a.format {
-                Format::Json => json_out(out, &v),
-                Format::Text => {
-                    let empty = Vec::new();
-                    for r in v.get(key).and_then(Value::as_array).unwrap_or(&empty) {
-                        let g = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
-                        let line = if prompts {
-                            format!("{}  {}", g("name"), g("description"))
-                        } else {
-                            format!("{}  {}  {}", g("uri"), g("name"), g("description"))
-                        };
-                        out_line(out, &text::single_line(&line))?;
-                    }
-                    notes_out(out, &v)
-                }
-            }
-        }
-        Agent::ReadResource(r) => {
-            let v = one(AgentRequest::ReadResource(ReadResource {
-                server: r.server,
-                uri: r.uri,
-            }))?;
-            match r.format {
-                Format::Json => json_out(out, &v),
-                Format::Text => {
-                    let empty = Vec::new();
-                    for c in v
-                        .get("contents")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
-                        let t = c.get("text").and_then(Value::as_str).unwrap_or("");
-                        // Server output is untrusted: terminal-safe, keeping line breaks.
-                        for line in t.lines() {
-                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                        }
-                    }
-                    notes_out(out, &v)
-                }
-            }
-        }
-        Agent::GetPrompt(g) => {
-            let arguments = parse_object(&g.json)
-                .and_then(|m| {
-                    m.into_iter()
-                        .map(|(k, v)| match v {
-                            Value::String(s) => Some((k, s)),
-                            _ => None,
-                        })
-                        .collect::<Option<_>>()
-                })
-                .ok_or_else(|| CliError::Usage("--json must be a JSON object of strings".into()))?;
-            let v = one(AgentRequest::GetPrompt(GetPrompt {
-                server: g.server,
-                name: g.name,
-                arguments,
-            }))?;
-            match g.format {
-                Format::Json => json_out(out, &v),
-                Format::Text => {
-                    let empty = Vec::new();
-                    for m in v
-                        .get("messages")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
-                        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-                        out_line(out, &format!("[{}]", text::single_line(role)))?;
-                        let t = m.get("text").and_then(Value::as_str).unwrap_or("");
-                        for line in t.lines() {
-                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                        }
-                    }
-                    notes_out(out, &v)
-                }
-            }
-        }
-        Agent::Tools(f) => {
-            let v = rt.block_on(async {
-                let mut c = agent_session(&socket, child).await?;
-                c.send(AgentRequest::ListTools).await
-            });
-            let v = v.map_err(via(&socket))?;
-            match f.format {
-                Format::Json => json_out(out, &v),
-                Format::Text => {
-                    let empty = Vec::new();
-                    for t in v.get("tools").and_then(Value::as_array).unwrap_or(&empty) {
-                        let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
-                        // Whether calls can be approved: rule, operator, deferred,
-                        // denied_by_rule or refused_noninteractive.
-                        let approval = match s("approval") {
-                            "" => String::new(),
-                            a => format!("  [{a}]"),
-                        };
-                        out_line(
-                            out,
-                            &text::single_line(&format!(
-                                "{}/{}{approval}  {}",
-                                s("server"),
-                                s("name"),
-                                s("description")
-                            )),
-                        )?;
-                    }
-                    for u in v
-                        .get("unavailable")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
-                        out_line(
-                            out,
-                            &text::single_line(&format!(
-                                "{}: unavailable",
-                                u.as_str().unwrap_or("")
-                            )),
-                        )?;
-                    }
-                    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
-                        out_line(
-                            out,
-                            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
-                        )?;
-                    }
-                    Ok(())
-                }
-            }
-        }
-        Agent::Call(c) => {
-            let arguments = parse_object(&c.json)
-                .ok_or_else(|| CliError::Usage("--json must be a JSON object".into()))?;
-            let v = rt
-                .block_on(async {
-                    let mut conn = agent_session(&socket, child).await?;
-                    conn.send(AgentRequest::CallTool(CallTool {
-                        server: c.server,
-                        tool: c.tool,
-                        arguments,
-                    }))
-                    .await
-                })
-                .map_err(via(&socket))?;
-            let is_error = v.get("is_error").and_then(Value::as_bool) == Some(true);
-            match c.format {
-                Format::Json => json_out(out, &v)?,
-                Format::Text => {
-                    let t = v.get("text").and_then(Value::as_str).unwrap_or("");
-                    // Tool output is untrusted: make it terminal-safe, keeping line breaks.
-                    for line in t.lines() {
-                        out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                    }
-                }
-            }
-            if is_error {
-                return Err(CliError::Server("the tool reported an error".into()));
-            }
-            Ok(())
-        }
-    }
-}
-
-/// A result's notes (what was left out or cut), one line each, marked as notes.
-fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), CliError> {
-    let empty = Vec::new();
-    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
-        out_line(
-            out,
-            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
-        )?;
-    }
-    Ok(())
 }
 
 /// `iteron audit verify [--expect SEQ:SHA256]...`

@@ -3,47 +3,10 @@
 //! (`docs/cli.md`).
 
 use std::fmt;
-use std::process::ExitCode;
 
+pub(crate) use iteron_agent::Exit;
 use iteron_broker::private_fs::FsError;
 use iteron_broker::store::StoreError;
-use iteron_policy::text;
-
-/// Exit codes, as documented in docs/cli.md.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Exit {
-    /// Success.
-    Ok = 0,
-    /// An I/O or internal failure.
-    Failure = 1,
-    /// Bad command line (flags or argument values).
-    Usage = 2,
-    /// The configuration file is invalid (it was left untouched).
-    InvalidConfig = 3,
-    /// The named server does not exist.
-    NotFound = 4,
-    /// A file or directory has unsafe ownership or permissions (refused, not repaired).
-    UnsafePermissions = 5,
-    /// The change conflicts with the configuration (name taken, server limit reached).
-    Conflict = 6,
-    /// Another iteron process held the configuration lock too long.
-    Busy = 7,
-    /// A server could not be reached, started or understood (test, status, doctor), or a tool
-    /// call failed or reported an error.
-    Server = 8,
-    /// The broker refused the request (unknown tool, approval required or denied, policy, hook).
-    Refused = 9,
-    /// The audit log failed verification.
-    AuditFailed = 10,
-    /// The broker socket could not be reached, or the broker broke the connection.
-    Unreachable = 11,
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> ExitCode {
-        ExitCode::from(e as u8)
-    }
-}
 
 /// Everything a command can fail with.
 #[derive(Debug)]
@@ -75,6 +38,19 @@ pub(crate) enum CliError {
     Audit(String),
 }
 
+impl From<iteron_agent::AgentError> for CliError {
+    fn from(e: iteron_agent::AgentError) -> Self {
+        use iteron_agent::AgentError;
+        match e {
+            AgentError::Usage(m) => CliError::Usage(m),
+            AgentError::Output(e) => CliError::Output(e),
+            AgentError::NoBroker { socket, kind } => CliError::NoBroker { socket, kind },
+            AgentError::Broker(e) => CliError::Broker(e),
+            AgentError::ToolReportedError => CliError::Server("the tool reported an error".into()),
+        }
+    }
+}
+
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
         CliError::Store(e)
@@ -103,23 +79,6 @@ impl fmt::Display for CliError {
     }
 }
 
-fn broker_exit(e: &iteron_broker::ipc::client::ClientError) -> Exit {
-    use iteron_broker::ipc::client::ClientError;
-    match e {
-        ClientError::Connect(_)
-        | ClientError::WrongPeer(_)
-        | ClientError::Closed
-        | ClientError::Frame(_)
-        | ClientError::Malformed => Exit::Unreachable,
-        ClientError::Refused { code, .. } => match code.as_str() {
-            "failed" => Exit::Server,
-            "busy" | "shutting_down" => Exit::Busy,
-            "not_found" => Exit::NotFound,
-            _ => Exit::Refused,
-        },
-    }
-}
-
 impl CliError {
     /// The exit code for this error. Exhaustive on purpose: a new store error forces a decision.
     pub(crate) fn exit(&self) -> Exit {
@@ -131,7 +90,7 @@ impl CliError {
             CliError::Server(_) => Exit::Server,
             CliError::Serve(_) => Exit::Failure,
             CliError::Audit(_) => Exit::AuditFailed,
-            CliError::Broker(e) => broker_exit(e),
+            CliError::Broker(e) => iteron_agent::broker_exit(e),
             CliError::NoBroker { .. } => Exit::Unreachable,
             CliError::Store(e) => match e {
                 StoreError::Invalid { .. }
@@ -154,27 +113,14 @@ impl CliError {
         }
     }
 
-    /// The one line shown on stderr: prefixed, redacted, terminal-safe, at most 512 bytes.
-    /// Parts that were rendered already (a server's error, the broker's reason) are not
-    /// escaped again ([`text::cap_rendered`]: only what is still unsafe is). A broker refusal's
-    /// certainty suffix (`(effect: not_sent)`) is kept whole: the reason before it is what is
-    /// cut when the line is too long.
+    /// The one line shown on stderr: prefixed, redacted, terminal-safe, at most 512 bytes
+    /// ([`iteron_agent::error_line`], shared with the agent binary).
     pub(crate) fn line(&self) -> String {
-        if let CliError::Broker(iteron_broker::ipc::client::ClientError::Refused {
-            code,
-            message,
-            certainty: Some(c),
-        }) = self
-        {
-            let suffix = text::single_line_capped(&format!(" (effect: {c})"), 64);
-            let mut line = text::cap_rendered(
-                &format!("iteron: error: broker: {code}: {message}"),
-                text::MAX_LINE_BYTES - suffix.len(),
-            );
-            line.push_str(&suffix);
-            return line;
-        }
-        text::cap_rendered(&format!("iteron: error: {self}"), text::MAX_LINE_BYTES)
+        let refusal = match self {
+            CliError::Broker(e) => Some(e),
+            _ => None,
+        };
+        iteron_agent::error_line("iteron", &self.to_string(), refusal)
     }
 }
 
@@ -239,7 +185,7 @@ mod tests {
         use iteron_broker::ipc::client::ClientError;
         // A hook reason as the broker sends it: rendered once (a backslash and an ESC), at the
         // full reason bound.
-        let once = text::single_line_capped("C:\\dir \u{1b}[31mred ", 300);
+        let once = iteron_policy::text::single_line_capped("C:\\dir \u{1b}[31mred ", 300);
         let mut message = format!("blocked by an operator hook: {once}");
         while message.len() < 512 - 4 {
             message.push_str("\\x");

@@ -13,11 +13,14 @@ pub(crate) fn report_path() -> PathBuf {
     if let Some(p) = std::env::var_os("ITERON_SECURITY_REPORT") {
         return PathBuf::from(p);
     }
-    // Every crate of the workspace sits one level below the root.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target")
-        .join("iteron-security-report.jsonl")
+    // The workspace root is the nearest directory above the crate that holds Cargo.lock.
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").exists())
+        .unwrap_or(&manifest)
+        .to_path_buf();
+    root.join("target").join("iteron-security-report.jsonl")
 }
 
 /// Record that `test` proved `promise`, with what it measured.

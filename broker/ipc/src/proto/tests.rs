@@ -183,7 +183,7 @@ fn pending_waits_at_most_thirty_seconds() {
     assert!(op(r#"{"wait_ms":-1}"#.into()).is_err());
     crate::test_report::record(
         "P5",
-        "broker/src/ipc/proto/tests.rs::pending_waits_at_most_thirty_seconds",
+        "broker/ipc/src/proto/tests.rs::pending_waits_at_most_thirty_seconds",
         json!({"max_wait_ms": MAX_PENDING_WAIT_MS}),
     );
 }
@@ -293,7 +293,7 @@ fn params_are_bounded_in_nodes_at_the_limit_and_one_over() {
     );
     crate::test_report::record(
         "P5",
-        "broker/src/ipc/proto/tests.rs::params_are_bounded_in_nodes_at_the_limit_and_one_over",
+        "broker/ipc/src/proto/tests.rs::params_are_bounded_in_nodes_at_the_limit_and_one_over",
         json!({"max_nodes": MAX_NODES, "red_team_frame_bytes": big.len()}),
     );
 }
@@ -382,11 +382,8 @@ proptest! {
 /// both sockets appears.
 #[test]
 fn golden_exchanges_round_trip_and_cover_every_method() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fixtures/ipc/exchanges.json"
-    );
-    let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let golden = include_str!("../../../../fixtures/ipc/exchanges.json");
+    let doc: Value = serde_json::from_str(golden).unwrap();
     let mut covered = std::collections::HashSet::new();
     let mut last: Option<&str> = None;
     let mut state = State::AwaitingHello;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::net::UnixStream;
 
-use super::frame::{self, FrameError, MAX_FRAME};
-use super::proto::{self, AgentRequest, Hello, PROTOCOL_VERSION, Reply, Request};
+use crate::frame::{self, FrameError, MAX_FRAME};
+use crate::proto::{self, AgentRequest, Hello, PROTOCOL_VERSION, Reply, Request};
 
 /// How long the client waits for an answer that has started arriving.
 const BODY_DEADLINE: Duration = Duration::from_secs(30);

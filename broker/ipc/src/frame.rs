@@ -192,7 +192,7 @@ mod tests {
         });
         crate::test_report::record(
             "P5",
-            "broker/src/ipc/frame.rs::frames_round_trip_and_the_edges_hold",
+            "broker/ipc/src/frame.rs::frames_round_trip_and_the_edges_hold",
             serde_json::json!({}),
         );
     }
