@@ -166,13 +166,7 @@ async fn operator_connect(socket: &Path) -> Result<Connection, ClientError> {
 /// A broker error as the operator reads it: a socket that cannot be reached is named, with
 /// what to do about it; anything else is the broker's own answer.
 fn via(socket: &Path) -> impl Fn(ClientError) -> CliError + '_ {
-    move |e| match e {
-        ClientError::Connect(kind) => CliError::NoBroker {
-            socket: socket.to_path_buf(),
-            kind,
-        },
-        other => CliError::Broker(other),
-    }
+    move |e| iteron_agent::broker_error(socket, e).into()
 }
 
 pub(crate) fn operator_request(socket: &Path, request: OperatorRequest) -> Result<Value, CliError> {

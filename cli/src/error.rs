@@ -68,12 +68,9 @@ impl fmt::Display for CliError {
             CliError::Output(e) => write!(f, "cannot write output: {e}"),
             CliError::Server(why) | CliError::Serve(why) => f.write_str(why),
             CliError::Broker(e) => write!(f, "broker: {e}"),
-            CliError::NoBroker { socket, kind } => write!(
-                f,
-                "no broker answers on {} ({kind}): start it with iteron broker serve, or give the \
-                 socket it listens on",
-                socket.display()
-            ),
+            CliError::NoBroker { socket, kind } => {
+                f.write_str(&iteron_agent::no_broker(socket, *kind))
+            }
             CliError::Audit(why) => write!(f, "audit log verification failed: {why}"),
         }
     }

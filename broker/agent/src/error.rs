@@ -87,12 +87,7 @@ impl fmt::Display for AgentError {
         match self {
             AgentError::Usage(m) => f.write_str(m),
             AgentError::Output(e) => write!(f, "cannot write output: {e}"),
-            AgentError::NoBroker { socket, kind } => write!(
-                f,
-                "no broker answers on {} ({kind}): start it with iteron broker serve, or give the \
-                 socket it listens on",
-                socket.display()
-            ),
+            AgentError::NoBroker { socket, kind } => f.write_str(&no_broker(socket, *kind)),
             AgentError::Broker(e) => write!(f, "broker: {e}"),
             AgentError::ToolReportedError => f.write_str("the tool reported an error"),
         }
@@ -100,6 +95,15 @@ impl fmt::Display for AgentError {
 }
 
 impl std::error::Error for AgentError {}
+
+/// What is said when nothing answers on a broker socket.
+pub fn no_broker(socket: &std::path::Path, kind: std::io::ErrorKind) -> String {
+    format!(
+        "no broker answers on {} ({kind}): start it with iteron broker serve, or give the socket \
+         it listens on",
+        socket.display()
+    )
+}
 
 impl AgentError {
     /// The exit code (docs/cli.md).

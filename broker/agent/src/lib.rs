@@ -14,6 +14,6 @@ pub mod output;
 mod parse;
 mod run;
 
-pub use error::{AgentError, Exit, broker_exit, error_line};
+pub use error::{AgentError, Exit, broker_exit, error_line, no_broker};
 pub use parse::describe_parse_error;
-pub use run::{parse_object, run};
+pub use run::{broker_error, parse_object, run};

@@ -22,6 +22,15 @@ fn json_out(out: &mut dyn Write, v: &Value) -> Result<(), AgentError> {
     crate::output::json(out, v).map_err(AgentError::Output)
 }
 
+/// Untrusted text (a tool's result, a server's contents, a skill's body), terminal-safe, one
+/// output line for each of its lines.
+fn untrusted_lines(out: &mut dyn Write, t: &str) -> Result<(), AgentError> {
+    for line in t.lines() {
+        out_line(out, &text::single_line_capped(line, usize::MAX))?;
+    }
+    Ok(())
+}
+
 /// A JSON object given on the command line.
 pub fn parse_object(raw: &str) -> Option<Map<String, Value>> {
     match serde_json::from_str::<Value>(raw) {
@@ -30,16 +39,20 @@ pub fn parse_object(raw: &str) -> Option<Map<String, Value>> {
     }
 }
 
-/// A broker error as the agent reads it: a socket that cannot be reached is named, with what
-/// to do about it; anything else is the broker's own answer.
-fn via(socket: &Path) -> impl Fn(ClientError) -> AgentError + '_ {
-    move |e| match e {
+/// A broker error as an operator or an agent reads it: a socket that cannot be reached is
+/// named, with what to do about it; anything else is the broker's own answer.
+pub fn broker_error(socket: &Path, e: ClientError) -> AgentError {
+    match e {
         ClientError::Connect(kind) => AgentError::NoBroker {
             socket: socket.to_path_buf(),
             kind,
         },
         other => AgentError::Broker(other),
     }
+}
+
+fn via(socket: &Path) -> impl Fn(ClientError) -> AgentError + '_ {
+    move |e| broker_error(socket, e)
 }
 
 /// Connect and open the session (a child session with `--agent-type`).
@@ -104,9 +117,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
         Agent::UseSkill(a) => {
             let v = one(AgentRequest::UseSkill(UseSkill { name: a.name }))?;
             let body = v.get("body").and_then(Value::as_str).unwrap_or("");
-            for line in body.lines() {
-                out_line(out, &text::single_line_capped(line, usize::MAX))?;
-            }
+            untrusted_lines(out, body)?;
             Ok(())
         }
         Agent::ResolveAgent(r) => {
@@ -192,10 +203,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
                         .unwrap_or(&empty)
                     {
                         let t = c.get("text").and_then(Value::as_str).unwrap_or("");
-                        // Server output is untrusted: terminal-safe, keeping line breaks.
-                        for line in t.lines() {
-                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                        }
+                        untrusted_lines(out, t)?;
                     }
                     notes_out(out, &v)
                 }
@@ -231,9 +239,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
                         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
                         out_line(out, &format!("[{}]", text::single_line(role)))?;
                         let t = m.get("text").and_then(Value::as_str).unwrap_or("");
-                        for line in t.lines() {
-                            out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                        }
+                        untrusted_lines(out, t)?;
                     }
                     notes_out(out, &v)
                 }
@@ -309,10 +315,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
                 Format::Json => json_out(out, &v)?,
                 Format::Text => {
                     let t = v.get("text").and_then(Value::as_str).unwrap_or("");
-                    // Tool output is untrusted: make it terminal-safe, keeping line breaks.
-                    for line in t.lines() {
-                        out_line(out, &text::single_line_capped(line, usize::MAX))?;
-                    }
+                    untrusted_lines(out, t)?;
                 }
             }
             if is_error {

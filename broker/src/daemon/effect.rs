@@ -8,10 +8,10 @@ use super::listing::{
     MAX_PROMPT_ARGUMENTS, current, exposed, reads_server, session_catalog, valid_name, valid_uri,
 };
 use super::project::{cut_escaped, project_contents, project_prompt};
-use super::record::CallRecord;
+use super::record::{CallRecord, Dispatched};
 use super::{Broker, MAX_RESULT_TEXT, Session};
 use crate::approvals::{self, CallInfo};
-use crate::hooks::{ToolEvent, Verdict};
+use crate::hooks::ToolEvent;
 use crate::ipc::proto::{self, Refusal};
 use crate::mcp::client::McpError;
 use crate::registry::Slot;
@@ -53,7 +53,7 @@ pub(super) async fn call_tool(
         tool: tool.name.clone(),
         arguments,
     };
-    let epoch = before_effect(
+    let dispatched = before_effect(
         broker,
         s,
         &mut record,
@@ -66,7 +66,7 @@ pub(super) async fn call_tool(
     // Exactly the bytes the operator approved are sent; the tree lives only for the call.
     let result = under_cancel(
         &slot,
-        epoch,
+        dispatched,
         s,
         &event,
         client.call_tool(&tool.name, event.arguments_map()),
@@ -150,7 +150,7 @@ pub(super) async fn server_read(
         tool: method.to_owned(),
         arguments,
     };
-    let epoch = before_effect(
+    let dispatched = before_effect(
         broker,
         s,
         &mut record,
@@ -166,7 +166,7 @@ pub(super) async fn server_read(
             Read::Prompt(name, arguments) => client.get_prompt(name, arguments.clone()).await,
         }
     };
-    let result = under_cancel(&slot, epoch, s, &event, effect).await;
+    let result = under_cancel(&slot, dispatched, s, &event, effect).await;
     let secrets = slot.secrets();
     let (answer, outcome, detail) = match result {
         None => cancelled_effect(),
@@ -187,8 +187,8 @@ pub(super) async fn server_read(
 /// What every effect goes through between exposure and the effect itself: the `PreToolUse`
 /// hooks (not for a child), the operator's approval, the checks that the server is still the
 /// one the request was prepared for and was not cancelled meanwhile, and the `dispatching`
-/// record (if it cannot be written, nothing is sent). Returns the cancel epoch the effect runs
-/// under; on any refusal the call's record is finished and nothing was sent.
+/// record (if it cannot be written, nothing is sent). Returns the proof of that record, which
+/// the effect consumes; on any refusal the call's record is finished and nothing was sent.
 pub(super) async fn before_effect(
     broker: &Broker,
     s: &Session,
@@ -197,19 +197,8 @@ pub(super) async fn before_effect(
     slot: &Slot,
     generation: u64,
     args_sha256: String,
-) -> Result<u64, Refusal> {
-    let verdict = if s.child.is_none() {
-        let (verdict, reports) = broker.hooks.pre_tool_use(event).await;
-        broker.audit_hooks(Some(&s.id), s.peer, &reports);
-        verdict
-    } else {
-        Verdict::NoOpinion
-    };
-    if let Verdict::Block(reason) = verdict {
-        // Escaped once (by the hook runner), and capped so the certainty always fits.
-        return Err(record.deny(Denial::BlockedByHook(reason)));
-    }
-    record.event.decision = "awaiting_approval";
+) -> Result<Dispatched, Refusal> {
+    let hooks = record.pre_tool_use(event).await?;
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
     // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
@@ -230,11 +219,7 @@ pub(super) async fn before_effect(
         },
     );
     let (approval, note) = match judged {
-        crate::rules::Judged::Approved(mark) => {
-            record.event.detail = Some(mark.detail());
-            record.rule = Some(mark);
-            (Ok(()), None)
-        }
+        crate::rules::Judged::Approved(mark) => (Ok(Some(mark)), None),
         crate::rules::Judged::Denied(mark) => {
             return Err(record.deny(Denial::DeniedByRule(mark)));
         }
@@ -249,13 +234,14 @@ pub(super) async fn before_effect(
                 args_sha256,
                 arguments: preview,
             };
-            (broker.approvals.approve_or_park(info, park).await, note)
+            let asked = broker.approvals.approve_or_park(info, park).await;
+            (asked.map(|()| None), note)
         }
     };
-    if let Err(why) = approval {
-        return Err(record.deny(Denial::NotApproved(why, note)));
-    }
-    record.event.decision = "approved";
+    let approved = match approval {
+        Ok(rule) => record.approved(hooks, rule),
+        Err(why) => return Err(record.deny(Denial::NotApproved(why, note))),
+    };
     // The operator may have restarted or stopped the server while the call waited: never send
     // it to a different (or closed) connection than the one it was prepared for.
     if slot.generation() != generation || !slot.is_ready() {
@@ -265,23 +251,23 @@ pub(super) async fn before_effect(
         return Err(record.deny(Denial::CancelledWhileWaiting));
     }
     // The effect is audited before it happens.
-    if let Err(gate) = record.dispatching() {
-        return Err(record.deny(Denial::DispatchNotRecorded(gate)));
-    }
-    Ok(epoch)
+    record
+        .dispatching(approved, epoch)
+        .map_err(|gate| record.deny(Denial::DispatchNotRecorded(gate)))
 }
 
-/// Run `effect` as one call on `slot`: `None` if the operator cancels calls on the server (a
-/// cancel, restart or stop) before it completes.
+/// Run `effect` as one call on `slot`, consuming the proof that it was approved and its
+/// `dispatching` record written: `None` if the operator cancels calls on the server (a cancel,
+/// restart or stop) before it completes. The only place an effect's future is run.
 pub(super) async fn under_cancel<T>(
     slot: &Slot,
-    epoch: u64,
+    dispatched: Dispatched,
     s: &Session,
     event: &ToolEvent,
     effect: impl Future<Output = T>,
 ) -> Option<T> {
     let mut guard = slot.begin_call(
-        epoch,
+        dispatched.epoch(),
         approvals::CallContext {
             session: s.id.clone(),
             peer_uid: s.peer.uid,

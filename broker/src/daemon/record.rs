@@ -4,7 +4,9 @@
 use super::denial::Denial;
 use super::{Broker, Session, elapsed_ms};
 use crate::audit::{self, Event};
+use crate::hooks::{ToolEvent, Verdict};
 use crate::ipc::proto::Refusal;
+use crate::rules::RuleMark;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -17,7 +19,7 @@ pub(super) struct CallRecord<'a> {
     pub(super) started: Instant,
     pub(super) done: bool,
     /// The approval rule that approved the call, named in each of its records.
-    pub(super) rule: Option<crate::rules::RuleMark>,
+    pub(super) rule: Option<RuleMark>,
 }
 
 impl<'a> CallRecord<'a> {
@@ -85,15 +87,70 @@ impl CallRecord<'_> {
     }
 }
 
+/// Proof that a call's `PreToolUse` hooks let it through (a child session runs none). Only
+/// [`CallRecord::pre_tool_use`] makes one.
+pub(super) struct HooksPassed(());
+
+/// Proof that a call was approved, by an operator's rule or by the operator, after its hooks.
+/// Only [`CallRecord::approved`] makes one, and only from a [`HooksPassed`].
+pub(super) struct Approved(());
+
+/// Proof that a call's `dispatching` record is in the audit log: what an effect consumes
+/// (`effect::under_cancel` is the only place an effect's future is run, and it takes one by
+/// value). Only [`CallRecord::dispatching`] makes one, and only from an [`Approved`]; it is
+/// neither `Clone` nor `Copy`, so one approval sends one effect.
+pub(super) struct Dispatched {
+    epoch: u64,
+}
+
+impl Dispatched {
+    /// The server's cancel epoch the effect was approved under.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
 impl CallRecord<'_> {
+    /// Run the operator's `PreToolUse` hooks for this call (not for a child session) and audit
+    /// them; a block ends the call refused.
+    pub(super) async fn pre_tool_use(&mut self, event: &ToolEvent) -> Result<HooksPassed, Refusal> {
+        if self.session.child.is_none() {
+            let (verdict, reports) = self.broker.hooks.pre_tool_use(event).await;
+            self.broker
+                .audit_hooks(Some(&self.session.id), self.session.peer, &reports);
+            if let Verdict::Block(reason) = verdict {
+                // Escaped once (by the hook runner), and capped so the certainty always fits.
+                return Err(self.deny(Denial::BlockedByHook(reason)));
+            }
+        }
+        self.event.decision = "awaiting_approval";
+        Ok(HooksPassed(()))
+    }
+
+    /// The call is approved: by `rule` (named in each of its records from now on), or by the
+    /// operator.
+    pub(super) fn approved(&mut self, _hooks: HooksPassed, rule: Option<RuleMark>) -> Approved {
+        if let Some(mark) = rule {
+            self.event.detail = Some(mark.detail());
+            self.rule = Some(mark);
+        }
+        self.event.decision = "approved";
+        Approved(())
+    }
+
     /// Write the "dispatching" record of an approved call, or say why the effect may not start
     /// (the log failed, or its disk is under the reserve).
-    pub(super) fn dispatching(&mut self) -> Result<(), audit::Gate> {
+    pub(super) fn dispatching(
+        &mut self,
+        _approved: Approved,
+        epoch: u64,
+    ) -> Result<Dispatched, audit::Gate> {
         let mut e = self.event.clone();
         e.decision = crate::rules::decision(self.rule.as_ref(), "approved");
         e.outcome = "dispatching";
         e.duration_ms = elapsed_ms(self.started);
-        self.broker.audit.append_effect(&e)
+        self.broker.audit.append_effect(&e)?;
+        Ok(Dispatched { epoch })
     }
 }
 
