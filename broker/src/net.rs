@@ -726,6 +726,25 @@ pub fn target_host(url: &EndpointUrl) -> TargetHost {
     }
 }
 
+/// The binding zone of an HTTP server's endpoint: an IP literal is in its own zone, and
+/// `localhost` is loopback; any other host name is bound to `public`, whatever its DNS answer
+/// says today — so DNS can never move a server into a more privileged zone. (A binding recorded
+/// at first login, or chosen by the operator, arrives with the credential store.)
+pub fn endpoint_zone(server_url: &iteron_policy::url::EndpointUrl) -> Result<Zone, NetError> {
+    match target_host(server_url) {
+        TargetHost::Literal(ip) => judge_answer(&ip.to_string(), Zone::Loopback, &[ip]),
+        TargetHost::Name(name) => {
+            let bare = name.strip_suffix('.').unwrap_or(&name);
+            Ok(if bare.eq_ignore_ascii_case("localhost") {
+                Zone::Loopback
+            } else {
+                Zone::Public
+            })
+        }
+        TargetHost::Missing => Err(NetError::Url("the URL has no host".into())),
+    }
+}
+
 /// `host:port` of a URL: what errors may show (never the path or query).
 fn target_of(url: &EndpointUrl) -> String {
     let u = url.as_url();
@@ -786,6 +805,19 @@ fn map_reqwest(e: &reqwest::Error, target: &str, phase: &'static str) -> NetErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_never_chooses_the_binding_zone() {
+        let z = |u: &str| endpoint_zone(&EndpointUrl::parse(u).unwrap()).unwrap();
+        assert_eq!(z("https://mcp.example.com/mcp"), Zone::Public);
+        assert_eq!(z("http://localhost:3000/mcp"), Zone::Loopback);
+        assert_eq!(z("http://LOCALHOST./mcp"), Zone::Loopback);
+        assert_eq!(z("http://127.0.0.1:8080/mcp"), Zone::Loopback);
+        assert_eq!(z("https://10.0.0.5/mcp"), Zone::Private);
+        assert_eq!(z("https://169.254.169.254/"), Zone::LinkLocal);
+        // A literal that is never a destination does not even make an endpoint URL.
+        assert!(EndpointUrl::parse("https://224.0.0.1/").is_err());
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -20,11 +20,11 @@ use iteron_broker::credentials::{
 };
 use iteron_broker::ipc::proto::{OperatorRequest, ServerArg};
 use iteron_broker::keyring::KeyringError;
+use iteron_broker::net::endpoint_zone;
 use iteron_broker::net::{Net, NetConfig};
 use iteron_broker::oauth::flow::{self, ClientSettings, Mode};
 use iteron_broker::oauth::login::{self, LoginRequest};
 use iteron_broker::oauth::{SecretString, metadata};
-use iteron_broker::servers::endpoint_zone;
 use iteron_broker::store::Home;
 use iteron_policy::config::{CredentialBackend, Registration, ServerConfig, Transport};
 use iteron_policy::names::EnvName;

@@ -427,7 +427,7 @@ pub async fn login(
     let auth_zone = meta
         .authorization_endpoint
         .as_ref()
-        .and_then(|e| crate::servers::endpoint_zone(e).ok())
+        .and_then(|e| crate::net::endpoint_zone(e).ok())
         .unwrap_or(Zone::Loopback);
     present(&attempt.url, auth_zone <= binding);
     let returned = callback.wait(&attempt).await?;

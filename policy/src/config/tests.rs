@@ -1,4 +1,9 @@
+use super::decode::{ROOT_KEYS, SERVER_KEYS};
 use super::*;
+use crate::capability::Capability;
+use crate::egress::{EgressRuleError, MAX_EGRESS_RULES};
+use crate::json::SyntaxError;
+use crate::names::ToolName;
 use proptest::prelude::*;
 
 fn parse(s: &str) -> Result<Config, ConfigError> {

@@ -1,0 +1,376 @@
+//! Externally managed tokens (`oauth.access_token_env`): read from the variables once per
+//! process, renewed at `refresh_url` and held in memory only, revoked at `revoke_url` by
+//! `auth logout`.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::sync::{Arc, OnceLock};
+
+use reqwest::header::AUTHORIZATION;
+
+use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
+use iteron_policy::zone::Zone;
+
+use super::http::{bearer_header, configured_headers, connect_http_with};
+use super::{
+    ConnectError, LearnedSecrets, MAX_LEARNED_SECRETS, REFRESH_MARGIN_SECS, is_unauthorized,
+    secret_var, unix_now,
+};
+use crate::mcp::client::{AccessToken, Client, Options};
+use crate::net::{Net, NetConfig, endpoint_zone};
+
+/// The variable an HTTP server's externally managed token is read from, if it has one.
+pub(super) fn external_var(
+    h: &iteron_policy::config::HttpServer,
+) -> Option<&iteron_policy::names::EnvName> {
+    h.oauth.as_ref().and_then(|o| o.access_token_env.as_ref())
+}
+
+/// Connect with the externally managed token (`oauth.access_token_env`): refreshed first when
+/// `expires_at_env` says it expires within [`REFRESH_MARGIN_SECS`] (an expired token is never
+/// sent), and once more after a `401` at connect; the token source goes on doing both for the
+/// client's later requests.
+pub(super) async fn connect_external(
+    server: &ServerConfig,
+    h: &iteron_policy::config::HttpServer,
+    network: &NetworkConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    opts: Options,
+    learned: &LearnedSecrets,
+) -> Result<Client, ConnectError> {
+    let source = Arc::new(ExternalToken::new(
+        server,
+        h,
+        network,
+        lookup,
+        learned,
+        external_tokens(),
+    )?);
+    let var = source.var.clone();
+    let mut opts = opts;
+    opts.token = Some(source.clone());
+    let mut token = source.get(false).await.map_err(ConnectError::External)?;
+    let mut refreshed = false;
+    loop {
+        let mut headers = configured_headers(h, lookup)?;
+        headers.insert(AUTHORIZATION, bearer_header(&token, &var)?);
+        match connect_http_with(h, network, headers, opts.clone()).await {
+            // A 401 is a refusal before anything ran: renew once and connect again.
+            Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
+                refreshed = true;
+                token = source.get(true).await.map_err(ConnectError::External)?;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Most servers whose externally managed tokens one broker process holds (rotations are kept
+/// per server; a configuration holds at most [`iteron_policy::config::MAX_SERVERS`]).
+pub const MAX_EXTERNAL_TOKENS: usize = iteron_policy::config::MAX_SERVERS;
+
+/// What the broker holds of one server's externally managed token: the access token, its
+/// expiry and the refresh token, rotated in place. In memory only — read from the variables
+/// the first time the server (in this configuration) is used by this process, never written
+/// anywhere; a broker restart starts again from the variables.
+struct ExternalState {
+    /// The configuration digest the state was read under; another configuration starts afresh.
+    digest: String,
+    access: crate::oauth::SecretString,
+    expires_at: Option<u64>,
+    refresh: Option<crate::oauth::SecretString>,
+    /// `auth logout` revoked these tokens through the broker: nothing is sent with them again.
+    logged_out: bool,
+}
+
+type ExternalSlot = Arc<tokio::sync::Mutex<ExternalState>>;
+
+/// The externally managed tokens of one process, per server name (at most `max`). The async
+/// lock of each serializes its refreshes, so a refresh token is never presented twice.
+pub struct ExternalTokens {
+    max: usize,
+    slots: std::sync::Mutex<HashMap<String, ExternalSlot>>,
+}
+
+impl ExternalTokens {
+    /// An empty set of at most `max` servers.
+    pub fn new(max: usize) -> ExternalTokens {
+        ExternalTokens {
+            max,
+            slots: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExternalSlot>> {
+        match self.slots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The slot of `server` under `digest`, made by `init` when there is none (or the one held
+    /// belongs to another configuration of the server).
+    fn slot(
+        &self,
+        server: &str,
+        digest: &str,
+        init: impl FnOnce() -> Result<ExternalState, ConnectError>,
+    ) -> Result<ExternalSlot, ConnectError> {
+        let mut slots = self.lock();
+        if let Some(s) = slots.get(server)
+            && s.try_lock().map_or(true, |st| st.digest == digest)
+        {
+            // A slot being refreshed (locked) belongs to the current configuration: another
+            // one would have replaced it before any refresh could start under it.
+            return Ok(Arc::clone(s));
+        }
+        if !slots.contains_key(server) && slots.len() >= self.max {
+            return Err(ConnectError::External(format!(
+                "the broker already holds the externally managed tokens of {} servers; restart it",
+                self.max
+            )));
+        }
+        let slot = Arc::new(tokio::sync::Mutex::new(init()?));
+        slots.insert(server.to_owned(), Arc::clone(&slot));
+        Ok(slot)
+    }
+
+    /// The slot of `server`, if this process holds one.
+    fn existing(&self, server: &str) -> Option<ExternalSlot> {
+        self.lock().get(server).cloned()
+    }
+}
+
+/// The process's externally managed tokens.
+pub fn external_tokens() -> &'static ExternalTokens {
+    static TOKENS: OnceLock<ExternalTokens> = OnceLock::new();
+    TOKENS.get_or_init(|| ExternalTokens::new(MAX_EXTERNAL_TOKENS))
+}
+
+/// An externally managed token as the client's managed token ([`crate::mcp::client::TokenSource`]):
+/// renewed at `refresh_url` when `expires_at_env` says it expires within
+/// [`REFRESH_MARGIN_SECS`] (never sent expired) and once after a `401`, the rotated refresh
+/// token kept in the broker's memory.
+pub(crate) struct ExternalToken {
+    slot: ExternalSlot,
+    endpoints: Option<crate::oauth::external::Endpoints>,
+    network: NetworkConfig,
+    zone: Zone,
+    /// `access_token_env`, for messages.
+    var: String,
+    learned: LearnedSecrets,
+}
+
+impl ExternalToken {
+    fn new(
+        server: &ServerConfig,
+        h: &iteron_policy::config::HttpServer,
+        network: &NetworkConfig,
+        lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+        learned: &LearnedSecrets,
+        tokens: &ExternalTokens,
+    ) -> Result<ExternalToken, ConnectError> {
+        let o = h
+            .oauth
+            .as_ref()
+            .ok_or(ConnectError::External("no oauth block".into()))?;
+        let var = o
+            .access_token_env
+            .as_ref()
+            .ok_or(ConnectError::External("no access_token_env".into()))?;
+        let secret = o
+            .client_secret_env
+            .as_ref()
+            .map(|n| secret_var(lookup, n))
+            .transpose()?;
+        let digest = crate::credentials::config_digest(server);
+        let slot = tokens.slot(server.name.as_str(), &digest, || {
+            let access = secret_var(lookup, var)?;
+            let expires_at = match &o.expires_at_env {
+                None => None,
+                Some(n) => {
+                    let v = secret_var(lookup, n)?;
+                    use secrecy::ExposeSecret;
+                    Some(
+                        crate::oauth::external::parse_expires_at(v.expose_secret())
+                            .ok_or_else(|| ConnectError::BadExpiry(n.to_string()))?,
+                    )
+                }
+            };
+            let refresh = o
+                .refresh_token_env
+                .as_ref()
+                .map(|n| secret_var(lookup, n))
+                .transpose()?;
+            Ok(ExternalState {
+                digest: digest.clone(),
+                access,
+                expires_at,
+                refresh,
+                logged_out: false,
+            })
+        })?;
+        Ok(ExternalToken {
+            slot,
+            endpoints: crate::oauth::external::Endpoints::of(h, secret),
+            network: network.clone(),
+            zone: endpoint_zone(&h.url).map_err(ConnectError::Net)?,
+            var: var.to_string(),
+            learned: learned.clone(),
+        })
+    }
+
+    fn http(&self) -> Result<crate::net::ZoneClient, String> {
+        let net = Net::new(NetConfig::from_operator(&self.network).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        net.client(self.zone).map_err(|e| e.to_string())
+    }
+
+    /// The token to send: renewed first when it expires within the margin or when `force`
+    /// (after a `401`).
+    async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
+        use secrecy::ExposeSecret;
+        let mut st = self.slot.lock().await;
+        if st.logged_out {
+            return Err(format!(
+                "the externally managed token named by {} was revoked by iteron mcp auth logout; restart the broker with a new token",
+                self.var
+            ));
+        }
+        let expiring = st
+            .expires_at
+            .is_some_and(|t| t <= unix_now().saturating_add(REFRESH_MARGIN_SECS));
+        if force || expiring {
+            self.renew(&mut st, expiring).await?;
+        }
+        if !self.learned.learn(st.access.expose_secret()) {
+            return Err(format!(
+                "this server was handed more than {MAX_LEARNED_SECRETS} distinct secrets since it started; restart it (iteron broker restart)"
+            ));
+        }
+        Ok(st.access.clone())
+    }
+
+    /// Present the held refresh token at `refresh_url` and keep what comes back (the rotated
+    /// refresh token replaces the old one). A refresh token the authorization server refuses
+    /// (`invalid_grant`), or rotates into tokens that cannot be used (they are revoked), is
+    /// dropped: it is never presented again.
+    async fn renew(&self, st: &mut ExternalState, expiring: bool) -> Result<(), String> {
+        use crate::oauth::OAuthError;
+        let (Some(ep), Some(rt)) = (
+            self.endpoints.as_ref().filter(|e| e.refreshable),
+            st.refresh.clone(),
+        ) else {
+            return Err(if expiring {
+                format!(
+                    "the access token named by {} expires (by its expires_at_env) and there is no refresh token to renew it; nothing was sent",
+                    self.var
+                )
+            } else {
+                format!(
+                    "the server refused the access token named by {}, and there is no refresh token to renew it",
+                    self.var
+                )
+            });
+        };
+        let http = self.http()?;
+        match ep.refresh(&http, &rt).await {
+            Ok(tokens) => {
+                use secrecy::ExposeSecret;
+                // Learned before anything can hand them out; a full scrubber refuses below.
+                let _ = self.learned.learn(tokens.access.expose_secret());
+                if let Some(r) = &tokens.refresh {
+                    let _ = self.learned.learn(r.expose_secret());
+                }
+                st.expires_at = tokens.expires_at(unix_now());
+                st.access = tokens.access;
+                if let Some(r) = tokens.refresh {
+                    st.refresh = Some(r);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(&e, OAuthError::Server { error, .. } if error == "invalid_grant")
+                    || matches!(e, OAuthError::UnusableTokens { .. })
+                {
+                    st.refresh = None;
+                }
+                Err(format!(
+                    "renewing the access token named by {}: {e}",
+                    self.var
+                ))
+            }
+        }
+    }
+}
+
+impl crate::mcp::client::TokenSource for ExternalToken {
+    fn current(&self) -> crate::mcp::client::TokenFuture<'_> {
+        Box::pin(async { self.get(false).await.map(AccessToken::bearer) })
+    }
+
+    fn refresh(&self) -> crate::mcp::client::TokenFuture<'_> {
+        Box::pin(async { self.get(true).await.map(AccessToken::bearer) })
+    }
+}
+
+/// What `auth logout` did to an externally managed token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExternalLogout {
+    /// The configuration names no `revoke_url`: nothing was revoked.
+    NoRevokeUrl,
+    /// The outcome at `revoke_url`.
+    Revoked(crate::oauth::Revoked),
+}
+
+/// Revoke `server`'s externally managed tokens at `revoke_url` (best effort): the ones this
+/// process holds (the rotated refresh token and the current access token) when it holds them,
+/// else the ones the variables name; then nothing is sent with them again by this process.
+pub async fn logout_external(
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<ExternalLogout, ConnectError> {
+    let Transport::Http(h) = &server.transport else {
+        return Err(ConnectError::External("not an HTTP server".into()));
+    };
+    let o = h
+        .oauth
+        .as_ref()
+        .ok_or(ConnectError::External("no oauth block".into()))?;
+    if o.revoke_url.is_none() {
+        return Ok(ExternalLogout::NoRevokeUrl);
+    }
+    let secret = o
+        .client_secret_env
+        .as_ref()
+        .map(|n| secret_var(lookup, n))
+        .transpose()?;
+    let Some(ep) = crate::oauth::external::Endpoints::of(h, secret) else {
+        return Ok(ExternalLogout::NoRevokeUrl);
+    };
+    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+        .map_err(ConnectError::Net)?;
+    let http = net.client(zone).map_err(ConnectError::Net)?;
+    if let Some(slot) = external_tokens().existing(server.name.as_str()) {
+        let mut st = slot.lock().await;
+        let revoked = ep
+            .revoke(&http, Some(&st.access), st.refresh.as_ref())
+            .await;
+        st.logged_out = true;
+        st.refresh = None;
+        return Ok(ExternalLogout::Revoked(revoked));
+    }
+    let access = o
+        .access_token_env
+        .as_ref()
+        .and_then(|n| secret_var(lookup, n).ok());
+    let refresh = o
+        .refresh_token_env
+        .as_ref()
+        .and_then(|n| secret_var(lookup, n).ok());
+    Ok(ExternalLogout::Revoked(
+        ep.revoke(&http, access.as_ref(), refresh.as_ref()).await,
+    ))
+}
