@@ -9,6 +9,7 @@
 //! once. A parked call is approved only by its id *and* its argument digest, so an operator-side
 //! automation approves exactly the arguments it checked (a digest that does not match decides
 //! nothing).
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -33,6 +33,7 @@
 //! the whole log, its head and the anchor consistently (a pin kept elsewhere, or journald with
 //! Forward Secure Sealing, still shows it). Records never contain arguments, results or secrets:
 //! arguments appear only as the SHA-256 of their canonical JSON.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::fmt;

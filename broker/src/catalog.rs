@@ -16,6 +16,7 @@
 //! Skill bodies are loaded on demand ([`Catalog::skill_body`]): the file is read again and must
 //! still have the SHA-256 it had at discovery, so the agent never gets a body the index did not
 //! describe.
+#![forbid(unsafe_code)]
 
 use std::fs;
 use std::io::Read;

@@ -30,6 +30,7 @@
 //!
 //! Best effort where the kernel lacks a feature: without Landlock the filesystem is not
 //! confined and [`Effective`] says so (shown by `iteron mcp get` and `doctor`).
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 

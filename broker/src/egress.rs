@@ -19,6 +19,7 @@
 //! host and port only — never a path, header or byte of payload — at most
 //! [`MAX_REFUSAL_RECORDS_PER_SEC`] records a second per server (the rest are counted and
 //! summarized in the next record).
+#![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};

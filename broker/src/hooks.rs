@@ -15,6 +15,7 @@
 //!
 //! Hooks run with operator authority and see live input (tool arguments, prompts): a logging
 //! hook can capture what redaction hides elsewhere.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -14,6 +14,7 @@
 //! module's types, but every call fails with [`KeyringError::NotBuiltIn`], and the
 //! configuration store refuses a configuration naming the keyring when it is read or written
 //! (see `store`): a keyring login is never silently downgraded to a file.
+#![forbid(unsafe_code)]
 
 #[cfg(feature = "keyring")]
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};

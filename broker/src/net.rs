@@ -23,6 +23,7 @@
 //!
 //! Error texts are single lines that say what was decided and contain no secret: URLs are shown
 //! as `host:port`, never with a path or query.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::fmt;

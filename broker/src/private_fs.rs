@@ -6,6 +6,7 @@
 //! with a bounded wait. Anything that is not a plain file or directory owned by the effective
 //! uid with no group/other bits is refused, never repaired; so is a file with more than one
 //! hard link (another name for it may sit where others can reach it, or outlive a rename).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};

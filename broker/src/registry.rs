@@ -3,6 +3,7 @@
 //! connect), the negotiated version and the retained catalog. The operator can cancel a
 //! server's in-flight calls, restart it (clears the catalog; the next request reconnects) or
 //! stop it (it stays down until restarted).
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::OsString;

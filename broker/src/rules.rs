@@ -19,6 +19,7 @@
 //! Counts live here, per broker run ([`RunCounts`]) and per session ([`SessionCounts`]); a count
 //! is taken when a rule approves a call (a call refused after that, say because its server
 //! restarted, still used it), and is keyed by the rule's id, so editing a rule keeps its count.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -12,8 +12,9 @@
 //! bytes (at most the two or four bits of an edge character stay); encoded forms shorter than
 //! [`MIN_ENCODED`] bytes are not looked for (they would mangle ordinary text); an encoding not
 //! named here (say, every character `\u`-escaped at random, or hex) is not recognised in text
-//! — but a JSON value is scrubbed after it is parsed ([`Patterns::scrub_value`]), so escapes in
+//! — but a JSON value is scrubbed after it is parsed ([`scrub_value`]), so escapes in
 //! the JSON itself never hide a secret.
+#![forbid(unsafe_code)]
 
 use std::borrow::Cow;
 

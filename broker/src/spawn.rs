@@ -19,6 +19,7 @@
 //! here. Processes in this process's own session are never touched (they were not started
 //! by [`spawn`]). [`ChildProcess::shutdown`] returns once this is done; [`settle`] waits for
 //! every child dropped without it.
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};

@@ -16,6 +16,7 @@
 //! Between 2 and 3 the caller makes its runtime and installs what ends the run (the CLI: a
 //! single-threaded runtime and SIGTERM/SIGINT/SIGHUP handlers), so a broker that could not stop
 //! cleanly never listens.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

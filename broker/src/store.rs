@@ -14,6 +14,7 @@
 //! - in a build without the keyring backend (the `keyring` cargo feature), a configuration in
 //!   which a server keeps its OAuth secrets in the keyring (`oauth.credential_store:
 //!   "keyring"`) is refused when read and never written: it is not downgraded to the file store.
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fmt;

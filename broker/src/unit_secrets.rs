@@ -14,6 +14,7 @@
 //!
 //! The directory is also denied to every child the broker starts ([`crate::confine`]), like the
 //! operator home: a server receives the one value its configuration forwards, never the others.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -27,6 +27,7 @@
 //! - a stored binding whose server name or configuration digest no longer matches the
 //!   configuration is reported by [`check_binding`], so the caller asks for a re-login instead
 //!   of silently reusing the credential.
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::io;

@@ -5,9 +5,9 @@
 //! `PreToolUse` hook seam → operator approval → the effect through the MCP client →
 //! `PostToolUse` seam → audit → a text result.
 //!
-//! Bounds: [`frame::MAX_FRAME`] per frame, [`MAX_IN_FLIGHT`] requests per connection (the next
+//! Bounds: [`crate::ipc::frame::MAX_FRAME`] per frame, [`MAX_IN_FLIGHT`] requests per connection (the next
 //! frame is not read until one finishes), [`MAX_CONNECTIONS`] per socket, [`HELLO_DEADLINE`]
-//! for the first frame and [`frame::read_frame`]'s body deadline for every frame, the MCP
+//! for the first frame and [`crate::ipc::frame::read_frame`]'s body deadline for every frame, the MCP
 //! client's deadlines for effects, the approval deadline, and [`MAX_RESULT_TEXT`] for a result
 //! sent back.
 //!
@@ -22,6 +22,7 @@
 //! - `operator`: the operator socket's requests.
 //!
 //! The hook seam (`ToolHooks`) lives in [`crate::hooks`] and is re-exported here.
+#![forbid(unsafe_code)]
 
 mod arguments;
 mod connection;
@@ -65,7 +66,7 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 /// Once a frame has started, the rest must arrive within this.
 pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
-/// The longest result text sent to the agent (the frame must stay under [`MAX_FRAME`]).
+/// The longest result text sent to the agent (the frame must stay under [`crate::ipc::frame::MAX_FRAME`]).
 pub const MAX_RESULT_TEXT: usize = 768 * 1024;
 /// The longest client label in `hello`.
 pub const MAX_CLIENT_LABEL: usize = 64;

@@ -8,6 +8,7 @@
 //! - [`client`]: version negotiation (2026-07-28 first, the stateful 2025 handshake only on an
 //!   explicit legacy signal), the per-request envelope, MRTR, parameter headers, pagination,
 //!   the private list cache and the projection of results to text.
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod elicit;

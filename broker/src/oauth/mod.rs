@@ -9,6 +9,7 @@
 //! is followed on a redirect, issuers must match exactly, and endpoints must be published by the
 //! issuer's own metadata and pass the endpoint URL rules. Secrets (codes, verifiers, tokens,
 //! client secrets) live in [`SecretString`] and never reach `Debug`, `Display` or an error.
+#![forbid(unsafe_code)]
 
 pub mod dpop;
 pub mod external;

@@ -5,6 +5,7 @@
 //! (`env`, `header_env`, `oauth.access_token_env`) are read through the lookup the caller
 //! passes, go straight into the child's environment or into sensitive header values, and are
 //! never stored, logged or shown.
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fmt;
