@@ -68,12 +68,13 @@ pub enum Decided {
 
 impl Decided {
     /// The audit outcome of the operator's `decide`.
-    pub fn outcome(self) -> &'static str {
+    pub fn outcome(self) -> crate::audit::Outcome {
+        use crate::audit::Outcome;
         match self {
-            Decided::Done => "ok",
-            Decided::NotWaiting => "not_found",
-            Decided::DigestRequired => "digest_required",
-            Decided::DigestMismatch => "digest_mismatch",
+            Decided::Done => Outcome::Ok,
+            Decided::NotWaiting => Outcome::NotFound,
+            Decided::DigestRequired => Outcome::DigestRequired,
+            Decided::DigestMismatch => Outcome::DigestMismatch,
         }
     }
 }

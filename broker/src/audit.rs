@@ -55,6 +55,7 @@ mod files;
 #[cfg(test)]
 mod tests;
 mod verify;
+mod vocab;
 
 use files::{
     HEAD, free_bytes, head_bytes, lock, notice, open_private_for_write, unix_second, write_anchor,
@@ -63,6 +64,7 @@ use verify::check_tail;
 
 pub use files::{below_reserve, canonical_json, sha256_hex, utc};
 pub use verify::{Inspection, Pin, Tampered, Verified, inspect, verify, visit};
+pub use vocab::{Decision, Kind, Outcome};
 
 /// `prev` of the first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -106,6 +108,8 @@ const SHARED_RATE_UID: u32 = u32::MAX;
 pub const ADOPTED_KIND: &str = "audit_tail_adopted";
 /// The record that counts an agent uid's records that were not written one by one.
 pub const SUPPRESSED_KIND: &str = "audit_suppressed";
+// The two words above are also `Kind::AuditTailAdopted` and `Kind::AuditSuppressed` (the
+// reader matches the word, the writer the variant; a unit test keeps them equal).
 
 /// The keys of a record, in the order they are written.
 pub const KEYS: [&str; 15] = [
@@ -200,11 +204,11 @@ pub enum Gate {
 }
 
 impl Gate {
-    /// The audit outcome of a request refused for this reason.
-    pub fn outcome(self) -> &'static str {
+    /// The reason a request refused this way is given (also its audit outcome).
+    pub fn reason(self) -> crate::ipc::proto::Reason {
         match self {
-            Gate::Failed => "audit_unavailable",
-            Gate::LowSpace { .. } => "audit_low_space",
+            Gate::Failed => crate::ipc::proto::Reason::AuditUnavailable,
+            Gate::LowSpace { .. } => crate::ipc::proto::Reason::AuditLowSpace,
         }
     }
 
@@ -223,7 +227,8 @@ impl Gate {
 
 /// What happened, as recorded. Strings here are identifiers and fixed words chosen by the
 /// broker, never caller text (server and tool names are those of the configuration or refused).
-#[derive(Debug, Clone, Default)]
+/// Built with [`Event::new`] and struct update syntax.
+#[derive(Debug, Clone)]
 pub struct Event {
     /// The session id (`None` before a session exists).
     pub session: Option<String>,
@@ -231,25 +236,45 @@ pub struct Event {
     pub peer_uid: Option<u32>,
     /// Peer pid.
     pub peer_pid: Option<i32>,
-    /// Request kind (`call_tool`, `hello`, `refused_peer`, …).
-    pub kind: &'static str,
+    /// What the record is about.
+    pub kind: Kind,
     /// Server name (a configured one).
     pub server: Option<String>,
     /// Tool name (an exposed one).
     pub tool: Option<String>,
     /// SHA-256 of the canonical arguments.
     pub args_sha256: Option<String>,
-    /// The decision (`allowed`, `approved`, `denied`, `refused`, …).
-    pub decision: &'static str,
+    /// How far the request got.
+    pub decision: Decision,
     /// Milliseconds from request to answer.
     pub duration_ms: u64,
-    /// The outcome (`ok`, `tool_error`, `failed`, `cancelled`, …).
-    pub outcome: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
     /// A short fixed-vocabulary detail (e.g. the certainty of a failed effect), redacted.
     pub detail: Option<String>,
     /// For a child session's first record: the SHA-256 content identity of its agent
     /// definition (64 lowercase hex digits; anything else is not recorded).
     pub identity: Option<String>,
+}
+
+impl Event {
+    /// A record of `kind` with its decision and outcome, every other field empty.
+    pub fn new(kind: Kind, decision: Decision, outcome: Outcome) -> Event {
+        Event {
+            session: None,
+            peer_uid: None,
+            peer_pid: None,
+            kind,
+            server: None,
+            tool: None,
+            args_sha256: None,
+            decision,
+            duration_ms: 0,
+            outcome,
+            detail: None,
+            identity: None,
+        }
+    }
 }
 
 /// One line of the log, serialized field by field in the order of [`KEYS`] (a derived
@@ -340,12 +365,41 @@ pub struct AuditLog {
 /// an effect. Effects (`approved`/`denied` decisions, the `dispatching` record), operator
 /// actions, refused peers (bounded on their own), and broker start and stop are always written.
 fn limitable(e: &Event) -> bool {
+    let kept_kind = match e.kind {
+        Kind::OperatorDecide
+        | Kind::OperatorAnswer
+        | Kind::OperatorCancel
+        | Kind::OperatorRestart
+        | Kind::OperatorStop
+        | Kind::OperatorLogout
+        | Kind::ConnectAgent
+        | Kind::ConnectOperator
+        | Kind::BrokerStart
+        | Kind::BrokerStop => true,
+        Kind::Hello
+        | Kind::EndSession
+        | Kind::ProtocolError
+        | Kind::IdleClose
+        | Kind::ListTools
+        | Kind::ListResources
+        | Kind::ListPrompts
+        | Kind::CallTool
+        | Kind::ReadResource
+        | Kind::GetPrompt
+        | Kind::UseSkill
+        | Kind::ResolveAgent
+        | Kind::Hook
+        | Kind::EgressRefused
+        | Kind::AuditSuppressed
+        | Kind::AuditTailAdopted => false,
+    };
     e.peer_uid.is_some()
-        && !matches!(e.decision, "approved" | "denied" | "approved_by_rule")
-        && e.outcome != "dispatching"
-        && !e.kind.starts_with("operator_")
-        && !e.kind.starts_with("connect_")
-        && !e.kind.starts_with("broker_")
+        && !matches!(
+            e.decision,
+            Decision::Approved | Decision::Denied | Decision::ApprovedByRule
+        )
+        && e.outcome != Outcome::Dispatching
+        && !kept_kind
 }
 
 /// One limitable record at second `now`: whether it gets written. Beyond
@@ -378,13 +432,10 @@ fn window(rates: &mut HashMap<u32, Window>, uid: u32, now: u64) -> &mut Window {
 fn suppressed_event(uid: u32, n: u64) -> Event {
     Event {
         peer_uid: Some(uid),
-        kind: SUPPRESSED_KIND,
-        decision: "allowed",
-        outcome: "counted",
         detail: Some(format!(
             "{n} records of this uid were counted, not written (at most {MAX_AGENT_RECORDS_PER_SEC} per second; none while the disk is under its reserve)"
         )),
-        ..Event::default()
+        ..Event::new(Kind::AuditSuppressed, Decision::Allowed, Outcome::Counted)
     }
 }
 
@@ -470,11 +521,12 @@ impl AuditLog {
                 "audit log: {why}; it is adopted and that is recorded"
             ));
             log.append(&Event {
-                kind: ADOPTED_KIND,
-                decision: "allowed",
-                outcome: "unconfirmed_record",
                 detail: Some(why),
-                ..Event::default()
+                ..Event::new(
+                    Kind::AuditTailAdopted,
+                    Decision::Allowed,
+                    Outcome::UnconfirmedRecord,
+                )
             })?;
         }
         Ok(log)
@@ -616,7 +668,7 @@ impl AuditLog {
     fn write(&self, chain: &mut Chain, event: &Event) -> Result<(), AuditError> {
         let result = Self::write_locked(&self.dir, chain, event).and_then(|(seq, hash)| {
             if let Some(j) = &self.journal {
-                j.send(seq, &hash, event.kind);
+                j.send(seq, &hash, event.kind.as_str());
             }
             if !chain.anchored {
                 chain.anchored = true;
@@ -661,13 +713,13 @@ impl AuditLog {
             session: event.session.as_deref(),
             peer_uid: event.peer_uid,
             peer_pid: event.peer_pid,
-            kind: event.kind,
+            kind: event.kind.as_str(),
             server: event.server.as_deref(),
             tool: event.tool.as_deref(),
             args_sha256: event.args_sha256.as_deref(),
-            decision: event.decision,
+            decision: event.decision.as_str(),
             duration_ms: event.duration_ms,
-            outcome: event.outcome,
+            outcome: event.outcome.as_str(),
             detail: detail.as_deref(),
             identity: event
                 .identity

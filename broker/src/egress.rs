@@ -21,6 +21,7 @@
 //! summarized in the next record).
 #![forbid(unsafe_code)]
 
+use crate::audit::{Decision, Kind, Outcome};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -163,12 +164,9 @@ impl Observer {
             detail
         };
         sink(crate::audit::Event {
-            kind: "egress_refused",
             server: Some(self.server.clone()),
-            decision: "refused",
-            outcome: "refused",
             detail: Some(detail),
-            ..crate::audit::Event::default()
+            ..crate::audit::Event::new(Kind::EgressRefused, Decision::Refused, Outcome::Refused)
         });
     }
 }
@@ -576,7 +574,7 @@ mod tests {
             assert!(got <= n, "{got}");
         }
         let first = lock(&records)[0].clone();
-        assert_eq!(first.kind, "egress_refused");
+        assert_eq!(first.kind, Kind::EgressRefused);
         assert_eq!(first.server.as_deref(), Some("fetch"));
         assert_eq!(
             first.detail.as_deref(),

@@ -29,6 +29,8 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Map, Value, json};
 
 use iteron_policy::config::Config;
+
+use crate::audit::Decision;
 use iteron_policy::rules::{self, ApprovalsConfig, CallFacts, Outlook, Ruling, Used};
 
 /// Most rule ids a count table holds before the ids no longer in the configuration are dropped
@@ -76,9 +78,9 @@ impl RuleMark {
 
 /// The audit decision of a call's record: `approved` becomes `approved_by_rule` when a rule
 /// approved the call.
-pub fn decision(rule: Option<&RuleMark>, decision: &'static str) -> &'static str {
+pub fn decision(rule: Option<&RuleMark>, decision: Decision) -> Decision {
     match (rule, decision) {
-        (Some(_), "approved") => "approved_by_rule",
+        (Some(_), Decision::Approved) => Decision::ApprovedByRule,
         _ => decision,
     }
 }
@@ -504,9 +506,12 @@ mod tests {
             id: "ci".into(),
             digest: "0123456789abcdef0123456789abcdef".into(),
         };
-        assert_eq!(decision(Some(&mark), "approved"), "approved_by_rule");
-        assert_eq!(decision(Some(&mark), "refused"), "refused");
-        assert_eq!(decision(None, "approved"), "approved");
+        assert_eq!(
+            decision(Some(&mark), Decision::Approved),
+            Decision::ApprovedByRule
+        );
+        assert_eq!(decision(Some(&mark), Decision::Refused), Decision::Refused);
+        assert_eq!(decision(None, Decision::Approved), Decision::Approved);
         assert_eq!(
             detail(Some(&mark), Some("certainty maybe_applied".into())).unwrap(),
             "rule ci (digest 0123456789abcdef0123456789abcdef); certainty maybe_applied"

@@ -411,7 +411,7 @@ async fn a_web_egress_server_reaches_only_the_public_zone_and_what_sandbox_egres
     let recs = records.lock().unwrap().clone();
     assert_eq!(recs.len(), refused_targets.len() + 1);
     for r in &recs {
-        assert_eq!(r.kind, "egress_refused");
+        assert_eq!(r.kind.as_str(), "egress_refused");
         assert_eq!(r.server.as_deref(), Some("probe"));
         let d = r.detail.as_deref().unwrap();
         assert!(!d.contains("/x") && !d.contains("Host:"), "{d}");

@@ -26,15 +26,11 @@ fn event(i: u64) -> Event {
         session: Some(format!("s{i}")),
         peer_uid: Some(1000),
         peer_pid: Some(42),
-        kind: "call_tool",
         server: Some("srv".into()),
         tool: Some("echo".into()),
         args_sha256: Some(sha256_hex(&canonical_json(&json!({"i": i})))),
-        decision: "approved",
         duration_ms: i,
-        outcome: "ok",
-        detail: None,
-        identity: None,
+        ..Event::new(Kind::CallTool, Decision::Approved, Outcome::Ok)
     }
 }
 
@@ -44,10 +40,7 @@ fn cheap(uid: u32) -> Event {
         session: Some("s1".into()),
         peer_uid: Some(uid),
         peer_pid: Some(42),
-        kind: "list_tools",
-        decision: "allowed",
-        outcome: "ok",
-        ..Event::default()
+        ..Event::new(Kind::ListTools, Decision::Allowed, Outcome::Ok)
     }
 }
 
@@ -672,10 +665,7 @@ fn under_the_space_reserve_effects_are_refused_and_agent_records_only_counted() 
     log.append(&event(1)).unwrap();
     log.append(&Event {
         peer_uid: Some(1000),
-        kind: "operator_cancel",
-        decision: "allowed",
-        outcome: "ok",
-        ..Event::default()
+        ..Event::new(Kind::OperatorCancel, Decision::Allowed, Outcome::Ok)
     })
     .unwrap();
     for _ in 0..500 {
@@ -732,25 +722,25 @@ fn agent_records_are_rate_limited_per_uid_at_the_limit_and_one_over() {
     for e in [
         event(0),
         Event {
-            outcome: "dispatching",
-            decision: "approved",
+            outcome: Outcome::Dispatching,
+            decision: Decision::Approved,
             ..cheap(1)
         },
         Event {
-            decision: "denied",
+            decision: Decision::Denied,
             ..cheap(1)
         },
         Event {
-            kind: "operator_decide",
+            kind: Kind::OperatorDecide,
             ..cheap(1)
         },
         Event {
-            kind: "connect_agent",
-            decision: "refused",
+            kind: Kind::ConnectAgent,
+            decision: Decision::Refused,
             ..cheap(1)
         },
         Event {
-            kind: "broker_start",
+            kind: Kind::BrokerStart,
             peer_uid: None,
             ..cheap(1)
         },

@@ -4,6 +4,8 @@
 use super::denial::Denial;
 use super::{Broker, Session};
 use crate::audit::{self, Event};
+use crate::audit::{Decision, Kind, Outcome};
+use crate::ipc::proto::Reason;
 use crate::ipc::proto::Refusal;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -125,11 +127,12 @@ pub(super) fn take_arguments<'a>(
             session: Some(s.id.clone()),
             peer_uid: Some(s.peer.uid),
             peer_pid: s.peer.pid,
-            kind: "call_tool",
             args_sha256: Some(args_sha256),
-            decision: "refused",
-            outcome: "arguments_budget_full",
-            ..Event::default()
+            ..Event::new(
+                Kind::CallTool,
+                Decision::Refused,
+                Outcome::Because(Reason::ArgumentsBudgetFull),
+            )
         });
         return Err(Denial::ArgumentsBudgetFull.refusal());
     };

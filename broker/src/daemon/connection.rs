@@ -8,10 +8,12 @@ use super::{
     SHUTDOWN_GRACE, Session, WRITE_DEADLINE,
 };
 use crate::audit::Event;
+use crate::audit::{Decision, Kind, Outcome};
 use crate::ipc::frame::{self, MAX_FRAME};
+use crate::ipc::proto::Reason;
 use crate::ipc::proto::{
-    self, AgentMethod, AgentRequest, Code, Fatal, OperatorRequest, PROTOCOL_VERSION, Refusal,
-    Request, Role, State,
+    self, AgentRequest, Code, Fatal, OperatorRequest, PROTOCOL_VERSION, Refusal, Request, Role,
+    State,
 };
 use iteron_policy::config::HookEvent;
 use iteron_policy::text;
@@ -125,11 +127,12 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
             session: session.as_ref().map(|s| s.id.clone()),
             peer_uid: Some(peer.uid),
             peer_pid: peer.pid,
-            kind: "protocol_error",
-            decision: "refused",
-            outcome: "connection_closed",
             detail: Some(format!("{} socket: {}", kind_of(role), f.refusal.message())),
-            ..Event::default()
+            ..Event::new(
+                Kind::ProtocolError,
+                Decision::Refused,
+                Outcome::ConnectionClosed,
+            )
         });
         proto::error_frame(f.id, &f.refusal)
     };
@@ -179,11 +182,8 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                     session: session.as_ref().map(|s| s.id.clone()),
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
-                    kind: "idle_close",
-                    decision: "refused",
-                    outcome: "connection_closed",
                     detail: Some(format!("idle for {} s", broker.idle_deadline.as_secs())),
-                    ..Event::default()
+                    ..Event::new(Kind::IdleClose, Decision::Refused, Outcome::ConnectionClosed)
                 });
                 break;
             }
@@ -288,10 +288,7 @@ pub(super) async fn connection(broker: Arc<Broker>, stream: UnixStream, role: Ro
                         session: Some(s.id.clone()),
                         peer_uid: Some(peer.uid),
                         peer_pid: peer.pid,
-                        kind: AgentMethod::EndSession.name(),
-                        decision: "allowed",
-                        outcome: "ok",
-                        ..Event::default()
+                        ..Event::new(Kind::EndSession, Decision::Allowed, Outcome::Ok)
                     });
                 }
                 // Anything still in flight is cancelled by the close below.
@@ -390,11 +387,12 @@ pub(super) fn open_session(
                 broker.audit(Event {
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
-                    kind: "hello",
-                    decision: "refused",
-                    outcome: "agent_type_refused",
                     detail: Some(why.clone()),
-                    ..Event::default()
+                    ..Event::new(
+                        Kind::Hello,
+                        Decision::Refused,
+                        Outcome::Because(Reason::AgentTypeRefused),
+                    )
                 });
                 Denial::AgentTypeRefused(why).refusal()
             })?;
@@ -423,12 +421,9 @@ pub(super) fn open_session(
         session: Some(id.clone()),
         peer_uid: Some(peer.uid),
         peer_pid: peer.pid,
-        kind: "hello",
-        decision: "allowed",
-        outcome: "ok",
         detail: Some(detail),
         identity: child.as_ref().map(|c| c.def.identity.clone()),
-        ..Event::default()
+        ..Event::new(Kind::Hello, Decision::Allowed, Outcome::Ok)
     });
     let mut result =
         json!({"protocol": PROTOCOL_VERSION, "session": id, "broker": env!("CARGO_PKG_VERSION")});

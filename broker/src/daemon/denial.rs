@@ -3,6 +3,8 @@
 //! fixed, redacted message — each an exhaustive match, so a new cause cannot be added without
 //! deciding all five. Never a transport detail, host or secret.
 
+use crate::audit::{Decision, Outcome};
+use crate::ipc::proto::Reason;
 use iteron_policy::text;
 
 use crate::approvals::{self, NotApproved};
@@ -116,7 +118,7 @@ pub(super) enum Denial {
         /// Whether it may have been applied.
         certainty: Certainty,
         /// The failure's kind ([`failure_reason`]).
-        reason: &'static str,
+        reason: Reason,
     },
 }
 
@@ -213,63 +215,66 @@ impl Denial {
 
     /// The machine-readable reason sent next to the code (docs/ipc.md lists them): where the
     /// request has an audit record, the record's outcome says the same.
-    pub(super) fn reason(&self) -> &'static str {
+    pub(super) fn reason(&self) -> Reason {
         use Denial as D;
         match self {
-            D::PeerNotAllowed => "peer_uid_not_allowed",
-            D::UidConnectionsFull => "uid_connections_full",
-            D::ConnectionsFull => "connections_full",
-            D::Version => "version",
-            D::BadClientLabel => "bad_client_label",
-            D::AgentFieldsOnOperator => "agent_fields_on_operator",
-            D::ModelWithoutAgentType => "model_without_agent_type",
-            D::HelloConfigUnreadable | D::ConfigUnreadable => "config_unreadable",
-            D::AgentTypeRefused(_) => "agent_type_refused",
-            D::NotAllowedHere => "not_allowed_here",
-            D::ShutdownDuringRequest | D::ShuttingDown => "shutting_down",
-            D::AnswerTooLarge => "answer_too_large",
-            D::UnknownTool => "unknown_tool",
-            D::UnknownServer => "unknown_server",
-            D::UnknownSkill => "unknown_skill",
-            D::SkillChanged => "changed_since_discovery",
-            D::PromptTooLong => "prompt_too_long",
-            D::ListFailed(_) => "list_failed",
-            D::ChildTurnsSpent => "turn_budget_spent",
-            D::ChildErrorLimit => "error_budget_spent",
-            D::ChildWallSpent => "wall_budget_spent",
-            D::ChildWallDuringCall => "cancelled_by_budget",
-            D::ArgumentsBudgetFull => "arguments_budget_full",
-            D::ArgumentsNotUtf8 => "arguments_not_utf8",
-            D::BadRequest(_) => "bad_request",
-            D::AuditUnwritable(g) | D::DispatchNotRecorded(g) => g.outcome(),
-            D::StaleSession => "stale_session",
-            D::ServerUnavailable => "server_unavailable",
-            D::BlockedByHook(_) => "blocked_by_hook",
-            D::DeniedByRule(_) => "denied_by_rule",
-            D::NotApproved(why, _) => not_approved_outcome(*why),
-            D::ServerRestarted => "server_restarted",
-            D::CancelledWhileWaiting | D::CancelledDuringEffect => "cancelled_by_operator",
-            D::EffectFailed { reason, .. } => reason,
+            D::PeerNotAllowed => Reason::PeerUidNotAllowed,
+            D::UidConnectionsFull => Reason::UidConnectionsFull,
+            D::ConnectionsFull => Reason::ConnectionsFull,
+            D::Version => Reason::Version,
+            D::BadClientLabel => Reason::BadClientLabel,
+            D::AgentFieldsOnOperator => Reason::AgentFieldsOnOperator,
+            D::ModelWithoutAgentType => Reason::ModelWithoutAgentType,
+            D::HelloConfigUnreadable | D::ConfigUnreadable => Reason::ConfigUnreadable,
+            D::AgentTypeRefused(_) => Reason::AgentTypeRefused,
+            D::NotAllowedHere => Reason::NotAllowedHere,
+            D::ShutdownDuringRequest | D::ShuttingDown => Reason::ShuttingDown,
+            D::AnswerTooLarge => Reason::AnswerTooLarge,
+            D::UnknownTool => Reason::UnknownTool,
+            D::UnknownServer => Reason::UnknownServer,
+            D::UnknownSkill => Reason::UnknownSkill,
+            D::SkillChanged => Reason::ChangedSinceDiscovery,
+            D::PromptTooLong => Reason::PromptTooLong,
+            D::ListFailed(_) => Reason::ListFailed,
+            D::ChildTurnsSpent => Reason::TurnBudgetSpent,
+            D::ChildErrorLimit => Reason::ErrorBudgetSpent,
+            D::ChildWallSpent => Reason::WallBudgetSpent,
+            D::ChildWallDuringCall => Reason::CancelledByBudget,
+            D::ArgumentsBudgetFull => Reason::ArgumentsBudgetFull,
+            D::ArgumentsNotUtf8 => Reason::ArgumentsNotUtf8,
+            D::BadRequest(_) => Reason::BadRequest,
+            D::AuditUnwritable(g) | D::DispatchNotRecorded(g) => g.reason(),
+            D::StaleSession => Reason::StaleSession,
+            D::ServerUnavailable => Reason::ServerUnavailable,
+            D::BlockedByHook(_) => Reason::BlockedByHook,
+            D::DeniedByRule(_) => Reason::DeniedByRule,
+            D::NotApproved(why, _) => not_approved_reason(*why),
+            D::ServerRestarted => Reason::ServerRestarted,
+            D::CancelledWhileWaiting | D::CancelledDuringEffect => Reason::CancelledByOperator,
+            D::EffectFailed { reason, .. } => *reason,
         }
     }
 
     /// The audit record's decision and outcome for an effect request refused this way (the
     /// decision says how far the request got: refused before approval, blocked, denied, or
     /// approved and then not sent or failed).
-    pub(super) fn audit(&self) -> (&'static str, &'static str) {
+    pub(super) fn audit(&self) -> (Decision, Outcome) {
         use Denial as D;
         match self {
-            D::BlockedByHook(_) => ("blocked_by_hook", "refused"),
-            D::DeniedByRule(_) => ("denied_by_rule", "refused"),
-            D::NotApproved(NotApproved::Denied, _) => ("denied", "denied"),
-            D::NotApproved(why, _) => ("refused", not_approved_outcome(*why)),
+            D::BlockedByHook(_) => (Decision::BlockedByHook, Outcome::Refused),
+            D::DeniedByRule(_) => (Decision::DeniedByRule, Outcome::Refused),
+            D::NotApproved(NotApproved::Denied, _) => (Decision::Denied, Outcome::Denied),
+            D::NotApproved(why, _) => (
+                Decision::Refused,
+                Outcome::Because(not_approved_reason(*why)),
+            ),
             D::ServerRestarted
             | D::CancelledWhileWaiting
             | D::DispatchNotRecorded(_)
-            | D::CancelledDuringEffect => ("approved", self.reason()),
-            D::EffectFailed { .. } => ("approved", "failed"),
+            | D::CancelledDuringEffect => (Decision::Approved, Outcome::Because(self.reason())),
+            D::EffectFailed { .. } => (Decision::Approved, Outcome::Failed),
             // The listing was allowed; the server failed to answer it.
-            D::ListFailed(_) => ("allowed", "failed"),
+            D::ListFailed(_) => (Decision::Allowed, Outcome::Failed),
             D::PeerNotAllowed
             | D::UidConnectionsFull
             | D::ConnectionsFull
@@ -298,7 +303,7 @@ impl Denial {
             | D::AuditUnwritable(_)
             | D::StaleSession
             | D::ShuttingDown
-            | D::ServerUnavailable => ("refused", self.reason()),
+            | D::ServerUnavailable => (Decision::Refused, Outcome::Because(self.reason())),
         }
     }
 
@@ -414,13 +419,13 @@ pub(super) fn slot_denial(e: &SlotError) -> Denial {
 }
 
 /// The audit outcome of a call that was not approved.
-fn not_approved_outcome(why: NotApproved) -> &'static str {
+fn not_approved_reason(why: NotApproved) -> Reason {
     match why {
-        NotApproved::Noninteractive => "approval_required",
-        NotApproved::Denied => "denied",
-        NotApproved::TimedOut => "approval_timed_out",
-        NotApproved::Full => "approval_queue_full",
-        NotApproved::ShuttingDown => "shutting_down",
+        NotApproved::Noninteractive => Reason::ApprovalRequired,
+        NotApproved::Denied => Reason::Denied,
+        NotApproved::TimedOut => Reason::ApprovalTimedOut,
+        NotApproved::Full => Reason::ApprovalQueueFull,
+        NotApproved::ShuttingDown => Reason::ShuttingDown,
     }
 }
 
@@ -440,20 +445,20 @@ fn not_approved_message(why: NotApproved) -> String {
 
 /// The machine-readable kind of a failed effect: a server's own error answer, a timeout, a
 /// refused credential, a broken connection or protocol, a bound, refused input.
-pub(super) fn failure_reason(e: &McpError) -> &'static str {
+pub(super) fn failure_reason(e: &McpError) -> Reason {
     match e {
-        McpError::Rpc { .. } => "server_error",
+        McpError::Rpc { .. } => Reason::ServerError,
         McpError::Transport(t) => match t.kind {
-            TransportErrorKind::Timeout => "timed_out",
-            TransportErrorKind::Unauthorized { .. } => "unauthorized",
-            _ => "connection_failed",
+            TransportErrorKind::Timeout => Reason::TimedOut,
+            TransportErrorKind::Unauthorized { .. } => Reason::Unauthorized,
+            _ => Reason::ConnectionFailed,
         },
-        McpError::Protocol { .. } => "protocol_violation",
-        McpError::Limit { .. } => "limit_exceeded",
-        McpError::InputRefused(_) => "input_refused",
-        McpError::UnknownTool => "unknown_tool",
+        McpError::Protocol { .. } => Reason::ProtocolViolation,
+        McpError::Limit { .. } => Reason::LimitExceeded,
+        McpError::InputRefused(_) => Reason::InputRefused,
+        McpError::UnknownTool => Reason::UnknownTool,
         McpError::AfterInputRounds { error, .. } => failure_reason(error),
-        _ => "failed",
+        _ => Reason::Failed,
     }
 }
 
@@ -536,7 +541,7 @@ mod tests {
             Denial::EffectFailed {
                 message: "the call did not complete in time".into(),
                 certainty: Certainty::MaybeApplied,
-                reason: "timed_out",
+                reason: Reason::TimedOut,
             },
         ];
         for why in [
@@ -580,7 +585,7 @@ mod tests {
             }
             // An effect request's audit record and the wire agree on why.
             let (decision, outcome) = d.audit();
-            assert!(!decision.is_empty() && !outcome.is_empty());
+            assert!(!decision.as_str().is_empty() && !outcome.as_str().is_empty());
         }
     }
 
@@ -590,25 +595,26 @@ mod tests {
             .unwrap();
         let table = &doc[doc.find("| reason | cause |").unwrap()..];
         let table = &table[..table.find("\n\n").unwrap_or(table.len())];
-        let mut reasons: Vec<&str> = every_denial().iter().map(Denial::reason).collect();
-        for e in [
-            "server_error",
-            "timed_out",
-            "unauthorized",
-            "connection_failed",
-            "protocol_violation",
-            "limit_exceeded",
-            "input_refused",
-            "failed",
-            "audit_unavailable",
-        ] {
-            reasons.push(e);
-        }
-        for r in reasons {
+        // Both ways: every reason of the closed set is listed, and the table lists no other.
+        for r in Reason::ALL {
             assert!(
-                table.contains(&format!("`{r}`")),
-                "docs/ipc.md does not list {r}"
+                table.contains(&format!("`{}`", r.as_str())),
+                "docs/ipc.md does not list {}",
+                r.as_str()
             );
+        }
+        for row in table.lines().skip(2) {
+            let words = row.split('|').nth(1).unwrap_or_default();
+            for w in words.split('`').skip(1).step_by(2) {
+                assert!(
+                    Reason::ALL.iter().any(|r| r.as_str() == w),
+                    "docs/ipc.md lists {w}, which is no reason the broker sends"
+                );
+            }
+        }
+        // And every denial gives one of them.
+        for d in every_denial() {
+            assert!(Reason::ALL.contains(&d.reason()), "{d:?}");
         }
     }
 
@@ -620,12 +626,15 @@ mod tests {
                 certainty: Certainty::NotSent,
             })
         };
-        assert_eq!(failure_reason(&t(TransportErrorKind::Timeout)), "timed_out");
+        assert_eq!(
+            failure_reason(&t(TransportErrorKind::Timeout)),
+            Reason::TimedOut
+        );
         assert_eq!(
             failure_reason(&McpError::InputRefused("x".into())),
-            "input_refused"
+            Reason::InputRefused
         );
-        assert_eq!(failure_reason(&McpError::UnknownTool), "unknown_tool");
+        assert_eq!(failure_reason(&McpError::UnknownTool), Reason::UnknownTool);
     }
 
     #[test]

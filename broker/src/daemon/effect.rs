@@ -11,6 +11,7 @@ use super::project::{cut_escaped, project_contents, project_prompt};
 use super::record::{CallRecord, Dispatched};
 use super::{Broker, MAX_RESULT_TEXT, Session};
 use crate::approvals::{self, CallInfo};
+use crate::audit::{Decision, Kind, Outcome};
 use crate::hooks::ToolEvent;
 use crate::ipc::proto::{self, Refusal};
 use crate::mcp::client::McpError;
@@ -28,7 +29,7 @@ pub(super) async fn call_tool(
     let (arguments, args_sha256, _charge) = take_arguments(broker, s, Value::Object(c.arguments))?;
     // First, before anything tells known tools from unknown ones: an unwritable audit log
     // refuses every call alike.
-    let mut record = CallRecord::open(broker, s, "call_tool", &args_sha256)?;
+    let mut record = CallRecord::open(broker, s, Kind::CallTool, &args_sha256)?;
     let snap = current(broker).map_err(|d| record.deny(d))?;
     let Some(server) = snap.config.server(&c.server) else {
         return Err(record.deny(Denial::UnknownTool));
@@ -83,7 +84,11 @@ pub(super) async fn call_tool(
                     "the result was cut to {MAX_RESULT_TEXT} bytes (as JSON text)"
                 ));
             }
-            let outcome = if p.is_error { "tool_error" } else { "ok" };
+            let outcome = if p.is_error {
+                Outcome::ToolError
+            } else {
+                Outcome::Ok
+            };
             (
                 Ok(json!({"text": text_out, "is_error": p.is_error, "notes": notes})),
                 outcome,
@@ -110,9 +115,9 @@ pub(super) async fn server_read(
     read: Read,
 ) -> Result<Value, Refusal> {
     let (kind, method, args) = match &read {
-        Read::Resource(uri) => ("read_resource", "resources/read", json!({"uri": uri})),
+        Read::Resource(uri) => (Kind::ReadResource, "resources/read", json!({"uri": uri})),
         Read::Prompt(name, arguments) => (
-            "get_prompt",
+            Kind::GetPrompt,
             "prompts/get",
             json!({"name": name, "arguments": arguments}),
         ),
@@ -175,7 +180,7 @@ pub(super) async fn server_read(
                 Read::Resource(_) => project_contents(&v, &secrets),
                 Read::Prompt(..) => project_prompt(&v, &secrets),
             }),
-            "ok",
+            Outcome::Ok,
             None,
         ),
         Some(Err(e)) => failed_effect(&e, &secrets),
@@ -281,7 +286,7 @@ pub(super) async fn under_cancel<T>(
     }
 }
 
-pub(super) type EffectEnd = (Result<Value, Refusal>, &'static str, Option<String>);
+pub(super) type EffectEnd = (Result<Value, Refusal>, Outcome, Option<String>);
 
 /// An effect the operator cancelled while it ran.
 pub(super) fn cancelled_effect() -> EffectEnd {
@@ -317,12 +322,12 @@ pub(super) async fn after_effect(
     s: &Session,
     record: &mut CallRecord<'_>,
     event: &ToolEvent,
-    outcome: &'static str,
+    outcome: Outcome,
     detail: Option<String>,
 ) {
-    record.finish("approved", outcome, detail);
+    record.finish(Decision::Approved, outcome, detail);
     if s.child.is_none() {
-        let reports = broker.hooks.post_tool_use(event, outcome).await;
+        let reports = broker.hooks.post_tool_use(event, outcome.as_str()).await;
         broker.audit_hooks(Some(&s.id), s.peer, &reports);
     }
 }

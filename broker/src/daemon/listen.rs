@@ -8,7 +8,9 @@ use super::{
     SHUTDOWN_GRACE, ServeError,
 };
 use crate::audit::Event;
+use crate::audit::{Decision, Kind, Outcome};
 use crate::ipc::frame::{self, MAX_FRAME};
+use crate::ipc::proto::Reason;
 use crate::ipc::proto::{self, Refusal, Role};
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -139,17 +141,19 @@ pub(super) async fn accept_loop(
                 broker.audit(Event {
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
-                    kind: if role == Role::Agent {
-                        "connect_agent"
-                    } else {
-                        "connect_operator"
-                    },
-                    decision: "refused",
-                    outcome: "peer_uid_not_allowed",
+
                     detail: (suppressed > 0).then(|| {
                         format!("{suppressed} earlier refusals were not recorded one by one")
                     }),
-                    ..Event::default()
+                    ..Event::new(
+                        if role == Role::Agent {
+                            Kind::ConnectAgent
+                        } else {
+                            Kind::ConnectOperator
+                        },
+                        Decision::Refused,
+                        Outcome::Because(Reason::PeerUidNotAllowed),
+                    )
                 });
             }
             refuse_connection(stream, Denial::PeerNotAllowed.refusal());

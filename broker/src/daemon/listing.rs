@@ -5,6 +5,7 @@ use super::denial::{Denial, describe_failure, slot_denial};
 use super::project::field;
 use super::{Broker, MAX_RESULT_TEXT, Session};
 use crate::audit::Event;
+use crate::audit::{Decision, Kind, Outcome};
 use crate::ipc::proto::{self, Refusal};
 use crate::mcp::client::Tool;
 use crate::registry::{Slot, SlotError, Snapshot};
@@ -198,10 +199,7 @@ pub(super) async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Re
         session: Some(s.id.clone()),
         peer_uid: Some(s.peer.uid),
         peer_pid: s.peer.pid,
-        kind: "list_tools",
-        decision: "allowed",
-        outcome: "ok",
-        ..Event::default()
+        ..Event::new(Kind::ListTools, Decision::Allowed, Outcome::Ok)
     });
     Ok(json!({"tools": tools, "unavailable": unavailable, "notes": notes}))
 }
@@ -235,20 +233,17 @@ pub(super) async fn list_reads(
     prompts: bool,
 ) -> Result<Value, Refusal> {
     let kind = if prompts {
-        "list_prompts"
+        Kind::ListPrompts
     } else {
-        "list_resources"
+        Kind::ListResources
     };
-    let audit = |decision: &'static str, outcome: &'static str, server: Option<String>| {
+    let audit = |decision: Decision, outcome: Outcome, server: Option<String>| {
         broker.audit(Event {
             session: Some(s.id.clone()),
             peer_uid: Some(s.peer.uid),
             peer_pid: s.peer.pid,
-            kind,
             server,
-            decision,
-            outcome,
-            ..Event::default()
+            ..Event::new(kind, decision, outcome)
         });
     };
     // Each refusal is recorded with the denial's own decision and outcome.
@@ -340,7 +335,7 @@ pub(super) async fn list_reads(
             items.len()
         ));
     }
-    audit("allowed", "ok", Some(name));
+    audit(Decision::Allowed, Outcome::Ok, Some(name));
     Ok(if prompts {
         json!({"prompts": out, "notes": notes})
     } else {

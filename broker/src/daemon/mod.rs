@@ -43,6 +43,7 @@ use self::listen::{accept_loop, bind, refused_step};
 pub use self::listing::{LIST_SERVER_DEADLINE, MAX_LISTED, MAX_PROMPT_ARGUMENTS, MAX_PROMPT_NAME};
 use crate::approvals::Approvals;
 use crate::audit::{self, AuditLog, Event};
+use crate::audit::{Decision, Kind, Outcome};
 use crate::catalog::Catalog;
 use crate::hooks::Report;
 pub use crate::hooks::{HookFuture, NoHooks, ToolEvent, ToolHooks, Verdict};
@@ -219,22 +220,23 @@ impl Broker {
                 session: session.map(str::to_owned),
                 peer_uid: Some(peer.uid),
                 peer_pid: peer.pid,
-                kind: "hook",
-                decision: if matches!(r.outcome, crate::hooks::Outcome::Blocked(_)) {
-                    "blocked"
-                } else {
-                    "no_opinion"
-                },
-                outcome: match r.outcome {
-                    crate::hooks::Outcome::Exited(0) => "ok",
-                    crate::hooks::Outcome::Exited(_) => "exited",
-                    crate::hooks::Outcome::Blocked(_) => "blocked",
-                    crate::hooks::Outcome::Signalled(_) => "signalled",
-                    crate::hooks::Outcome::TimedOut => "timed_out",
-                    crate::hooks::Outcome::SpawnFailed(_) => "spawn_failed",
-                },
                 detail: Some(r.detail()),
-                ..Event::default()
+                ..Event::new(
+                    Kind::Hook,
+                    if matches!(r.outcome, crate::hooks::Outcome::Blocked(_)) {
+                        Decision::Blocked
+                    } else {
+                        Decision::NoOpinion
+                    },
+                    match r.outcome {
+                        crate::hooks::Outcome::Exited(0) => Outcome::Ok,
+                        crate::hooks::Outcome::Exited(_) => Outcome::Exited,
+                        crate::hooks::Outcome::Blocked(_) => Outcome::Blocked,
+                        crate::hooks::Outcome::Signalled(_) => Outcome::Signalled,
+                        crate::hooks::Outcome::TimedOut => Outcome::TimedOut,
+                        crate::hooks::Outcome::SpawnFailed(_) => Outcome::SpawnFailed,
+                    },
+                )
             });
         }
     }
@@ -310,9 +312,6 @@ pub async fn serve(
     // Every configured server is listed (idle) from the start; nothing is started.
     broker.registry.snapshot().map_err(ServeError::Config)?;
     broker.audit(Event {
-        kind: "broker_start",
-        decision: "allowed",
-        outcome: "ok",
         detail: Some(
             if opts.interactive {
                 "interactive"
@@ -321,7 +320,7 @@ pub async fn serve(
             }
             .into(),
         ),
-        ..Event::default()
+        ..Event::new(Kind::BrokerStart, Decision::Allowed, Outcome::Ok)
     });
     ready(&Ready {
         agent_socket: opts.agent_socket.clone(),
@@ -349,10 +348,7 @@ pub async fn serve(
     .await;
     broker.registry.close_all().await;
     broker.audit(Event {
-        kind: "broker_stop",
-        decision: "allowed",
-        outcome: "ok",
-        ..Event::default()
+        ..Event::new(Kind::BrokerStop, Decision::Allowed, Outcome::Ok)
     });
     broker.audit.close();
     let _ = std::fs::remove_file(&opts.agent_socket);

@@ -3,6 +3,7 @@
 
 use super::{Broker, Peer};
 use crate::audit::Event;
+use crate::audit::{Decision, Kind, Outcome};
 use crate::ipc::proto::{self, Code, OperatorRequest, Refusal};
 use crate::mcp::elicit::FormAnswer;
 use serde_json::{Value, json};
@@ -14,15 +15,12 @@ pub(super) async fn operator(
     req: OperatorRequest,
 ) -> Result<Value, Refusal> {
     let not_found = || Refusal::new(Code::NotFound, "no such server");
-    let control = |kind: &'static str, server: &str| {
+    let control = |kind: Kind, server: &str| {
         broker.audit(Event {
             peer_uid: Some(peer.uid),
             peer_pid: peer.pid,
-            kind,
             server: Some(server.to_owned()),
-            decision: "allowed",
-            outcome: "ok",
-            ..Event::default()
+            ..Event::new(kind, Decision::Allowed, Outcome::Ok)
         });
     };
     match req {
@@ -39,7 +37,7 @@ pub(super) async fn operator(
         }
         OperatorRequest::Cancel(a) => {
             let n = broker.registry.cancel(&a.server).ok_or_else(not_found)?;
-            control("operator_cancel", &a.server);
+            control(Kind::OperatorCancel, &a.server);
             Ok(json!({"cancelled": n}))
         }
         OperatorRequest::Restart(a) => {
@@ -48,7 +46,7 @@ pub(super) async fn operator(
                 .restart(&a.server, false)
                 .await
                 .ok_or_else(not_found)?;
-            control("operator_restart", &a.server);
+            control(Kind::OperatorRestart, &a.server);
             Ok(json!({}))
         }
         OperatorRequest::Stop(a) => {
@@ -57,7 +55,7 @@ pub(super) async fn operator(
                 .restart(&a.server, true)
                 .await
                 .ok_or_else(not_found)?;
-            control("operator_stop", &a.server);
+            control(Kind::OperatorStop, &a.server);
             Ok(json!({}))
         }
         OperatorRequest::Logout(a) => {
@@ -67,7 +65,7 @@ pub(super) async fn operator(
                 .await
                 .ok_or_else(not_found)?
                 .map_err(|e| Refusal::new(Code::Failed, &e))?;
-            control("operator_logout", &a.server);
+            control(Kind::OperatorLogout, &a.server);
             Ok(json!({"revoked": match outcome {
                 crate::servers::ExternalLogout::NoRevokeUrl => "no_revoke_url",
                 crate::servers::ExternalLogout::Revoked(r) => match r {
@@ -104,15 +102,20 @@ pub(super) async fn operator(
                 broker.audit(Event {
                     peer_uid: Some(peer.uid),
                     peer_pid: peer.pid,
-                    kind: "operator_decide",
                     args_sha256: d
                         .args_sha256
                         .clone()
                         .filter(|x| iteron_policy::rules::Sha256Hex::parse(x).is_some()),
-                    decision: if d.approve { "approved" } else { "denied" },
-                    outcome: last.outcome(),
                     detail: Some(format!("pending item {item}")),
-                    ..Event::default()
+                    ..Event::new(
+                        Kind::OperatorDecide,
+                        if d.approve {
+                            Decision::Approved
+                        } else {
+                            Decision::Denied
+                        },
+                        last.outcome(),
+                    )
                 });
                 if last == crate::approvals::Decided::Done {
                     decided.push(item);
@@ -143,19 +146,24 @@ pub(super) async fn operator(
                 proto::FormAction::Cancel => FormAnswer::Cancel,
             };
             let action = match &answer {
-                FormAnswer::Accept(_) => "accepted",
-                FormAnswer::Decline => "declined",
-                FormAnswer::Cancel => "cancelled",
+                FormAnswer::Accept(_) => Decision::Accepted,
+                FormAnswer::Decline => Decision::Declined,
+                FormAnswer::Cancel => Decision::Cancelled,
             };
             let result = broker.approvals.answer(a.id, answer);
             broker.audit(Event {
                 peer_uid: Some(peer.uid),
                 peer_pid: peer.pid,
-                kind: "operator_answer",
-                decision: action,
-                outcome: if result.is_ok() { "ok" } else { "refused" },
                 detail: Some(format!("form {}", a.id)),
-                ..Event::default()
+                ..Event::new(
+                    Kind::OperatorAnswer,
+                    action,
+                    if result.is_ok() {
+                        Outcome::Ok
+                    } else {
+                        Outcome::Refused
+                    },
+                )
             });
             match result {
                 Ok(()) => Ok(json!({})),

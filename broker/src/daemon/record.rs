@@ -3,7 +3,7 @@
 
 use super::denial::Denial;
 use super::{Broker, Session, elapsed_ms};
-use crate::audit::{self, Event};
+use crate::audit::{self, Decision, Event, Kind, Outcome};
 use crate::hooks::{ToolEvent, Verdict};
 use crate::ipc::proto::Refusal;
 use crate::rules::RuleMark;
@@ -29,7 +29,7 @@ impl<'a> CallRecord<'a> {
     pub(super) fn open(
         broker: &'a Broker,
         s: &'a Session,
-        kind: &'static str,
+        kind: Kind,
         args_sha256: &str,
     ) -> Result<CallRecord<'a>, Refusal> {
         let mut record = CallRecord {
@@ -39,9 +39,10 @@ impl<'a> CallRecord<'a> {
                 session: Some(s.id.clone()),
                 peer_uid: Some(s.peer.uid),
                 peer_pid: s.peer.pid,
-                kind,
                 args_sha256: Some(args_sha256.to_owned()),
-                ..Event::default()
+                // Until the request gets further: a record written on drop before that says
+                // the request was abandoned (its outcome is set when it is written).
+                ..Event::new(kind, Decision::Abandoned, Outcome::CancelledByDisconnect)
             },
             started: Instant::now(),
             done: false,
@@ -71,12 +72,7 @@ impl CallRecord<'_> {
 }
 
 impl CallRecord<'_> {
-    pub(super) fn finish(
-        &mut self,
-        decision: &'static str,
-        outcome: &'static str,
-        detail: Option<String>,
-    ) {
+    pub(super) fn finish(&mut self, decision: Decision, outcome: Outcome, detail: Option<String>) {
         // A rule-approved call says so, and names the rule, in every record.
         self.event.decision = crate::rules::decision(self.rule.as_ref(), decision);
         self.event.outcome = outcome;
@@ -123,7 +119,7 @@ impl CallRecord<'_> {
                 return Err(self.deny(Denial::BlockedByHook(reason)));
             }
         }
-        self.event.decision = "awaiting_approval";
+        self.event.decision = Decision::AwaitingApproval;
         Ok(HooksPassed(()))
     }
 
@@ -134,7 +130,7 @@ impl CallRecord<'_> {
             self.event.detail = Some(mark.detail());
             self.rule = Some(mark);
         }
-        self.event.decision = "approved";
+        self.event.decision = Decision::Approved;
         Approved(())
     }
 
@@ -146,8 +142,8 @@ impl CallRecord<'_> {
         epoch: u64,
     ) -> Result<Dispatched, audit::Gate> {
         let mut e = self.event.clone();
-        e.decision = crate::rules::decision(self.rule.as_ref(), "approved");
-        e.outcome = "dispatching";
+        e.decision = crate::rules::decision(self.rule.as_ref(), Decision::Approved);
+        e.outcome = Outcome::Dispatching;
         e.duration_ms = elapsed_ms(self.started);
         self.broker.audit.append_effect(&e)?;
         Ok(Dispatched { epoch })
@@ -158,23 +154,20 @@ impl Drop for CallRecord<'_> {
     fn drop(&mut self) {
         if !self.done {
             self.event.duration_ms = elapsed_ms(self.started);
-            if self.event.decision.is_empty() {
-                self.event.decision = "abandoned";
-            }
             // Only a tool call is cut by the budget (a child's calls are serialized, and once
             // the budget is spent no other starts).
-            let budget_cut = self.event.kind == "call_tool"
+            let budget_cut = self.event.kind == Kind::CallTool
                 && self
                     .session
                     .child
                     .as_ref()
                     .is_some_and(|c| c.budget_cut.load(Ordering::SeqCst));
             self.event.outcome = if budget_cut {
-                "cancelled_by_budget"
+                Outcome::CancelledByBudget
             } else if *self.broker.shutdown.borrow() {
-                "cancelled_by_shutdown"
+                Outcome::CancelledByShutdown
             } else {
-                "cancelled_by_disconnect"
+                Outcome::CancelledByDisconnect
             };
             self.broker.audit(self.event.clone());
         }

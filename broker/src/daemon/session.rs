@@ -7,7 +7,9 @@ use super::listing::{list_reads, list_tools};
 use super::operator::operator;
 use super::{Broker, Peer, Session};
 use crate::audit::Event;
+use crate::audit::{Decision, Kind, Outcome};
 use crate::catalog::Catalog;
+use crate::ipc::proto::Reason;
 use crate::ipc::proto::{self, AgentRequest, Refusal, Request};
 use iteron_policy::agentdef::{self, AgentDef};
 use iteron_policy::config::HookEvent;
@@ -102,14 +104,15 @@ async fn agent(broker: &Broker, s: &Session, request: AgentRequest) -> Result<Va
                 session: Some(s.id.clone()),
                 peer_uid: Some(s.peer.uid),
                 peer_pid: s.peer.pid,
-                kind: "resolve_agent",
-                decision: if answer["agent"].is_null() {
-                    "refused"
-                } else {
-                    "allowed"
-                },
-                outcome: "ok",
-                ..Event::default()
+                ..Event::new(
+                    Kind::ResolveAgent,
+                    if answer["agent"].is_null() {
+                        Decision::Refused
+                    } else {
+                        Decision::Allowed
+                    },
+                    Outcome::Ok,
+                )
             });
             Ok(answer)
         }
@@ -189,22 +192,27 @@ pub(super) fn use_skill(broker: &Broker, s: &Session, name: &str) -> Result<Valu
         session: Some(s.id.clone()),
         peer_uid: Some(s.peer.uid),
         peer_pid: s.peer.pid,
-        kind: "use_skill",
-        decision: if outcome.is_ok() {
-            "allowed"
-        } else {
-            "refused"
-        },
-        outcome: match &outcome {
-            Ok(_) => "ok",
-            Err(crate::catalog::UseSkillError::Unknown) => "unknown_skill",
-            Err(crate::catalog::UseSkillError::Changed) => "changed_since_discovery",
-        },
         detail: outcome
             .as_ref()
             .ok()
             .map(|(e, _)| format!("skill {} ({} tier)", e.name, e.tier.as_str())),
-        ..Event::default()
+        ..Event::new(
+            Kind::UseSkill,
+            if outcome.is_ok() {
+                Decision::Allowed
+            } else {
+                Decision::Refused
+            },
+            match &outcome {
+                Ok(_) => Outcome::Ok,
+                Err(crate::catalog::UseSkillError::Unknown) => {
+                    Outcome::Because(Reason::UnknownSkill)
+                }
+                Err(crate::catalog::UseSkillError::Changed) => {
+                    Outcome::Because(Reason::ChangedSinceDiscovery)
+                }
+            },
+        )
     });
     match outcome {
         Ok((entry, body)) => Ok(json!({

@@ -88,7 +88,7 @@ pub struct Refusal {
     pub certainty: Option<Certainty>,
     /// Why, in a fixed machine-readable vocabulary (docs/ipc.md), next to the code: it tells a
     /// denial from a timeout or a failure of the server.
-    pub reason: Option<&'static str>,
+    pub reason: Option<Reason>,
 }
 
 impl Refusal {
@@ -122,7 +122,7 @@ impl Refusal {
     }
 
     /// With the machine-readable reason.
-    pub fn with_reason(mut self, reason: &'static str) -> Refusal {
+    pub fn with_reason(mut self, reason: Reason) -> Refusal {
         self.reason = Some(reason);
         self
     }
@@ -137,7 +137,7 @@ impl Refusal {
         let mut v = json!({"code": self.code.as_str(), "message": self.message});
         if let Some(obj) = v.as_object_mut() {
             if let Some(r) = self.reason {
-                obj.insert("reason".into(), r.into());
+                obj.insert("reason".into(), r.as_str().into());
             }
             if let Some(c) = self.certainty {
                 obj.insert("certainty".into(), c.as_str().into());
@@ -172,6 +172,205 @@ impl Certainty {
             Certainty::NotSent => "not_sent",
             Certainty::MaybeApplied => "maybe_applied",
             Certainty::Applied => "applied",
+        }
+    }
+}
+
+/// Why a request was refused or failed, in the machine-readable vocabulary of the `reason`
+/// field next to `code` (docs/ipc.md lists each): it tells a denial from a timeout or a failure
+/// of the server. A closed set; the audit log records the same words as outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// `peer_uid_not_allowed`.
+    PeerUidNotAllowed,
+    /// `uid_connections_full`.
+    UidConnectionsFull,
+    /// `connections_full`.
+    ConnectionsFull,
+    /// `version`.
+    Version,
+    /// `bad_client_label`.
+    BadClientLabel,
+    /// `agent_fields_on_operator`.
+    AgentFieldsOnOperator,
+    /// `model_without_agent_type`.
+    ModelWithoutAgentType,
+    /// `config_unreadable`.
+    ConfigUnreadable,
+    /// `agent_type_refused`.
+    AgentTypeRefused,
+    /// `not_allowed_here`.
+    NotAllowedHere,
+    /// `shutting_down`.
+    ShuttingDown,
+    /// `answer_too_large`.
+    AnswerTooLarge,
+    /// `unknown_tool`.
+    UnknownTool,
+    /// `unknown_server`.
+    UnknownServer,
+    /// `unknown_skill`.
+    UnknownSkill,
+    /// `changed_since_discovery`.
+    ChangedSinceDiscovery,
+    /// `prompt_too_long`.
+    PromptTooLong,
+    /// `list_failed`.
+    ListFailed,
+    /// `turn_budget_spent`.
+    TurnBudgetSpent,
+    /// `error_budget_spent`.
+    ErrorBudgetSpent,
+    /// `wall_budget_spent`.
+    WallBudgetSpent,
+    /// `cancelled_by_budget`.
+    CancelledByBudget,
+    /// `arguments_budget_full`.
+    ArgumentsBudgetFull,
+    /// `arguments_not_utf8`.
+    ArgumentsNotUtf8,
+    /// `bad_request`.
+    BadRequest,
+    /// `audit_unavailable`.
+    AuditUnavailable,
+    /// `audit_low_space`.
+    AuditLowSpace,
+    /// `stale_session`.
+    StaleSession,
+    /// `server_unavailable`.
+    ServerUnavailable,
+    /// `server_restarted`.
+    ServerRestarted,
+    /// `blocked_by_hook`.
+    BlockedByHook,
+    /// `denied_by_rule`.
+    DeniedByRule,
+    /// `approval_required`.
+    ApprovalRequired,
+    /// `denied`.
+    Denied,
+    /// `approval_timed_out`.
+    ApprovalTimedOut,
+    /// `approval_queue_full`.
+    ApprovalQueueFull,
+    /// `cancelled_by_operator`.
+    CancelledByOperator,
+    /// `server_error`.
+    ServerError,
+    /// `timed_out`.
+    TimedOut,
+    /// `unauthorized`.
+    Unauthorized,
+    /// `connection_failed`.
+    ConnectionFailed,
+    /// `protocol_violation`.
+    ProtocolViolation,
+    /// `limit_exceeded`.
+    LimitExceeded,
+    /// `input_refused`.
+    InputRefused,
+    /// `failed`.
+    Failed,
+}
+
+impl Reason {
+    /// Every reason, once.
+    pub const ALL: [Reason; 45] = [
+        Reason::PeerUidNotAllowed,
+        Reason::UidConnectionsFull,
+        Reason::ConnectionsFull,
+        Reason::Version,
+        Reason::BadClientLabel,
+        Reason::AgentFieldsOnOperator,
+        Reason::ModelWithoutAgentType,
+        Reason::ConfigUnreadable,
+        Reason::AgentTypeRefused,
+        Reason::NotAllowedHere,
+        Reason::ShuttingDown,
+        Reason::AnswerTooLarge,
+        Reason::UnknownTool,
+        Reason::UnknownServer,
+        Reason::UnknownSkill,
+        Reason::ChangedSinceDiscovery,
+        Reason::PromptTooLong,
+        Reason::ListFailed,
+        Reason::TurnBudgetSpent,
+        Reason::ErrorBudgetSpent,
+        Reason::WallBudgetSpent,
+        Reason::CancelledByBudget,
+        Reason::ArgumentsBudgetFull,
+        Reason::ArgumentsNotUtf8,
+        Reason::BadRequest,
+        Reason::AuditUnavailable,
+        Reason::AuditLowSpace,
+        Reason::StaleSession,
+        Reason::ServerUnavailable,
+        Reason::ServerRestarted,
+        Reason::BlockedByHook,
+        Reason::DeniedByRule,
+        Reason::ApprovalRequired,
+        Reason::Denied,
+        Reason::ApprovalTimedOut,
+        Reason::ApprovalQueueFull,
+        Reason::CancelledByOperator,
+        Reason::ServerError,
+        Reason::TimedOut,
+        Reason::Unauthorized,
+        Reason::ConnectionFailed,
+        Reason::ProtocolViolation,
+        Reason::LimitExceeded,
+        Reason::InputRefused,
+        Reason::Failed,
+    ];
+
+    /// The word on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::PeerUidNotAllowed => "peer_uid_not_allowed",
+            Reason::UidConnectionsFull => "uid_connections_full",
+            Reason::ConnectionsFull => "connections_full",
+            Reason::Version => "version",
+            Reason::BadClientLabel => "bad_client_label",
+            Reason::AgentFieldsOnOperator => "agent_fields_on_operator",
+            Reason::ModelWithoutAgentType => "model_without_agent_type",
+            Reason::ConfigUnreadable => "config_unreadable",
+            Reason::AgentTypeRefused => "agent_type_refused",
+            Reason::NotAllowedHere => "not_allowed_here",
+            Reason::ShuttingDown => "shutting_down",
+            Reason::AnswerTooLarge => "answer_too_large",
+            Reason::UnknownTool => "unknown_tool",
+            Reason::UnknownServer => "unknown_server",
+            Reason::UnknownSkill => "unknown_skill",
+            Reason::ChangedSinceDiscovery => "changed_since_discovery",
+            Reason::PromptTooLong => "prompt_too_long",
+            Reason::ListFailed => "list_failed",
+            Reason::TurnBudgetSpent => "turn_budget_spent",
+            Reason::ErrorBudgetSpent => "error_budget_spent",
+            Reason::WallBudgetSpent => "wall_budget_spent",
+            Reason::CancelledByBudget => "cancelled_by_budget",
+            Reason::ArgumentsBudgetFull => "arguments_budget_full",
+            Reason::ArgumentsNotUtf8 => "arguments_not_utf8",
+            Reason::BadRequest => "bad_request",
+            Reason::AuditUnavailable => "audit_unavailable",
+            Reason::AuditLowSpace => "audit_low_space",
+            Reason::StaleSession => "stale_session",
+            Reason::ServerUnavailable => "server_unavailable",
+            Reason::ServerRestarted => "server_restarted",
+            Reason::BlockedByHook => "blocked_by_hook",
+            Reason::DeniedByRule => "denied_by_rule",
+            Reason::ApprovalRequired => "approval_required",
+            Reason::Denied => "denied",
+            Reason::ApprovalTimedOut => "approval_timed_out",
+            Reason::ApprovalQueueFull => "approval_queue_full",
+            Reason::CancelledByOperator => "cancelled_by_operator",
+            Reason::ServerError => "server_error",
+            Reason::TimedOut => "timed_out",
+            Reason::Unauthorized => "unauthorized",
+            Reason::ConnectionFailed => "connection_failed",
+            Reason::ProtocolViolation => "protocol_violation",
+            Reason::LimitExceeded => "limit_exceeded",
+            Reason::InputRefused => "input_refused",
+            Reason::Failed => "failed",
         }
     }
 }
