@@ -18,9 +18,6 @@ use std::time::{Duration, Instant};
 use iteron_broker::ipc::client::{ClientError, Connection};
 use serde_json::{Value, json};
 
-#[path = "support/mod.rs"]
-mod support;
-
 const AGENT_UID: u32 = 65534;
 
 fn iteron() -> &'static str {
@@ -545,9 +542,8 @@ fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
     assert_eq!(count("hidden", "approved"), 0);
     let verify = site.operator(&["audit", "verify"]);
     assert!(verify.status.success(), "{}", text(&verify.stderr));
-    support::report::record(
+    iteron_test_support::record!(
         "P15",
-        "tests/approval_rules.rs::a_noninteractive_broker_runs_only_what_the_operators_rules_approve",
         json!({"approved": 3, "refused": ["argument", "other_argument", "uid", "hook", "count", "expired", "deny"]}),
     );
 }
@@ -691,11 +687,7 @@ fn rules_hold_the_same_for_an_http_server_and_count_per_session() {
     assert_eq!(spent, 1);
     let _ = peer.kill();
     let _ = peer.wait();
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::rules_hold_the_same_for_an_http_server_and_count_per_session",
-        json!({"approved": 3, "per_session": 1}),
-    );
+    iteron_test_support::record!("P15", json!({"approved": 3, "per_session": 1}),);
 }
 
 #[test]
@@ -758,11 +750,7 @@ fn a_rule_placed_in_the_repository_is_never_read() {
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["rules"], json!([]));
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::a_rule_placed_in_the_repository_is_never_read",
-        json!({}),
-    );
+    iteron_test_support::record!("P15", json!({}),);
 }
 
 /// Wait until the operator socket lists `n` waiting items; returns them.
@@ -880,11 +868,7 @@ fn deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest() {
             .iter()
             .any(|r| r["kind"] == "call_tool" && r["outcome"] == "approval_timed_out")
     );
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest",
-        json!({"deferred_secs": 4}),
-    );
+    iteron_test_support::record!("P15", json!({"deferred_secs": 4}),);
 }
 
 #[test]
@@ -1010,9 +994,8 @@ fn doctor_and_rules_check_report_every_rule_that_can_never_match() {
     );
     // Nothing was called: explain starts no server and writes no audit record.
     assert!(!site.home().join("audit").exists());
-    support::report::record(
+    iteron_test_support::record!(
         "P15",
-        "tests/approval_rules.rs::doctor_and_rules_check_report_every_rule_that_can_never_match",
         json!({"findings": ["unknown_server", "hidden_by_policy", "expired", "not_listed", "no_such_argument"]}),
     );
 }
@@ -1062,11 +1045,7 @@ fn the_ci_example_in_the_docs_runs_as_written() {
         assert!(shown.contains(line), "{line:?} not in:\n{shown}");
     }
     assert!(text(&out.stderr).contains("the operator's rule no-env refuses this call"));
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::the_ci_example_in_the_docs_runs_as_written",
-        json!({}),
-    );
+    iteron_test_support::record!("P15", json!({}),);
 }
 
 /// The agent program (`iteron-agent`, built from `broker/agent` on the IPC crate alone, with no
@@ -1180,9 +1159,8 @@ fn the_agent_program_alone_does_what_iteron_agent_does_as_another_uid() {
     }
     let verify = site.operator(&["audit", "verify"]);
     assert!(verify.status.success(), "{}", text(&verify.stderr));
-    support::report::record(
+    iteron_test_support::record!(
         "P17",
-        "tests/approval_rules.rs::the_agent_program_alone_does_what_iteron_agent_does_as_another_uid",
         json!({"program": "iteron-agent", "uid": AGENT_UID, "approved": 1, "refused": 1}),
     );
 }

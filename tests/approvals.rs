@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-#[path = "support/mod.rs"]
-mod support;
-
 fn iteron() -> &'static str {
     env!("CARGO_BIN_EXE_iteron")
 }
@@ -249,11 +246,7 @@ fn a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them() {
     let id = p[0]["id"].as_u64().unwrap().to_string();
     assert!(area.run(&["approvals", "approve", &id]).status.success());
     assert!(wait_child(call).status.success());
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them",
-        json!({"hidden_bytes_shown_as_omitted": true}),
-    );
+    iteron_test_support::record!("P14", json!({"hidden_bytes_shown_as_omitted": true}),);
 }
 
 /// A stand-in operator socket that answers `hello` and then `show` with `answers` in turn (the
@@ -387,11 +380,7 @@ fn approvals_show_prints_the_whole_arguments_checked_against_their_digest() {
     ]);
     assert_eq!(out.status.code(), Some(11), "{}", text(&out.stderr));
     seen.join().unwrap();
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::approvals_show_prints_the_whole_arguments_checked_against_their_digest",
-        json!({"arguments_bytes": full.len(), "answers": 2}),
-    );
+    iteron_test_support::record!("P14", json!({"arguments_bytes": full.len(), "answers": 2}),);
 }
 
 /// The same against the real broker (its operator socket answers `show`).
@@ -445,11 +434,7 @@ fn approvals_show_prints_what_the_broker_holds_whole() {
         Some(4),
         "a decided call is not found"
     );
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::approvals_show_prints_what_the_broker_holds_whole",
-        serde_json::json!({"argument_bytes": 600_000}),
-    );
+    iteron_test_support::record!("P14", serde_json::json!({"argument_bytes": 600_000}),);
 }
 
 /// Everything the terminal sends to the master side of a pseudo-terminal, collected.
@@ -560,11 +545,7 @@ fn watch_discards_type_ahead_and_takes_answers_only_after_the_prompt() {
 
     let _ = watch.kill();
     let _ = watch.wait();
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::watch_discards_type_ahead_and_takes_answers_only_after_the_prompt",
-        json!({"type_ahead_lines_dropped": 4}),
-    );
+    iteron_test_support::record!("P14", json!({"type_ahead_lines_dropped": 4}),);
 }
 
 /// `iteron approvals watch` on a fresh pseudo-terminal: the child, what it shows, and the keys.
@@ -708,9 +689,8 @@ fn json_outputs_carry_bidi_c1_and_del_only_as_escapes() {
     );
     let v: Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(v["text"], "r\u{202e}esult\u{85}\u{9f}\u{7f}");
-    support::report::record(
+    iteron_test_support::record!(
         "P8",
-        "tests/approvals.rs::json_outputs_carry_bidi_c1_and_del_only_as_escapes",
         json!({"outputs": ["agent tools", "mcp test", "approvals list", "agent call"]}),
     );
 }

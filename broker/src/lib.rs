@@ -40,8 +40,3 @@ pub mod store;
 )]
 pub mod sys;
 pub mod unit_secrets;
-
-/// The security report (test builds only): tests that prove a SECURITY.md promise record it.
-#[cfg(test)]
-#[path = "../../tests/support/report.rs"]
-mod test_report;

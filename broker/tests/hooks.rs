@@ -18,9 +18,6 @@ use iteron_broker::hooks::{HookRunner, MAX_HOOK_OUTPUT, Outcome};
 use iteron_policy::config::{AbsolutePath, HookEvent};
 use serde_json::{Map, Value, json};
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -307,9 +304,8 @@ fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
         finished[MAX_RUNNING_HOOKS] >= finished[0] + Duration::from_millis(1500),
         "{finished:?}"
     );
-    report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/tests/hooks.rs::at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn",
         json!({"max_running_hooks": MAX_RUNNING_HOOKS, "most_seen_at_once": most}),
     );
     let _ = std::fs::remove_dir_all(&d);
@@ -367,11 +363,7 @@ fn a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow() {
     assert!(seen.contains("shadow-denied"), "{seen}");
     // The file is there and root reads it: the denials come from the confinement.
     assert!(std::fs::File::open("/etc/shadow").is_ok());
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow",
-        json!({"uid": 65534}),
-    );
+    iteron_test_support::record!("P9", json!({"uid": 65534}),);
 }
 
 #[test]
@@ -444,11 +436,7 @@ fn hooks_cannot_touch_the_kernel_keyrings() {
     }
     // The key is there for the operator.
     assert_ne!(keyring(&["find", &desc]), "0");
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::hooks_cannot_touch_the_kernel_keyrings",
-        json!({"denied_with": "EPERM"}),
-    );
+    iteron_test_support::record!("P9", json!({"denied_with": "EPERM"}),);
 }
 
 #[test]
@@ -483,10 +471,6 @@ fn no_setsid_grandchild_outlives_its_hook() {
             "grandchild {p} outlived its hook"
         );
     }
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::no_setsid_grandchild_outlives_its_hook",
-        json!({"grandchildren": started.len()}),
-    );
+    iteron_test_support::record!("P9", json!({"grandchildren": started.len()}),);
     let _ = std::fs::remove_dir_all(&d);
 }
