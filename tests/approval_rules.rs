@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use iteron_broker::ipc::client::{ClientError, Connection};
+use iteron_test_support::{self as support, is_root, node, text};
 use serde_json::{Value, json};
 
 const AGENT_UID: u32 = 65534;
@@ -38,24 +39,6 @@ fn interop(rel: &str) -> PathBuf {
     p
 }
 
-fn node() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|c| c.is_file())
-        })
-        .expect("node is not on PATH")
-}
-
-fn root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// A test's own directory: `base` (0755, so the agent uid can reach the socket directory the
 /// broker makes in it) holding the operator's `home` (0700).
 struct Site {
@@ -64,18 +47,9 @@ struct Site {
 
 impl Site {
     fn new(name: &str) -> Site {
-        let base = std::env::temp_dir().join(format!("iteron-rules-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&base)
-            .unwrap();
-        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(base.join("home"))
-            .unwrap();
-        Site { base }
+        Site {
+            base: support::private_area("iteron-rules", name),
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -88,9 +62,7 @@ impl Site {
 
     fn configure(&self, servers: Value, approvals: Value) {
         let config = json!({"schema_version": 2, "mcp_servers": servers, "approvals": approvals});
-        let path = self.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&self.home().join("config.json"), &config);
     }
 
     /// The operator's `iteron` (as this test's uid, with the home).
@@ -184,23 +156,7 @@ impl Site {
     }
 
     fn records(&self) -> Vec<Value> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(self.home().join("audit"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .collect();
-        files.sort();
-        files
-            .iter()
-            .flat_map(|f| {
-                std::fs::read_to_string(f)
-                    .unwrap()
-                    .lines()
-                    .map(|l| serde_json::from_str(l).unwrap())
-                    .collect::<Vec<Value>>()
-            })
-            .collect()
+        support::audit_records(&self.home())
     }
 
     /// Each rule's digest, as `approvals rules list` shows it.
@@ -301,7 +257,7 @@ fn sessions_of_calls(records: &[Value]) -> Vec<String> {
 
 #[test]
 fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -328,9 +284,7 @@ fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
         {"id": "also-env", "effect": "allow", "server": "ev", "tool": "get-env"},
         {"id": "hidden", "effect": "allow", "server": "ev", "tool": "trigger-sampling-request"}
     ]}});
-    let path = site.home().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    support::write_private_json(&site.home().join("config.json"), &config);
     let digests = site.digests();
     let broker = site.broker(&[]);
 
@@ -580,7 +534,7 @@ fn call_params(text: &str) -> Value {
 
 #[test]
 fn rules_hold_the_same_for_an_http_server_and_count_per_session() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -692,7 +646,7 @@ fn rules_hold_the_same_for_an_http_server_and_count_per_session() {
 
 #[test]
 fn a_rule_placed_in_the_repository_is_never_read() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -755,24 +709,15 @@ fn a_rule_placed_in_the_repository_is_never_read() {
 
 /// Wait until the operator socket lists `n` waiting items; returns them.
 fn wait_pending(site: &Site, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    support::wait_pending(n, Duration::from_secs(20), || {
         let v = site.operator_json(&["approvals", "list", "--format", "json"]);
-        let items = v["pending"].as_array().unwrap().clone();
-        if items.len() == n {
-            return items;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} waiting, have {items:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        v["pending"].as_array().unwrap().clone()
+    })
 }
 
 #[test]
 fn deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -1002,7 +947,7 @@ fn doctor_and_rules_check_report_every_rule_that_can_never_match() {
 
 #[test]
 fn the_ci_example_in_the_docs_runs_as_written() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: the example runs the agent as uid 65534, which needs root");
         return;
     }
@@ -1055,7 +1000,7 @@ fn the_ci_example_in_the_docs_runs_as_written() {
 /// an audit log that names the rule and the agent's uid.
 #[test]
 fn the_agent_program_alone_does_what_iteron_agent_does_as_another_uid() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }

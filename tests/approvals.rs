@@ -7,12 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iteron_test_support::{self as support, text, wait_child};
 use serde_json::{Value, json};
 
 fn iteron() -> &'static str {
@@ -21,10 +22,6 @@ fn iteron() -> &'static str {
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// A private test area (`base` with `home`, 0700, inside) whose configuration has one scripted
@@ -50,9 +47,7 @@ impl Area {
             "command": "/usr/bin/python3",
             "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), mode],
         }]});
-        let path = area.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&area.home().join("config.json"), &config);
         area
     }
 
@@ -86,14 +81,12 @@ impl Area {
             .spawn()
             .unwrap();
         let operator = self.home().join("run").join("operator.sock");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::os::unix::net::UnixStream::connect(&sock).is_err()
-            || std::os::unix::net::UnixStream::connect(&operator).is_err()
-        {
-            assert!(Instant::now() < deadline, "the broker did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Broker(child)
+        let b = Broker(child);
+        assert!(
+            support::wait_listening(&[&sock, &operator], Duration::from_secs(15)),
+            "the broker did not start"
+        );
+        b
     }
 
     /// `iteron agent call s echo --json ARGS` in the background.
@@ -128,18 +121,7 @@ impl Area {
     }
 
     fn wait_pending(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let p = self.pending();
-            if p.len() == n {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} pending, have {p:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        support::wait_pending(n, Duration::from_secs(30), || self.pending())
     }
 }
 
@@ -164,15 +146,6 @@ impl Drop for Broker {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn wait_child(mut c: Child) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "a child did not finish in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
 }
 
 /// Characters a terminal acts on that `serde_json` would leave raw.

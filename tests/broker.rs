@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use iteron_broker::ipc::client::Connection;
-use iteron_test_support as support;
+use iteron_test_support::{self as support, is_root, node, text, wait_child};
 use serde_json::{Value, json};
 
 const NOBODY: u32 = 65534;
@@ -38,20 +38,6 @@ fn everything_js() -> PathBuf {
     p
 }
 
-fn node() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|c| c.exists())
-        })
-        .expect("node is not on PATH")
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 /// A private test area: `base` (0755, so uid 65534 can traverse where a test allows it) with
 /// `home` (0700) inside.
 struct Area {
@@ -60,19 +46,9 @@ struct Area {
 
 impl Area {
     fn new(name: &str) -> Area {
-        let base =
-            std::env::temp_dir().join(format!("iteron-broker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&base)
-            .unwrap();
-        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(base.join("home"))
-            .unwrap();
-        Area { base }
+        Area {
+            base: support::private_area("iteron-broker", name),
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -93,9 +69,7 @@ impl Area {
 
     /// Write a whole configuration (0600).
     fn write_config(&self, config: &Value) {
-        let path = self.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&self.home().join("config.json"), config);
     }
 
     fn everything(&self) {
@@ -138,14 +112,8 @@ impl Area {
             child,
             socket: self.operator_socket(),
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&sock).is_ok()
-                && std::os::unix::net::UnixStream::connect(self.operator_socket()).is_ok()
-            {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if support::wait_listening(&[&sock, &self.operator_socket()], Duration::from_secs(15)) {
+            return b;
         }
         panic!("the broker did not start: {}", b.finish().1);
     }
@@ -172,18 +140,7 @@ impl Area {
     }
 
     fn wait_pending(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let p = self.pending();
-            if p.len() == n {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} pending, have {p:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        support::wait_pending(n, Duration::from_secs(30), || self.pending())
     }
 
     /// Wait for one call to need approval, approve it, return its id.
@@ -201,20 +158,7 @@ impl Area {
     }
 
     fn audit_records(&self) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut files: Vec<_> = std::fs::read_dir(self.home().join("audit"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .collect();
-        files.sort();
-        for f in files {
-            for line in std::fs::read_to_string(f).unwrap().lines() {
-                out.push(serde_json::from_str(line).unwrap());
-            }
-        }
-        out
+        support::audit_records(&self.home())
     }
 }
 
@@ -268,19 +212,6 @@ impl Drop for Broker {
         let _ = self.child.wait();
         let _ = &self.socket;
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn wait_child(mut c: Child) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "a child did not finish in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
 }
 
 #[test]
@@ -3147,14 +3078,9 @@ mod audit_log {
             child: cmd.spawn().unwrap(),
             socket: area.operator_socket(),
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(area.agent_socket()).is_ok()
-                && std::os::unix::net::UnixStream::connect(area.operator_socket()).is_ok()
-            {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let sockets = [area.agent_socket(), area.operator_socket()];
+        if support::wait_listening(&[&sockets[0], &sockets[1]], Duration::from_secs(15)) {
+            return b;
         }
         panic!("the broker did not start: {}", b.finish().1);
     }

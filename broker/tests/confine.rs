@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use iteron_broker::confine::{RunAs, Spec};
 use iteron_broker::spawn::{ChildSpec, child_env, spawn};
+use iteron_test_support::{give_to_children, is_root};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
@@ -73,7 +74,7 @@ impl Fixture {
             std::fs::create_dir_all(base.join(d)).unwrap();
         }
         for d in ["granted", "outside", "bin"] {
-            give_to_child(&base.join(d));
+            give_to_children(&base.join(d));
         }
         std::fs::write(
             base.join("home/mcp-credentials/server"),
@@ -101,18 +102,6 @@ fn child_uid() -> u32 {
         65534
     } else {
         nix::unistd::geteuid().as_raw()
-    }
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Under a root test run, hand `p` to uid 65534 (the confined child's uid).
-fn give_to_child(p: &Path) {
-    if is_root() {
-        let id = Some(65534);
-        std::os::unix::fs::chown(p, id, id).unwrap();
     }
 }
 
