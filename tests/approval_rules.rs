@@ -16,10 +16,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use iteron_broker::ipc::client::{ClientError, Connection};
+use iteron_test_support::{self as support, is_root, node, text};
 use serde_json::{Value, json};
-
-#[path = "support/mod.rs"]
-mod support;
 
 const AGENT_UID: u32 = 65534;
 
@@ -41,24 +39,6 @@ fn interop(rel: &str) -> PathBuf {
     p
 }
 
-fn node() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|c| c.is_file())
-        })
-        .expect("node is not on PATH")
-}
-
-fn root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// A test's own directory: `base` (0755, so the agent uid can reach the socket directory the
 /// broker makes in it) holding the operator's `home` (0700).
 struct Site {
@@ -67,18 +47,9 @@ struct Site {
 
 impl Site {
     fn new(name: &str) -> Site {
-        let base = std::env::temp_dir().join(format!("iteron-rules-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&base)
-            .unwrap();
-        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(base.join("home"))
-            .unwrap();
-        Site { base }
+        Site {
+            base: support::private_area("iteron-rules", name),
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -91,9 +62,7 @@ impl Site {
 
     fn configure(&self, servers: Value, approvals: Value) {
         let config = json!({"schema_version": 2, "mcp_servers": servers, "approvals": approvals});
-        let path = self.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&self.home().join("config.json"), &config);
     }
 
     /// The operator's `iteron` (as this test's uid, with the home).
@@ -187,23 +156,7 @@ impl Site {
     }
 
     fn records(&self) -> Vec<Value> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(self.home().join("audit"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .collect();
-        files.sort();
-        files
-            .iter()
-            .flat_map(|f| {
-                std::fs::read_to_string(f)
-                    .unwrap()
-                    .lines()
-                    .map(|l| serde_json::from_str(l).unwrap())
-                    .collect::<Vec<Value>>()
-            })
-            .collect()
+        support::audit_records(&self.home())
     }
 
     /// Each rule's digest, as `approvals rules list` shows it.
@@ -304,7 +257,7 @@ fn sessions_of_calls(records: &[Value]) -> Vec<String> {
 
 #[test]
 fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -331,9 +284,7 @@ fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
         {"id": "also-env", "effect": "allow", "server": "ev", "tool": "get-env"},
         {"id": "hidden", "effect": "allow", "server": "ev", "tool": "trigger-sampling-request"}
     ]}});
-    let path = site.home().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    support::write_private_json(&site.home().join("config.json"), &config);
     let digests = site.digests();
     let broker = site.broker(&[]);
 
@@ -545,9 +496,8 @@ fn a_noninteractive_broker_runs_only_what_the_operators_rules_approve() {
     assert_eq!(count("hidden", "approved"), 0);
     let verify = site.operator(&["audit", "verify"]);
     assert!(verify.status.success(), "{}", text(&verify.stderr));
-    support::report::record(
+    iteron_test_support::record!(
         "P15",
-        "tests/approval_rules.rs::a_noninteractive_broker_runs_only_what_the_operators_rules_approve",
         json!({"approved": 3, "refused": ["argument", "other_argument", "uid", "hook", "count", "expired", "deny"]}),
     );
 }
@@ -584,7 +534,7 @@ fn call_params(text: &str) -> Value {
 
 #[test]
 fn rules_hold_the_same_for_an_http_server_and_count_per_session() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -691,16 +641,12 @@ fn rules_hold_the_same_for_an_http_server_and_count_per_session() {
     assert_eq!(spent, 1);
     let _ = peer.kill();
     let _ = peer.wait();
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::rules_hold_the_same_for_an_http_server_and_count_per_session",
-        json!({"approved": 3, "per_session": 1}),
-    );
+    iteron_test_support::record!("P15", json!({"approved": 3, "per_session": 1}),);
 }
 
 #[test]
 fn a_rule_placed_in_the_repository_is_never_read() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -758,33 +704,20 @@ fn a_rule_placed_in_the_repository_is_never_read() {
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["rules"], json!([]));
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::a_rule_placed_in_the_repository_is_never_read",
-        json!({}),
-    );
+    iteron_test_support::record!("P15", json!({}),);
 }
 
 /// Wait until the operator socket lists `n` waiting items; returns them.
 fn wait_pending(site: &Site, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    support::wait_pending(n, Duration::from_secs(20), || {
         let v = site.operator_json(&["approvals", "list", "--format", "json"]);
-        let items = v["pending"].as_array().unwrap().clone();
-        if items.len() == n {
-            return items;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} waiting, have {items:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        v["pending"].as_array().unwrap().clone()
+    })
 }
 
 #[test]
 fn deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -880,11 +813,7 @@ fn deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest() {
             .iter()
             .any(|r| r["kind"] == "call_tool" && r["outcome"] == "approval_timed_out")
     );
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::deferred_approval_parks_a_call_until_it_is_approved_by_id_and_digest",
-        json!({"deferred_secs": 4}),
-    );
+    iteron_test_support::record!("P15", json!({"deferred_secs": 4}),);
 }
 
 #[test]
@@ -1010,16 +939,15 @@ fn doctor_and_rules_check_report_every_rule_that_can_never_match() {
     );
     // Nothing was called: explain starts no server and writes no audit record.
     assert!(!site.home().join("audit").exists());
-    support::report::record(
+    iteron_test_support::record!(
         "P15",
-        "tests/approval_rules.rs::doctor_and_rules_check_report_every_rule_that_can_never_match",
         json!({"findings": ["unknown_server", "hidden_by_policy", "expired", "not_listed", "no_such_argument"]}),
     );
 }
 
 #[test]
 fn the_ci_example_in_the_docs_runs_as_written() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: the example runs the agent as uid 65534, which needs root");
         return;
     }
@@ -1062,11 +990,7 @@ fn the_ci_example_in_the_docs_runs_as_written() {
         assert!(shown.contains(line), "{line:?} not in:\n{shown}");
     }
     assert!(text(&out.stderr).contains("the operator's rule no-env refuses this call"));
-    support::report::record(
-        "P15",
-        "tests/approval_rules.rs::the_ci_example_in_the_docs_runs_as_written",
-        json!({}),
-    );
+    iteron_test_support::record!("P15", json!({}),);
 }
 
 /// The agent program (`iteron-agent`, built from `broker/agent` on the IPC crate alone, with no
@@ -1076,7 +1000,7 @@ fn the_ci_example_in_the_docs_runs_as_written() {
 /// an audit log that names the rule and the agent's uid.
 #[test]
 fn the_agent_program_alone_does_what_iteron_agent_does_as_another_uid() {
-    if !root() {
+    if !is_root() {
         eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
         return;
     }
@@ -1180,9 +1104,8 @@ fn the_agent_program_alone_does_what_iteron_agent_does_as_another_uid() {
     }
     let verify = site.operator(&["audit", "verify"]);
     assert!(verify.status.success(), "{}", text(&verify.stderr));
-    support::report::record(
+    iteron_test_support::record!(
         "P17",
-        "tests/approval_rules.rs::the_agent_program_alone_does_what_iteron_agent_does_as_another_uid",
         json!({"program": "iteron-agent", "uid": AGENT_UID, "approved": 1, "refused": 1}),
     );
 }

@@ -7,16 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iteron_test_support::{self as support, text, wait_child};
 use serde_json::{Value, json};
-
-#[path = "support/mod.rs"]
-mod support;
 
 fn iteron() -> &'static str {
     env!("CARGO_BIN_EXE_iteron")
@@ -24,10 +22,6 @@ fn iteron() -> &'static str {
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// A private test area (`base` with `home`, 0700, inside) whose configuration has one scripted
@@ -53,9 +47,7 @@ impl Area {
             "command": "/usr/bin/python3",
             "args": [repo().join("fixtures/stdio/scripted_server.py").to_str().unwrap(), mode],
         }]});
-        let path = area.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&area.home().join("config.json"), &config);
         area
     }
 
@@ -89,14 +81,12 @@ impl Area {
             .spawn()
             .unwrap();
         let operator = self.home().join("run").join("operator.sock");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::os::unix::net::UnixStream::connect(&sock).is_err()
-            || std::os::unix::net::UnixStream::connect(&operator).is_err()
-        {
-            assert!(Instant::now() < deadline, "the broker did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Broker(child)
+        let b = Broker(child);
+        assert!(
+            support::wait_listening(&[&sock, &operator], Duration::from_secs(15)),
+            "the broker did not start"
+        );
+        b
     }
 
     /// `iteron agent call s echo --json ARGS` in the background.
@@ -131,18 +121,7 @@ impl Area {
     }
 
     fn wait_pending(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let p = self.pending();
-            if p.len() == n {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} pending, have {p:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        support::wait_pending(n, Duration::from_secs(30), || self.pending())
     }
 }
 
@@ -167,15 +146,6 @@ impl Drop for Broker {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn wait_child(mut c: Child) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "a child did not finish in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
 }
 
 /// Characters a terminal acts on that `serde_json` would leave raw.
@@ -249,11 +219,7 @@ fn a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them() {
     let id = p[0]["id"].as_u64().unwrap().to_string();
     assert!(area.run(&["approvals", "approve", &id]).status.success());
     assert!(wait_child(call).status.success());
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them",
-        json!({"hidden_bytes_shown_as_omitted": true}),
-    );
+    iteron_test_support::record!("P14", json!({"hidden_bytes_shown_as_omitted": true}),);
 }
 
 /// A stand-in operator socket that answers `hello` and then `show` with `answers` in turn (the
@@ -387,11 +353,7 @@ fn approvals_show_prints_the_whole_arguments_checked_against_their_digest() {
     ]);
     assert_eq!(out.status.code(), Some(11), "{}", text(&out.stderr));
     seen.join().unwrap();
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::approvals_show_prints_the_whole_arguments_checked_against_their_digest",
-        json!({"arguments_bytes": full.len(), "answers": 2}),
-    );
+    iteron_test_support::record!("P14", json!({"arguments_bytes": full.len(), "answers": 2}),);
 }
 
 /// The same against the real broker (its operator socket answers `show`).
@@ -445,11 +407,7 @@ fn approvals_show_prints_what_the_broker_holds_whole() {
         Some(4),
         "a decided call is not found"
     );
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::approvals_show_prints_what_the_broker_holds_whole",
-        serde_json::json!({"argument_bytes": 600_000}),
-    );
+    iteron_test_support::record!("P14", serde_json::json!({"argument_bytes": 600_000}),);
 }
 
 /// Everything the terminal sends to the master side of a pseudo-terminal, collected.
@@ -560,11 +518,7 @@ fn watch_discards_type_ahead_and_takes_answers_only_after_the_prompt() {
 
     let _ = watch.kill();
     let _ = watch.wait();
-    support::report::record(
-        "P14",
-        "tests/approvals.rs::watch_discards_type_ahead_and_takes_answers_only_after_the_prompt",
-        json!({"type_ahead_lines_dropped": 4}),
-    );
+    iteron_test_support::record!("P14", json!({"type_ahead_lines_dropped": 4}),);
 }
 
 /// `iteron approvals watch` on a fresh pseudo-terminal: the child, what it shows, and the keys.
@@ -708,9 +662,8 @@ fn json_outputs_carry_bidi_c1_and_del_only_as_escapes() {
     );
     let v: Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(v["text"], "r\u{202e}esult\u{85}\u{9f}\u{7f}");
-    support::report::record(
+    iteron_test_support::record!(
         "P8",
-        "tests/approvals.rs::json_outputs_carry_bidi_c1_and_del_only_as_escapes",
         json!({"outputs": ["agent tools", "mcp test", "approvals list", "agent call"]}),
     );
 }

@@ -15,10 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use iteron_broker::ipc::client::Connection;
+use iteron_test_support::{self as support, is_root, node, text, wait_child};
 use serde_json::{Value, json};
-
-#[path = "support/mod.rs"]
-mod support;
 
 const NOBODY: u32 = 65534;
 
@@ -40,20 +38,6 @@ fn everything_js() -> PathBuf {
     p
 }
 
-fn node() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("node"))
-                .find(|c| c.exists())
-        })
-        .expect("node is not on PATH")
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 /// A private test area: `base` (0755, so uid 65534 can traverse where a test allows it) with
 /// `home` (0700) inside.
 struct Area {
@@ -62,19 +46,9 @@ struct Area {
 
 impl Area {
     fn new(name: &str) -> Area {
-        let base =
-            std::env::temp_dir().join(format!("iteron-broker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&base)
-            .unwrap();
-        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(base.join("home"))
-            .unwrap();
-        Area { base }
+        Area {
+            base: support::private_area("iteron-broker", name),
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -95,9 +69,7 @@ impl Area {
 
     /// Write a whole configuration (0600).
     fn write_config(&self, config: &Value) {
-        let path = self.home().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        support::write_private_json(&self.home().join("config.json"), config);
     }
 
     fn everything(&self) {
@@ -140,14 +112,8 @@ impl Area {
             child,
             socket: self.operator_socket(),
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&sock).is_ok()
-                && std::os::unix::net::UnixStream::connect(self.operator_socket()).is_ok()
-            {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if support::wait_listening(&[&sock, &self.operator_socket()], Duration::from_secs(15)) {
+            return b;
         }
         panic!("the broker did not start: {}", b.finish().1);
     }
@@ -174,18 +140,7 @@ impl Area {
     }
 
     fn wait_pending(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let p = self.pending();
-            if p.len() == n {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} pending, have {p:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        support::wait_pending(n, Duration::from_secs(30), || self.pending())
     }
 
     /// Wait for one call to need approval, approve it, return its id.
@@ -203,20 +158,7 @@ impl Area {
     }
 
     fn audit_records(&self) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut files: Vec<_> = std::fs::read_dir(self.home().join("audit"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .collect();
-        files.sort();
-        for f in files {
-            for line in std::fs::read_to_string(f).unwrap().lines() {
-                out.push(serde_json::from_str(line).unwrap());
-            }
-        }
-        out
+        support::audit_records(&self.home())
     }
 }
 
@@ -270,19 +212,6 @@ impl Drop for Broker {
         let _ = self.child.wait();
         let _ = &self.socket;
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn wait_child(mut c: Child) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "a child did not finish in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
 }
 
 #[test]
@@ -990,11 +919,7 @@ fn protocol_violations_get_one_error_frame_and_the_connection_closes() {
         .filter(|r| r["kind"] == "protocol_error")
         .count();
     assert_eq!(protocol_errors, 5);
-    support::report::record(
-        "P5",
-        "tests/broker.rs::protocol_violations_get_one_error_frame_and_the_connection_closes",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 /// Send `n` `pending` long-polls that hold their slot for up to 30 s (nothing is waiting for
@@ -1210,11 +1135,7 @@ fn resources_and_prompts_are_listed_approved_per_read_and_audited() {
     let log = records.iter().map(Value::to_string).collect::<String>();
     assert!(!log.contains("Lyon-7c2a") && !log.contains("architecture.md"));
     assert!(!log.contains(canary));
-    support::report::record(
-        "P1",
-        "tests/broker.rs::resources_and_prompts_are_listed_approved_per_read_and_audited",
-        json!({}),
-    );
+    iteron_test_support::record!("P1", json!({}),);
 }
 
 /// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`): a credential named like a forwarded
@@ -1326,11 +1247,7 @@ fn the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it(
         "{err}"
     );
     assert!(!err.contains(other), "{err}");
-    support::report::record(
-        "P1",
-        "tests/broker.rs::the_credentials_directory_supplies_forwarded_variables_and_no_child_reads_it",
-        json!({}),
-    );
+    iteron_test_support::record!("P1", json!({}),);
 }
 
 /// `iteron skills` and `iteron agents` show a running broker's snapshot — what its sessions get,
@@ -1652,9 +1569,8 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
     });
     let (code, _) = broker.finish();
     assert_eq!(code, Some(0));
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/broker.rs::agent_socket_bounds_hold_at_the_limit_and_one_over",
         json!({"client_label": MAX_CLIENT_LABEL, "prompt": MAX_PROMPT, "in_flight": MAX_IN_FLIGHT,
                "connections_per_uid": MAX_CONNECTIONS_PER_UID, "hello_deadline_s": HELLO_DEADLINE.as_secs(),
                "frame_deadline_s": FRAME_DEADLINE.as_secs()}),
@@ -1741,11 +1657,7 @@ fn the_broker_hardens_itself_first() {
         assert!(ignored.split(", ").any(|n| n == name), "{stderr}");
     }
     assert!(!stderr.contains("canary"), "{stderr}");
-    support::report::record(
-        "P2",
-        "tests/broker.rs::the_broker_hardens_itself_first",
-        json!({"umask": "0077", "core_limit": 0}),
-    );
+    iteron_test_support::record!("P2", json!({"umask": "0077", "core_limit": 0}),);
 }
 
 /// The socket-wide bound on requests in flight: with every slot of the operator socket held by
@@ -1815,9 +1727,8 @@ fn requests_in_flight_are_bounded_per_socket_at_the_limit_and_one_over() {
     });
     let (code, _) = broker.finish();
     assert_eq!(code, Some(0));
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/broker.rs::requests_in_flight_are_bounded_per_socket_at_the_limit_and_one_over",
         json!({"max_in_flight_per_socket": MAX_BROKER_IN_FLIGHT, "per_connection": MAX_IN_FLIGHT}),
     );
 }
@@ -1949,9 +1860,8 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
     assert!(!err.contains(forwarded) && !err.contains(unnamed));
     let audit = serde_json::to_string(&area.audit_records()).unwrap();
     assert!(!audit.contains(forwarded) && !audit.contains(unnamed));
-    support::report::record(
+    iteron_test_support::record!(
         "P1",
-        "tests/broker.rs::no_frame_sent_to_the_agent_carries_a_secret",
         serde_json::json!({"frames": frames.len(), "operator_outputs": operator_out.lock().unwrap().len()}),
     );
 }
@@ -2035,11 +1945,7 @@ fn every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field() {
             }
         }
     }
-    support::report::record(
-        "P1",
-        "tests/broker.rs::every_encoding_of_a_forwarded_secret_is_scrubbed_from_every_field",
-        serde_json::json!({"outputs": shown.len()}),
-    );
+    iteron_test_support::record!("P1", serde_json::json!({"outputs": shown.len()}),);
 }
 
 /// The agent socket's 256 connections are shared by uids 64 at a time: four uids fill it and a
@@ -2186,9 +2092,8 @@ sys.stdin.read()
             .any(|r| r["kind"] == "idle_close"),
         "the idle close is audited"
     );
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/broker.rs::connections_are_bounded_per_uid_and_idle_sessions_time_out",
         json!({"per_uid": MAX_CONNECTIONS_PER_UID, "per_socket": MAX_CONNECTIONS}),
     );
 }
@@ -2302,11 +2207,7 @@ fn configuration_changes_reach_open_sessions_and_removed_servers_stop() {
     );
     let (code, _) = broker.finish();
     assert_eq!(code, Some(0));
-    support::report::record(
-        "P13",
-        "tests/broker.rs::configuration_changes_reach_open_sessions_and_removed_servers_stop",
-        json!({}),
-    );
+    iteron_test_support::record!("P13", json!({}),);
 }
 
 fn zombies_of(pid: i32) -> usize {
@@ -2424,9 +2325,8 @@ fn a_crashed_server_starts_a_new_generation_and_an_approved_call_never_crosses_t
     assert_eq!(server_status(&area, "c")["phase"], "idle");
     let (code, _) = broker.finish();
     assert_eq!(code, Some(0));
-    support::report::record(
+    iteron_test_support::record!(
         "P4",
-        "tests/broker.rs::a_crashed_server_starts_a_new_generation_and_an_approved_call_never_crosses_to_it",
         json!({"restarts": iteron_broker::registry::MAX_CRASH_RESTARTS}),
     );
 }
@@ -2470,9 +2370,8 @@ fn one_bad_server_does_not_break_or_serialize_discovery() {
     // Two deadlines would be the serial cost; allow for a loaded machine below that.
     assert!(took < LIST_SERVER_DEADLINE * 2, "{took:?}");
     drop(broker);
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/broker.rs::one_bad_server_does_not_break_or_serialize_discovery",
         json!({"deadline_s": LIST_SERVER_DEADLINE.as_secs(), "took_ms": took.as_millis() as u64}),
     );
 }
@@ -2565,9 +2464,8 @@ fn calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid() {
             .any(|r| r["outcome"] == "arguments_budget_full")
     );
     drop(broker);
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/broker.rs::calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid",
         serde_json::json!({"rss_before_kib": before, "rss_after_kib": after, "waiting": waiting, "refused_busy": busy}),
     );
 }
@@ -2920,10 +2818,9 @@ mod fuzz {
         assert!(!audit.contains(CANARY));
         let n = executed.load(std::sync::atomic::Ordering::SeqCst);
         eprintln!("fuzz: {n} inputs against the live broker, 0 crashes");
-        let test = "tests/broker.rs::random_truncated_oversized_and_out_of_state_frames_never_crash_or_leak";
-        support::report::record("P10", test, json!({"executions": n, "crashes": 0}));
+        iteron_test_support::record!("P10", json!({"executions": n, "crashes": 0}));
         // Every answer was checked: one line, at most 512 bytes, no canary.
-        support::report::record("P8", test, json!({"executions": n}));
+        iteron_test_support::record!("P8", json!({"executions": n}));
     }
 }
 
@@ -2985,11 +2882,7 @@ mod privilege {
         }
         let _ = server.kill();
         let _ = server.wait();
-        support::report::record(
-            "P2",
-            "tests/broker.rs::operator_commands_refuse_a_socket_served_by_another_uid",
-            json!({}),
-        );
+        iteron_test_support::record!("P2", json!({}),);
     }
 
     #[test]
@@ -3093,11 +2986,7 @@ mod privilege {
             .unwrap();
         assert!(!ls.status.success());
         drop(broker);
-        support::report::record(
-            "P2",
-            "tests/broker.rs::uid_65534_is_refused_unless_allowed_and_never_reaches_the_operator_or_the_home",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P2", serde_json::json!({}),);
     }
 
     /// The broker is not dumpable: a same-uid ptrace attach fails with EPERM, while the same
@@ -3169,11 +3058,7 @@ plain.kill(); broker.terminate(); broker.wait()
             shown.contains("plain 0"),
             "the control attach failed, so this test proves nothing: {shown}"
         );
-        support::report::record(
-            "P2",
-            "tests/broker.rs::ptrace_attach_to_the_broker_is_refused",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P2", serde_json::json!({}),);
     }
 }
 
@@ -3193,14 +3078,9 @@ mod audit_log {
             child: cmd.spawn().unwrap(),
             socket: area.operator_socket(),
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(area.agent_socket()).is_ok()
-                && std::os::unix::net::UnixStream::connect(area.operator_socket()).is_ok()
-            {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let sockets = [area.agent_socket(), area.operator_socket()];
+        if support::wait_listening(&[&sockets[0], &sockets[1]], Duration::from_secs(15)) {
+            return b;
         }
         panic!("the broker did not start: {}", b.finish().1);
     }
@@ -3333,11 +3213,7 @@ mod audit_log {
             "{}",
             text(&out.stderr)
         );
-        support::report::record(
-            "P11",
-            "tests/broker.rs::a_laundered_or_removed_log_stops_the_broker_and_verify_names_it",
-            json!({"pin": pin}),
-        );
+        iteron_test_support::record!("P11", json!({"pin": pin}),);
     }
 
     /// Issue 17.2: an agent pipelining cheap requests (resolve_agent, refused calls, list_tools)
@@ -3401,9 +3277,8 @@ mod audit_log {
             "{per_second:?}"
         );
         assert!(area.run(&["audit", "verify"]).status.success());
-        support::report::record(
+        iteron_test_support::record!(
             "P11",
-            "tests/broker.rs::pipelined_cheap_requests_cannot_flood_the_audit_log",
             json!({"requests": N + 1, "written": agent.len(), "counted": counted}),
         );
     }
@@ -3489,9 +3364,8 @@ mod audit_log {
         let (code, err) = area.broker(&["--noninteractive"], &[]).finish();
         assert_eq!(code, Some(0), "{err}");
         assert!(area.run(&["audit", "verify"]).status.success());
-        support::report::record(
+        iteron_test_support::record!(
             "P11",
-            "tests/broker.rs::an_audit_failure_is_loud_refuses_every_effect_and_leaves_whole_records",
             json!({"operator_actions_before_failure": cancels, "log_bytes": raw.len()}),
         );
     }
@@ -3556,11 +3430,7 @@ mod audit_log {
             serde_json::from_slice(&area.run(&["mcp", "doctor", "--format", "json"]).stdout)
                 .unwrap();
         assert_eq!(d["audit"]["state"], "low_space");
-        support::report::record(
-            "P11",
-            "tests/broker.rs::under_the_space_reserve_effects_are_refused_and_the_operator_is_told",
-            json!({"tmpfs": "2m"}),
-        );
+        iteron_test_support::record!("P11", json!({"tmpfs": "2m"}),);
     }
 }
 
@@ -3636,11 +3506,7 @@ fn a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind() {
         !support::process_exists(b),
         "server b's grandchild {b} outlived the broker"
     );
-    support::report::record(
-        "P9",
-        "tests/broker.rs::a_root_brokers_servers_run_as_nobody_and_leave_no_descendant_behind",
-        json!({"root": is_root(), "grandchildren": 2}),
-    );
+    iteron_test_support::record!("P9", json!({"root": is_root(), "grandchildren": 2}),);
 }
 
 /// A `web_egress` server that tries the host's loopback and the cloud metadata address through
@@ -3719,16 +3585,8 @@ fn a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited()
         assert!(d.starts_with(&format!("{target}: refused: ")), "{d}");
         assert!(!d.contains("Host:") && !d.contains("CONNECT"), "{d}");
     }
-    support::report::record(
-        "P9",
-        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
-        json!({"refused": 2}),
-    );
-    support::report::record(
-        "P3",
-        "tests/broker.rs::a_web_egress_servers_refused_destinations_are_counted_in_status_and_audited",
-        json!({}),
-    );
+    iteron_test_support::record!("P9", json!({"refused": 2}),);
+    iteron_test_support::record!("P3", json!({}),);
 }
 
 /// The golden exchanges of `fixtures/ipc/exchanges.json`, replayed against a real broker: each

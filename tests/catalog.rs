@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use iteron_test_support as support;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -17,9 +18,6 @@ fn repo() -> PathBuf {
         .canonicalize()
         .unwrap()
 }
-
-#[path = "support/mod.rs"]
-mod support;
 
 /// A private copy of the operator-home fixture.
 fn home(name: &str) -> PathBuf {
@@ -141,11 +139,7 @@ fn hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay() {
     assert_rejected(&v, want);
     // The rendered path is terminal-safe: the RLO is escaped, never emitted.
     assert!(!serde_json::to_string(&v).unwrap().contains('\u{202e}'));
-    support::report::record(
-        "P7",
-        "tests/catalog.rs::hostile_skills_are_refused_with_their_reasons_and_the_good_ones_stay",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P7", serde_json::json!({}),);
 }
 
 #[test]
@@ -235,11 +229,7 @@ fn hostile_agent_definitions_are_refused_with_their_reasons() {
         (".iteron/config.json", "hooks in a repository are ignored"),
     ];
     assert_rejected(&v, want);
-    support::report::record(
-        "P7",
-        "tests/catalog.rs::hostile_agent_definitions_are_refused_with_their_reasons",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P7", serde_json::json!({}),);
 }
 
 #[test]
@@ -336,11 +326,7 @@ fn the_skill_index_is_bounded_at_the_limit_and_one_over() {
             .all(|why| why == "the skill index is full (256 entries)"),
         "{r:?}"
     );
-    support::report::record(
-        "P5",
-        "tests/catalog.rs::the_skill_index_is_bounded_at_the_limit_and_one_over",
-        serde_json::json!({"max_index": max}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({"max_index": max}),);
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -385,10 +371,6 @@ fn the_agent_index_is_bounded_at_the_limit_and_one_over() {
             .all(|why| why == "the agent index is full (256 entries)"),
         "{r:?}"
     );
-    support::report::record(
-        "P5",
-        "tests/catalog.rs::the_agent_index_is_bounded_at_the_limit_and_one_over",
-        serde_json::json!({"max_agents": max}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({"max_agents": max}),);
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -2,9 +2,6 @@
 //! binary in a private temporary ITERON_HOME with a scrubbed environment.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -252,11 +249,7 @@ fn a_malformed_config_exits_3_and_stays_byte_for_byte() {
         err.contains("$.mcp_servers[0].extra (line 1, column "),
         "{err}"
     );
-    support::report::record(
-        "P6",
-        "tests/mcp_config.rs::a_malformed_config_exits_3_and_stays_byte_for_byte",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P6", serde_json::json!({}),);
 }
 
 #[test]
@@ -295,11 +288,7 @@ fn twenty_concurrent_adds_lose_no_update() {
         .filter(|n| n != "config.json" && n != "config.lock")
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
-    support::report::record(
-        "P6",
-        "tests/mcp_config.rs::twenty_concurrent_adds_lose_no_update",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P6", serde_json::json!({}),);
 }
 
 #[test]
@@ -501,11 +490,7 @@ fn a_canary_secret_never_appears_in_any_output_or_file() {
     sb.ok(&["mcp", "remove", "pasted"]);
     sb.ok(&["mcp", "remove", "pasted-url"]);
     assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
-    support::report::record(
-        "P1",
-        "tests/mcp_config.rs::a_canary_secret_never_appears_in_any_output_or_file",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P1", serde_json::json!({}),);
 }
 
 #[test]
@@ -558,11 +543,7 @@ fn a_hard_linked_config_is_refused_like_a_symlink() {
     );
     fs::remove_file(&other).unwrap();
     sb.ok(&["mcp", "list"]);
-    support::report::record(
-        "P11",
-        "tests/mcp_config.rs::a_hard_linked_config_is_refused_like_a_symlink",
-        serde_json::json!({"exit": 5}),
-    );
+    iteron_test_support::record!("P11", serde_json::json!({"exit": 5}),);
 }
 
 #[test]
@@ -828,11 +809,7 @@ fn demo_runs_in_a_throwaway_home_and_never_touches_the_real_one() {
         demo_dir.join("fixture").join("demo_server.py"),
         "{text}"
     );
-    support::report::record(
-        "P1",
-        "tests/mcp_config.rs::demo_runs_in_a_throwaway_home_and_never_touches_the_real_one",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P1", serde_json::json!({}),);
 }
 
 #[test]
@@ -890,9 +867,8 @@ fn add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader() {
         );
         assert_eq!(fs::read_to_string(sb.config()).unwrap(), doc);
     }
-    support::report::record(
+    iteron_test_support::record!(
         "P12",
-        "tests/mcp_config.rs::add_refuses_urls_that_are_never_a_destination_and_so_does_the_loader",
         serde_json::json!({"refused_adds": refused, "refused_files": bad.len()}),
     );
 }

@@ -6,8 +6,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-#[path = "support/mod.rs"]
-mod support;
+use iteron_test_support as support;
 
 const CANARY: &str = "CANARYprobe9c1e";
 
@@ -319,11 +318,7 @@ fn mcp_test_leaves_no_setsid_grandchild_behind() {
         !support::process_exists(pid),
         "the grandchild {pid} outlived iteron mcp test"
     );
-    support::report::record(
-        "P9",
-        "tests/mcp_probe.rs::mcp_test_leaves_no_setsid_grandchild_behind",
-        serde_json::json!({"grandchild_gone": true}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({"grandchild_gone": true}),);
 }
 
 /// Under a root broker a server runs as uid 65534: a command that uid cannot reach fails
@@ -513,11 +508,7 @@ fn get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined
     if !namespaces {
         assert_eq!(check("fenced")["ok"], false, "{v}");
     }
-    support::report::record(
-        "P9",
-        "tests/mcp_probe.rs::get_and_doctor_show_a_web_egress_servers_egress_path_or_that_it_is_unconfined",
-        serde_json::json!({"namespaces": namespaces}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({"namespaces": namespaces}),);
 }
 
 /// A broker that is not root (here `iteron mcp test` as uid 65534) gives a `web_egress`
@@ -587,11 +578,7 @@ fn an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace()
     );
     let got = fs::read_to_string(out_dir.join("r.txt")).unwrap();
     assert_eq!(got, "HTTP/1.1 403 Forbidden|65534|65534 65534 1", "{got}");
-    support::report::record(
-        "P9",
-        "tests/mcp_probe.rs::an_unprivileged_brokers_web_egress_server_gets_a_user_and_network_namespace",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({}),);
 }
 
 /// Issue 14.19: a `--repo` that names no directory is a usage error (it used to offer nothing,
@@ -1137,9 +1124,8 @@ fn probes_run_in_parallel_bounded_per_run_and_fail_the_command() {
         })
         .collect();
     assert_eq!(cut.len(), 1, "{v}");
-    support::report::record(
+    iteron_test_support::record!(
         "P5",
-        "tests/mcp_probe.rs::probes_run_in_parallel_bounded_per_run_and_fail_the_command",
         serde_json::json!({
             "max_parallel_probes": 8,
             "eight_hanging_ms": eight.as_millis() as u64,

@@ -8,9 +8,6 @@
 //! what the server did (or did not) receive. Nothing here needs Node or Python.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -686,11 +683,7 @@ fn nothing_a_hostile_authorization_server_sends_reaches_the_terminal_raw() {
     assert_eq!(v["granted_scopes"], json!([H]));
     cases += 1;
 
-    support::report::record(
-        "P12",
-        "tests/oauth_hostile.rs::nothing_a_hostile_authorization_server_sends_reaches_the_terminal_raw",
-        json!({"cases": cases}),
-    );
+    iteron_test_support::record!("P12", json!({"cases": cases}),);
 }
 
 /// A fake desktop opener that records its arguments and the mode and content of the file it
@@ -782,11 +775,7 @@ fn the_opener_never_sees_the_state_and_a_stray_callback_does_not_end_the_login()
         !Path::new(args.trim()).exists(),
         "the page outlived the login"
     );
-    support::report::record(
-        "P12",
-        "tests/oauth_hostile.rs::the_opener_never_sees_the_state_and_a_stray_callback_does_not_end_the_login",
-        json!({"strays": 4}),
-    );
+    iteron_test_support::record!("P12", json!({"strays": 4}),);
 }
 
 /// Log in against `p` (a token that expires within the refresh margin), then `mcp test` once:
@@ -913,9 +902,5 @@ fn a_refused_refresh_says_refresh_failed_and_unkeepable_rotations_are_revoked() 
     assert_eq!(p.to("/revoke").len(), 2, "both new tokens revoked");
     assert!(p.to("/revoke").iter().all(|s| s.form()["token"] == quotes));
 
-    support::report::record(
-        "P12",
-        "tests/oauth_hostile.rs::a_refused_refresh_says_refresh_failed_and_unkeepable_rotations_are_revoked",
-        json!({"cases": 3}),
-    );
+    iteron_test_support::record!("P12", json!({"cases": 3}),);
 }

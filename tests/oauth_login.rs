@@ -6,9 +6,6 @@
 //! the grant at the AS and deletes the file. No token ever appears in any output.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/report.rs"]
-mod report;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -795,9 +792,8 @@ fn a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed
     let status = home.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(v["state"], "logged_in", "{v}");
-    report::record(
+    iteron_test_support::record!(
         "P12",
-        "tests/oauth_login.rs::a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed",
         serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }
@@ -1028,9 +1024,8 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
     assert!(!config.contains(&access) && !config.contains(&refresh));
     assert!(ci.credential().is_none(), "a token was written to the home");
     let _ = std::fs::remove_file(&log);
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "tests/oauth_login.rs::an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout",
         serde_json::json!({"authorization_server": "oidc-provider", "refreshes": refreshes.len(), "revocations": revocations}),
     );
 }
@@ -1146,9 +1141,8 @@ fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_se
     drop(broker);
     assert_no_token(&[&tools, &logout, &again, &status], &[&access, &refresh]);
     let _ = std::fs::remove_file(&log);
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "tests/oauth_login.rs::logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again",
         serde_json::json!({"authorization_server": "oidc-provider"}),
     );
 }
@@ -1345,9 +1339,8 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
         String::from_utf8_lossy(&wrong.stderr)
     );
     assert!(other.credential().is_none());
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "tests/oauth_login.rs::the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authentication",
         serde_json::json!({"authorization_server": "oidc-provider",
             "methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
     );
@@ -1520,9 +1513,8 @@ fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server
         &[&test, &login, &test_cc],
         &[&access, &refresh, &key, &renewed, &cc_access, secret],
     );
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "tests/oauth_login.rs::dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server_that_wants_nonces",
         serde_json::json!({"authorization_server": "oidc-provider", "as_nonce": true,
             "refreshes": refreshes.len()}),
     );
@@ -1762,9 +1754,8 @@ fn an_issuer_and_a_resource_without_a_path_are_kept_as_written_and_a_pinned_clie
     assert!(again.contains(&format!("\"{}\"", pair.issuer)), "{again}");
     assert!(again.contains(&format!("\"{}\"", pair.resource)), "{again}");
     assert_no_token(&[&add, &test], &[&access]);
-    report::record(
+    iteron_test_support::record!(
         "P12",
-        "tests/oauth_login.rs::an_issuer_and_a_resource_without_a_path_are_kept_as_written_and_a_pinned_client_logs_in",
         serde_json::json!({"issuer_as_written": true, "resource_as_written": true}),
     );
 }
@@ -1840,9 +1831,8 @@ fn a_relogin_stays_on_its_issuer_until_the_operator_names_the_new_one() {
         "{}",
         String::from_utf8_lossy(&test.stderr)
     );
-    report::record(
+    iteron_test_support::record!(
         "P12",
-        "tests/oauth_login.rs::a_relogin_stays_on_its_issuer_until_the_operator_names_the_new_one",
         serde_json::json!({"refused_before_contact": true, "moved_when_named": true}),
     );
 }
@@ -1885,11 +1875,7 @@ fn a_relogin_with_scopes_asks_for_them_together_with_the_granted_ones() {
     let mut scope: Vec<&str> = info["scope"].as_str().unwrap().split(' ').collect();
     scope.sort_unstable();
     assert_eq!(scope, ["mcp:admin", "mcp:tools"], "{info}");
-    report::record(
-        "P12",
-        "tests/oauth_login.rs::a_relogin_with_scopes_asks_for_them_together_with_the_granted_ones",
-        serde_json::json!({"requested": asked}),
-    );
+    iteron_test_support::record!("P12", serde_json::json!({"requested": asked}),);
 }
 
 /// Issue 14 item 7: a revocation the authorization server fails is reported as failed, with its
@@ -1921,9 +1907,5 @@ fn logout_says_revocation_failed_with_the_status_the_authorization_server_answer
     // It really was not revoked: the report is the truth.
     assert!(active(&pair.issuer, &access));
     assert_no_token(&[&logout], &[&access]);
-    report::record(
-        "P12",
-        "tests/oauth_login.rs::logout_says_revocation_failed_with_the_status_the_authorization_server_answered",
-        serde_json::json!({"status": 500}),
-    );
+    iteron_test_support::record!("P12", serde_json::json!({"status": 500}),);
 }

@@ -5,9 +5,6 @@
 //! The executions are written to the security report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/report.rs"]
-mod report;
-
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -31,9 +28,10 @@ where
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{target}: {e}"));
-    report::record(
+    // Each target is named after the test that fuzzes it, which calls this helper.
+    iteron_test_support::record!(
         "P10",
-        &format!("tests/security_fuzz.rs::{target}"),
+        name = target,
         serde_json::json!({"executions": executions.into_inner(), "crashes": 0}),
     );
 }

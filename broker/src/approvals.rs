@@ -697,11 +697,7 @@ mod tests {
             // Forms are still refused by a noninteractive broker.
             assert!(a.elicitor("srv", Arc::default()).is_none());
         });
-        crate::test_report::record(
-            "P15",
-            "broker/src/approvals.rs::a_parked_call_is_approved_only_by_its_id_and_digest_within_its_time",
-            json!({}),
-        );
+        iteron_test_support::record!("P15", json!({}),);
     }
 
     #[test]
@@ -824,11 +820,7 @@ mod tests {
             a.close();
             let _ = waiter.await;
         });
-        crate::test_report::record(
-            "P14",
-            "broker/src/approvals.rs::a_preview_never_claims_to_be_whole_when_it_is_not",
-            json!({"max_preview": MAX_PREVIEW}),
-        );
+        iteron_test_support::record!("P14", json!({"max_preview": MAX_PREVIEW}),);
     }
 
     #[test]
@@ -878,11 +870,7 @@ mod tests {
             assert_eq!(a.show(id, 0).unwrap_err().code, Code::NotFound);
             assert_eq!(waiter.await.unwrap(), Err(NotApproved::Denied));
         });
-        crate::test_report::record(
-            "P14",
-            "broker/src/approvals.rs::show_gives_the_whole_arguments_in_bounded_chunks",
-            json!({"chunk": SHOW_CHUNK}),
-        );
+        iteron_test_support::record!("P14", json!({"chunk": SHOW_CHUNK}),);
     }
 
     #[test]
@@ -907,11 +895,7 @@ mod tests {
                 assert_eq!(w.await.unwrap(), Err(NotApproved::ShuttingDown));
             }
         });
-        crate::test_report::record(
-            "P5",
-            "broker/src/approvals.rs::the_queue_is_bounded",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 
     #[test]
@@ -1015,10 +999,6 @@ mod tests {
             assert_eq!(el.ask(form()).await, FormAnswer::Decline);
             assert!(a.list().is_empty());
         });
-        crate::test_report::record(
-            "P14",
-            "broker/src/approvals.rs::a_form_reaches_the_operator_only_during_a_call_it_names",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P14", serde_json::json!({}),);
     }
 }

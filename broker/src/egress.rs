@@ -584,9 +584,8 @@ mod tests {
             o.last_refusal().as_deref(),
             Some(format!("10.0.0.{}:80: refused: private", n - 1).as_str())
         );
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P9",
-            "broker/src/egress.rs::refusal_records_are_rate_limited_per_server_at_the_limit_and_one_over",
             serde_json::json!({"per_second": MAX_REFUSAL_RECORDS_PER_SEC}),
         );
     }
@@ -634,9 +633,8 @@ mod tests {
             .unwrap();
         drop(client);
         assert!(matches!(read_head(&mut server).await, Err(Bad(400, _))));
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P9",
-            "broker/src/egress.rs::a_request_head_is_bounded_at_the_limit_and_one_over",
             serde_json::json!({"max_request_head": MAX_REQUEST_HEAD}),
         );
     }
@@ -681,9 +679,8 @@ mod tests {
             .unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 403"), "{:?}", &buf[..n]);
         assert_eq!(observer.refused(), 1);
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P9",
-            "broker/src/egress.rs::connections_through_one_egress_path_are_bounded_at_the_limit_and_one_over",
             serde_json::json!({"max_connections": MAX_EGRESS_CONNECTIONS}),
         );
     }
@@ -747,10 +744,6 @@ mod tests {
                 Err(Bad(s, _)) => assert_eq!(s, status, "{bad:?}"),
             }
         }
-        crate::test_report::record(
-            "P3",
-            "broker/src/egress.rs::request_heads_parse_to_a_judged_target_and_nothing_else",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P3", serde_json::json!({}),);
     }
 }

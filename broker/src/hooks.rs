@@ -577,9 +577,8 @@ mod tests {
         // Whatever reaches it, the message is bounded and raw text is still escaped.
         let wild = block_message(&format!("{}\u{1b}[2J", "\\".repeat(600)));
         assert!(wild.len() <= MAX_BLOCK_MESSAGE && !wild.contains('\u{1b}'));
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P12",
-            "broker/src/hooks.rs::a_block_reason_is_escaped_once_and_leaves_room_for_the_certainty",
             serde_json::json!({"reason_bytes": reason.len(), "line_bytes": line.len()}),
         );
     }

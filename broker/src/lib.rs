@@ -86,8 +86,3 @@ mod tests {
         assert!(checked > 20, "{checked} modules");
     }
 }
-
-/// The security report (test builds only): tests that prove a SECURITY.md promise record it.
-#[cfg(test)]
-#[path = "../../tests/support/report.rs"]
-mod test_report;

@@ -311,10 +311,6 @@ mod tests {
         fs::hard_link(&lock, dir.join("lock2")).unwrap();
         assert!(matches!(try_lock(&lock), Err(FsError::HardLinked { .. })));
         fs::remove_dir_all(&dir).unwrap();
-        crate::test_report::record(
-            "P11",
-            "broker/src/private_fs.rs::a_hard_linked_private_file_is_refused_like_a_symlink",
-            serde_json::json!({"links": 2}),
-        );
+        iteron_test_support::record!("P11", serde_json::json!({"links": 2}),);
     }
 }

@@ -474,11 +474,7 @@ mod tests {
             }
         });
         assert_eq!(approved.into_inner(), 5);
-        crate::test_report::record(
-            "P15",
-            "broker/src/rules.rs::racing_calls_never_take_more_than_a_rules_count",
-            json!({"threads": 8, "calls": 160, "approved": 5}),
-        );
+        iteron_test_support::record!("P15", json!({"threads": 8, "calls": 160, "approved": 5}),);
     }
 
     #[test]
@@ -493,11 +489,7 @@ mod tests {
         bump(&mut table, "kept", &c.approvals);
         assert_eq!(table.len(), 1);
         assert_eq!(table["kept"], 2);
-        crate::test_report::record(
-            "P5",
-            "broker/src/rules.rs::the_count_table_stays_bounded_one_over",
-            json!({"max_counted_rules": MAX_COUNTED_RULES}),
-        );
+        iteron_test_support::record!("P5", json!({"max_counted_rules": MAX_COUNTED_RULES}),);
     }
 
     #[test]

@@ -593,11 +593,7 @@ mod tests {
         fs::write(home.config_path(), format!("{exact} ")).unwrap();
         assert!(matches!(home.load().unwrap_err(), StoreError::TooLarge(_)));
         fs::remove_dir_all(base).unwrap();
-        crate::test_report::record(
-            "P5",
-            "broker/src/store.rs::oversized_file_is_refused_one_byte_over",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 
     #[test]
@@ -625,11 +621,7 @@ mod tests {
         }
         assert_eq!(home.load().unwrap().mcp_servers.len(), 8);
         fs::remove_dir_all(base).unwrap();
-        crate::test_report::record(
-            "P6",
-            "broker/src/store.rs::concurrent_writers_in_threads_lose_no_update",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P6", serde_json::json!({}),);
     }
 
     // ---- kill -9 during configuration writes -------------------------------------------------
@@ -745,11 +737,7 @@ mod tests {
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
         fs::remove_dir_all(base).unwrap();
-        crate::test_report::record(
-            "P6",
-            "broker/src/store.rs::kill_9_during_configuration_writes_always_leaves_a_whole_private_file",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P6", serde_json::json!({}),);
     }
 
     #[test]

@@ -358,9 +358,8 @@ mod tests {
             UnitSecretsError::TooMany
         );
         let _ = std::fs::remove_dir_all(&d);
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P5",
-            "broker/src/unit_secrets.rs::unsafe_directories_and_files_stop_the_start_without_quoting_a_value",
             serde_json::json!({"max_value": MAX_VALUE, "max_entries": MAX_ENTRIES}),
         );
     }

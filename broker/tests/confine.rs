@@ -9,9 +9,6 @@
 //! child's uid then), and so is the one it must not write: its denial comes from Landlock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -19,6 +16,7 @@ use std::time::Duration;
 
 use iteron_broker::confine::{RunAs, Spec};
 use iteron_broker::spawn::{ChildSpec, child_env, spawn};
+use iteron_test_support::{give_to_children, is_root};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
@@ -76,7 +74,7 @@ impl Fixture {
             std::fs::create_dir_all(base.join(d)).unwrap();
         }
         for d in ["granted", "outside", "bin"] {
-            give_to_child(&base.join(d));
+            give_to_children(&base.join(d));
         }
         std::fs::write(
             base.join("home/mcp-credentials/server"),
@@ -104,18 +102,6 @@ fn child_uid() -> u32 {
         65534
     } else {
         nix::unistd::geteuid().as_raw()
-    }
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Under a root test run, hand `p` to uid 65534 (the confined child's uid).
-fn give_to_child(p: &Path) {
-    if is_root() {
-        let id = Some(65534);
-        std::os::unix::fs::chown(p, id, id).unwrap();
     }
 }
 
@@ -300,11 +286,7 @@ fn a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(accepted, 1);
-    report::record(
-        "P9",
-        "broker/tests/confine.rs::a_confined_child_is_denied_the_home_the_network_unix_sockets_and_setuid",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({}),);
 }
 
 /// A `web_egress` child opens TCP sockets in a network namespace of its own: the host's
@@ -338,9 +320,8 @@ fn web_egress_gets_its_own_network_namespace_and_never_unix_sockets() {
     let mut buf = [0u8; 1];
     let (mut conn, _) = listener.accept().unwrap();
     let _ = conn.read(&mut buf);
-    report::record(
+    iteron_test_support::record!(
         "P9",
-        "broker/tests/confine.rs::web_egress_gets_its_own_network_namespace_and_never_unix_sockets",
         serde_json::json!({"namespace": iteron_broker::sys::netns_support().is_ok()}),
     );
 }
@@ -475,9 +456,8 @@ fn the_kernel_keyrings_are_out_of_every_confined_childs_reach() {
     let v = keyring_attempt(&desc, &planted, None);
     assert_eq!(v["value"], canary, "{v}");
     assert_ne!(keyring(&["find", &planted]), "0", "{v}");
-    report::record(
+    iteron_test_support::record!(
         "P9",
-        "broker/tests/confine.rs::the_kernel_keyrings_are_out_of_every_confined_childs_reach",
         serde_json::json!({"denied_with": "EPERM", "children": seen.len()}),
     );
 }
@@ -574,9 +554,8 @@ fn a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files() {
     // Unconfined, the same probe reads /etc/shadow: the file is there and readable to root.
     let u = run(None);
     assert_eq!(u["shadow"][0], "ok", "{u}");
-    report::record(
+    iteron_test_support::record!(
         "P9",
-        "broker/tests/confine.rs::a_root_brokers_child_runs_as_nobody_and_cannot_read_root_only_files",
         serde_json::json!({"uid": 65534, "run_as_root_reads_shadow": false}),
     );
 }
@@ -658,9 +637,5 @@ fn no_setsid_grandchild_outlives_its_stdio_server() {
             ppid_of(*p)
         );
     }
-    report::record(
-        "P9",
-        "broker/tests/confine.rs::no_setsid_grandchild_outlives_its_stdio_server",
-        serde_json::json!({"grandchildren": pids.len()}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({"grandchildren": pids.len()}),);
 }

@@ -19,9 +19,6 @@
 #[allow(dead_code)]
 mod support;
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -477,14 +474,9 @@ async fn a_web_egress_server_reaches_only_the_public_zone_and_what_sandbox_egres
     );
     drop(net);
     let _ = std::fs::remove_dir_all(&dir);
-    report::record(
+    iteron_test_support::record!(
         "P9",
-        "broker/tests/egress.rs::a_web_egress_server_reaches_only_the_public_zone_and_what_sandbox_egress_names",
         serde_json::json!({"refused": refused_targets.len() + 1}),
     );
-    report::record(
-        "P3",
-        "broker/tests/egress.rs::a_web_egress_server_reaches_only_the_public_zone_and_what_sandbox_egress_names",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }

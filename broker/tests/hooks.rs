@@ -16,28 +16,15 @@ use iteron_broker::confine::RunAs;
 use iteron_broker::daemon::{ToolEvent, ToolHooks, Verdict};
 use iteron_broker::hooks::{HookRunner, MAX_HOOK_OUTPUT, Outcome};
 use iteron_policy::config::{AbsolutePath, HookEvent};
+use iteron_test_support::{give_to_children, is_root};
 use serde_json::{Map, Value, json};
-
-#[path = "../../tests/support/report.rs"]
-mod report;
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Under a root test run, hand `p` to uid 65534 (the uid hooks run as).
-fn give_to_hooks(p: &Path) {
-    if is_root() {
-        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
-    }
-}
 
 /// A fresh test directory the hooks may write (see the module documentation).
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("iteron-hooks-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    give_to_hooks(&d);
+    give_to_children(&d);
     d
 }
 
@@ -226,7 +213,7 @@ fn a_hook_reads_but_does_not_write_outside_its_grants_and_never_sees_the_home() 
     // Beside the home, not containing it: a directory that contains the home is granted only
     // as its existing siblings of the home (docs/confinement.md).
     std::fs::create_dir_all(d.join("out")).unwrap();
-    give_to_hooks(&d.join("out"));
+    give_to_children(&d.join("out"));
     let out = d.join("out/out.txt");
     let hook = script(
         &d,
@@ -259,7 +246,7 @@ fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
     let d = dir("bound");
     let runs = d.join("runs");
     std::fs::create_dir_all(&runs).unwrap();
-    give_to_hooks(&runs);
+    give_to_children(&runs);
     // Each run marks itself running, records how many runs it sees, holds its slot, then
     // leaves. A run that started while all slots were held would see one marker too many.
     let hook = script(
@@ -307,9 +294,8 @@ fn at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn() {
         finished[MAX_RUNNING_HOOKS] >= finished[0] + Duration::from_millis(1500),
         "{finished:?}"
     );
-    report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/tests/hooks.rs::at_most_eight_hooks_run_at_once_and_the_ninth_waits_its_turn",
         json!({"max_running_hooks": MAX_RUNNING_HOOKS, "most_seen_at_once": most}),
     );
     let _ = std::fs::remove_dir_all(&d);
@@ -328,7 +314,7 @@ fn a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow() {
     // Each variant writes into a directory its own uid owns (a run_as "root" hook has no
     // capability, so it cannot write into one that uid 65534 owns).
     std::fs::create_dir(d.join("nobody")).unwrap();
-    give_to_hooks(&d.join("nobody"));
+    give_to_children(&d.join("nobody"));
     std::fs::create_dir(d.join("root")).unwrap();
     let probe = |tag: &str| {
         let out = d.join(tag).join("out.txt");
@@ -367,11 +353,7 @@ fn a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow() {
     assert!(seen.contains("shadow-denied"), "{seen}");
     // The file is there and root reads it: the denials come from the confinement.
     assert!(std::fs::File::open("/etc/shadow").is_ok());
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::a_root_brokers_hooks_run_as_nobody_and_never_read_etc_shadow",
-        json!({"uid": 65534}),
-    );
+    iteron_test_support::record!("P9", json!({"uid": 65534}),);
 }
 
 #[test]
@@ -419,7 +401,7 @@ fn hooks_cannot_touch_the_kernel_keyrings() {
         // Written by a directory its uid owns (see the identity test).
         std::fs::create_dir(d.join(tag)).unwrap();
         if run_as == RunAs::Nobody {
-            give_to_hooks(&d.join(tag));
+            give_to_children(&d.join(tag));
         }
         let out = d.join(tag).join("probe.json");
         let hook = script(
@@ -444,11 +426,7 @@ fn hooks_cannot_touch_the_kernel_keyrings() {
     }
     // The key is there for the operator.
     assert_ne!(keyring(&["find", &desc]), "0");
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::hooks_cannot_touch_the_kernel_keyrings",
-        json!({"denied_with": "EPERM"}),
-    );
+    iteron_test_support::record!("P9", json!({"denied_with": "EPERM"}),);
 }
 
 #[test]
@@ -483,10 +461,6 @@ fn no_setsid_grandchild_outlives_its_hook() {
             "grandchild {p} outlived its hook"
         );
     }
-    report::record(
-        "P9",
-        "broker/tests/hooks.rs::no_setsid_grandchild_outlives_its_hook",
-        json!({"grandchildren": started.len()}),
-    );
+    iteron_test_support::record!("P9", json!({"grandchildren": started.len()}),);
     let _ = std::fs::remove_dir_all(&d);
 }

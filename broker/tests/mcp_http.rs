@@ -3,9 +3,6 @@
 //! negotiation signals, refused versions and result-type rules.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -620,11 +617,7 @@ async fn pagination_is_bounded_and_a_repeated_cursor_is_refused() {
     assert_eq!(server.count("tools/list"), 64);
     let e = c.list_prompts().await.unwrap_err();
     assert!(matches!(e, McpError::Protocol { .. }), "{e}");
-    report::record(
-        "P5",
-        "broker/tests/mcp_http.rs::pagination_is_bounded_and_a_repeated_cursor_is_refused",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 /// A managed token that starts as `old` and becomes `new` after a forced refresh.
@@ -858,11 +851,7 @@ async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answe
     // The nonce a refusal offered is kept for the next proof.
     let last = server.seen().pop().unwrap();
     assert_eq!(proof_claims(&last)["nonce"], "rs-n2");
-    report::record(
-        "P16",
-        "broker/tests/mcp_http.rs::a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answered_exactly_once",
-        json!({"resends_per_nonce_challenge": 1}),
-    );
+    iteron_test_support::record!("P16", json!({"resends_per_nonce_challenge": 1}),);
 }
 
 /// A call the server rejects before acting — an unsupported version (-32022) or a header
@@ -907,11 +896,7 @@ async fn an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_se
     args.insert("n".into(), json!(2));
     c.call_tool("t", args).await.unwrap();
     assert_eq!(server.count("tools/call"), 3);
-    report::record(
-        "P4",
-        "broker/tests/mcp_http.rs::an_effect_rejected_with_32022_or_32020_is_sent_once_and_reported_not_sent",
-        serde_json::json!({"codes": [-32022, -32020]}),
-    );
+    iteron_test_support::record!("P4", serde_json::json!({"codes": [-32022, -32020]}),);
 }
 
 /// Only a 400 Bad Request whose body is not a recognised modern error is the legacy signature:

@@ -8,9 +8,6 @@
 
 mod support;
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -90,11 +87,7 @@ async fn a_public_and_private_mixed_answer_is_refused_as_above_zone_under_public
         got.unwrap_err().to_string(),
         "refused: mixed.test resolved to 10.0.0.5 (private), above binding zone public"
     );
-    report::record(
-        "P3",
-        "broker/tests/net.rs::a_public_and_private_mixed_answer_is_refused_as_above_zone_under_public",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 #[tokio::test]
@@ -268,11 +261,7 @@ async fn a_name_resolving_to_loopback_is_refused_under_public_and_the_listener_s
     );
     assert_eq!(server.connections(), 0);
     assert_eq!(dns.queries("loop.test", A), 1);
-    report::record(
-        "P3",
-        "broker/tests/net.rs::a_name_resolving_to_loopback_is_refused_under_public_and_the_listener_sees_nothing",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,11 +358,7 @@ async fn a_public_answer_that_rebinds_to_loopback_never_reaches_the_loopback_lis
     );
     assert_eq!(inside.connections(), 0);
     assert_eq!(dns.queries("flip.test", A), 1);
-    report::record(
-        "P3",
-        "broker/tests/net.rs::a_public_answer_that_rebinds_to_loopback_never_reaches_the_loopback_listener",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 #[tokio::test]
@@ -397,11 +382,7 @@ async fn an_ipv4_literal_loopback_host_is_refused_under_public_without_connectin
         "refused: 127.0.0.1 is loopback, above binding zone public"
     );
     assert_eq!(origin.connections(), 0);
-    report::record(
-        "P3",
-        "broker/tests/net.rs::an_ipv4_literal_loopback_host_is_refused_under_public_without_connecting",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 #[tokio::test]
@@ -504,11 +485,7 @@ async fn redirects_to_an_ip_literal_localhost_or_another_name_are_never_followed
         }
     }
     assert_eq!(target.connections(), 0);
-    report::record(
-        "P3",
-        "broker/tests/net.rs::redirects_to_an_ip_literal_localhost_or_another_name_are_never_followed",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 #[tokio::test]
@@ -667,11 +644,7 @@ async fn proxy_and_tls_environment_variables_change_nothing() {
     // The TLS origin was reached directly too; the handshake failed on the client side.
     assert_eq!(tls_origin.connections(), 1);
     assert!(tls_origin.heads().is_empty());
-    report::record(
-        "P3",
-        "broker/tests/net.rs::proxy_and_tls_environment_variables_change_nothing",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P3", serde_json::json!({}),);
 }
 
 /// The Net child: the proxy variables and `SSL_CERT_FILE` point at the parent's listener and CA.
@@ -815,11 +788,7 @@ async fn a_sized_body_of_exactly_the_cap_is_read_and_one_byte_more_fails() {
         read_capped(Reply::ok(&body_of(CAP + 1))).await,
         Err(NetError::BodyTooLarge { limit: CAP })
     );
-    report::record(
-        "P5",
-        "broker/tests/net.rs::a_sized_body_of_exactly_the_cap_is_read_and_one_byte_more_fails",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -834,11 +803,7 @@ async fn a_chunked_body_of_exactly_the_cap_is_read_and_one_byte_more_fails() {
         err.unwrap_err().to_string(),
         "response body exceeds the 5000-byte limit"
     );
-    report::record(
-        "P5",
-        "broker/tests/net.rs::a_chunked_body_of_exactly_the_cap_is_read_and_one_byte_more_fails",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

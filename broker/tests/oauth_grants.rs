@@ -8,9 +8,6 @@
 #[path = "support/scripted.rs"]
 mod scripted;
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -141,9 +138,8 @@ async fn an_external_tokens_refresh_url_obeys_the_binding_zone_of_its_server() {
     assert_eq!(form["refresh_token"], "first-refresh");
     assert_eq!(form["client_id"], "ci-client");
     assert_eq!(form["resource"], "http://127.0.0.1:9/mcp");
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "broker/tests/oauth_grants.rs::an_external_tokens_refresh_url_obeys_the_binding_zone_of_its_server",
         json!({"refused_zone": "loopback", "binding": "public"}),
     );
 }
@@ -391,9 +387,8 @@ async fn the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_ref
     public.client.secret = None;
     assert!(grant::obtain(&loopback(), &public, None).await.is_err());
     s.assert_only_discovery("a public client");
-    report::record(
+    iteron_test_support::record!(
         "P16",
-        "broker/tests/oauth_grants.rs::the_clients_credentials_never_leave_the_pinned_issuers_origin_and_a_refusal_is_final",
         json!({"methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
     );
 }
@@ -508,11 +503,7 @@ async fn the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_ne
     let anonymous = jb_request(&s.base(), identity, "");
     grant::obtain(&loopback(), &anonymous, None).await.unwrap();
     assert!(!s.to("/token")[4].form().contains_key("client_id"));
-    report::record(
-        "P16",
-        "broker/tests/oauth_grants.rs::the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_never_presented_again",
-        json!({"exchanges": s.to("/token").len()}),
-    );
+    iteron_test_support::record!("P16", json!({"exchanges": s.to("/token").len()}),);
 }
 
 #[tokio::test]
@@ -575,11 +566,7 @@ async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
             .starts_with("the identity token file cannot be opened"),
         "{e}"
     );
-    report::record(
-        "P5",
-        "broker/tests/oauth_grants.rs::an_identity_token_that_cannot_be_presented_sends_nothing",
-        json!({"max_token_bytes": max}),
-    );
+    iteron_test_support::record!("P5", json!({"max_token_bytes": max}),);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -718,11 +705,7 @@ async fn a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_be
     let revoked = s.to("/revoke");
     assert_eq!(revoked.len(), 1);
     assert_eq!(revoked[0].form()["token"], "plain-at");
-    report::record(
-        "P16",
-        "broker/tests/oauth_grants.rs::a_dpop_token_request_answers_one_nonce_challenge_and_never_accepts_a_bearer_token",
-        json!({"resends_per_nonce_challenge": 1}),
-    );
+    iteron_test_support::record!("P16", json!({"resends_per_nonce_challenge": 1}),);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -866,9 +849,5 @@ async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an
     assert!(e.to_string().contains("is not presented again"), "{e}");
     assert_eq!(idp.to("/token").len(), 1);
     assert!(auth.to("/token").is_empty());
-    report::record(
-        "P16",
-        "broker/tests/oauth_grants.rs::an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token",
-        json!({"steps": ["token_exchange", "jwt_bearer"]}),
-    );
+    iteron_test_support::record!("P16", json!({"steps": ["token_exchange", "jwt_bearer"]}),);
 }

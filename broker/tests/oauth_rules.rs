@@ -13,9 +13,6 @@
 #[path = "support/mod.rs"]
 mod support;
 
-#[path = "../../tests/support/report.rs"]
-mod report;
-
 #[allow(dead_code)]
 #[path = "support/scripted.rs"]
 mod scripted;
@@ -774,9 +771,8 @@ async fn a_relogin_whose_server_now_names_another_issuer_or_resource_is_refused_
     let browser = Browser::new(|_, s| vec![s.code("")]);
     let out = run_login(&req, None, &browser).await.unwrap();
     assert_eq!(out.resource, base);
-    report::record(
+    iteron_test_support::record!(
         "P12",
-        "broker/tests/oauth_rules.rs::a_relogin_whose_server_now_names_another_issuer_or_resource_is_refused_naming_both",
         json!({"moved": ["authorization server", "resource"], "contacted_before_refusal": 0}),
     );
 }
@@ -969,11 +965,7 @@ async fn a_callback_with_another_state_is_answered_ignored_and_never_redeemed() 
         assert_eq!(tokens.len(), 1, "{what}: exactly one exchange");
         assert_eq!(tokens[0].form()["code"], "good", "{what}");
     }
-    report::record(
-        "P12",
-        "broker/tests/oauth_rules.rs::a_callback_with_another_state_is_answered_ignored_and_never_redeemed",
-        json!({"cases": cases.len()}),
-    );
+    iteron_test_support::record!("P12", json!({"cases": cases.len()}),);
 }
 
 #[tokio::test]
@@ -1314,9 +1306,8 @@ async fn a_confidential_client_whose_token_endpoint_is_on_another_origin_stops_b
         assert_eq!(browser.shown().len(), 1);
         assert!(srv.seen().iter().any(|s| s.carries(SECRET)));
     }
-    report::record(
+    iteron_test_support::record!(
         "P12",
-        "broker/tests/oauth_rules.rs::a_confidential_client_whose_token_endpoint_is_on_another_origin_stops_before_the_browser",
         json!({"foreign_origins": foreign.len(), "registrations": ["pre_registered", "dynamic"]}),
     );
 }

@@ -657,11 +657,7 @@ mod tests {
         parse(ok.as_bytes()).unwrap();
         let over = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
         assert_eq!(err(&over).kind, SyntaxError::TooDeep);
-        crate::test_report::record(
-            "P5",
-            "policy/src/json.rs::depth_limit_is_enforced_one_level_over",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 
     #[test]

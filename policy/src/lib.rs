@@ -14,8 +14,3 @@ pub mod skill;
 pub mod text;
 pub mod url;
 pub mod zone;
-
-/// The security report (test builds only): tests that prove a SECURITY.md promise record it.
-#[cfg(test)]
-#[path = "../../tests/support/report.rs"]
-mod test_report;

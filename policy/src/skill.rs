@@ -267,11 +267,7 @@ mod tests {
             parse(skill(&long, "d", "b").as_bytes(), &long).unwrap_err(),
             SkillError::BadName
         );
-        crate::test_report::record(
-            "P5",
-            "policy/src/skill.rs::hostile_skills_are_refused_with_their_reason",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 
     proptest! {

@@ -190,11 +190,7 @@ mod tests {
                 })
             );
         });
-        crate::test_report::record(
-            "P5",
-            "broker/ipc/src/frame.rs::frames_round_trip_and_the_edges_hold",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 
     #[test]

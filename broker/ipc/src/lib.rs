@@ -12,8 +12,3 @@
 pub mod client;
 pub mod frame;
 pub mod proto;
-
-/// The security report (test builds only): tests that prove a SECURITY.md promise record it.
-#[cfg(test)]
-#[path = "../../../tests/support/report.rs"]
-mod test_report;

@@ -312,11 +312,7 @@ fn a_tampered_tail_is_never_laundered_by_a_broker_start() {
         assert_eq!(fs::read(&file).unwrap(), before, "{name}");
         assert!(verify(&h, &[]).is_err(), "verify passed after: {name}");
     }
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::a_tampered_tail_is_never_laundered_by_a_broker_start",
-        json!({"cases": cases.len()}),
-    );
+    iteron_test_support::record!("P11", json!({"cases": cases.len()}),);
 }
 
 #[test]
@@ -364,11 +360,7 @@ fn a_record_appended_without_its_head_is_reported_and_its_adoption_recorded() {
     assert_eq!(verify(&h, &[]).unwrap().being_written, 1);
     drop(log);
     assert!(verify(&h, &[]).is_err());
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::a_record_appended_without_its_head_is_reported_and_its_adoption_recorded",
-        json!({"adopted": [3]}),
-    );
+    iteron_test_support::record!("P11", json!({"adopted": [3]}),);
 }
 
 #[test]
@@ -456,11 +448,7 @@ fn a_removed_or_cut_log_is_evident_through_the_anchor_and_pins() {
             .why
             .contains("ends before record 4")
     );
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::a_removed_or_cut_log_is_evident_through_the_anchor_and_pins",
-        json!({"anchor_seq": 4}),
-    );
+    iteron_test_support::record!("P11", json!({"anchor_seq": 4}),);
 }
 
 #[test]
@@ -522,11 +510,7 @@ fn each_record_goes_to_the_journal_socket() {
     .unwrap();
     assert!(log.journal.is_none());
     log.append(&event(3)).unwrap();
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::each_record_goes_to_the_journal_socket",
-        json!({"records": written.len()}),
-    );
+    iteron_test_support::record!("P11", json!({"records": written.len()}),);
 }
 
 #[test]
@@ -571,11 +555,7 @@ fn verify_refuses_what_the_broker_refuses() {
     }
     verify(&h, &[]).unwrap();
     open(&h).unwrap();
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::verify_refuses_what_the_broker_refuses",
-        json!({"cases": checked}),
-    );
+    iteron_test_support::record!("P11", json!({"cases": checked}),);
 }
 
 #[test]
@@ -629,11 +609,7 @@ fn a_full_filesystem_never_leaves_a_torn_record() {
     drop(log);
     let v = verify(&h, &[]).unwrap();
     assert_eq!(v.records, ok);
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::a_full_filesystem_never_leaves_a_torn_record",
-        json!({"records_before_full": ok, "failure": why}),
-    );
+    iteron_test_support::record!("P11", json!({"records_before_full": ok, "failure": why}),);
 }
 
 #[test]
@@ -688,11 +664,7 @@ fn under_the_space_reserve_effects_are_refused_and_agent_records_only_counted() 
     );
     drop(log);
     verify(&h, &[]).unwrap();
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::under_the_space_reserve_effects_are_refused_and_agent_records_only_counted",
-        json!({"reserve": SPACE_RESERVE, "free": free}),
-    );
+    iteron_test_support::record!("P11", json!({"reserve": SPACE_RESERVE, "free": free}),);
 }
 
 /// Sleep until just after the start of the next second, so a burst stays in one second.
@@ -816,9 +788,5 @@ fn agent_records_are_rate_limited_per_uid_at_the_limit_and_one_over() {
     };
     verify(&h, &[]).unwrap();
     assert!(lines(&file).len() as u64 <= 2 * max + 6);
-    crate::test_report::record(
-        "P11",
-        "broker/src/audit/tests.rs::agent_records_are_rate_limited_per_uid_at_the_limit_and_one_over",
-        json!({"max_per_sec": MAX_AGENT_RECORDS_PER_SEC}),
-    );
+    iteron_test_support::record!("P11", json!({"max_per_sec": MAX_AGENT_RECORDS_PER_SEC}),);
 }

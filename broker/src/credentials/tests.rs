@@ -143,9 +143,8 @@ fn every_token_handed_to_a_server_is_learned_by_its_scrubber() {
     let refused = rt.block_on(source.current()).err().unwrap();
     assert!(refused.contains("restart it"), "{refused}");
     assert!(!refused.contains("third"), "{refused}");
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P1",
-        "broker/src/credentials/tests.rs::every_token_handed_to_a_server_is_learned_by_its_scrubber",
         serde_json::json!({"max_learned": crate::servers::MAX_LEARNED_SECRETS}),
     );
     let _ = fs::remove_dir_all(base);

@@ -40,9 +40,8 @@ fn results_are_cut_by_their_escaped_size_at_the_limit_and_one_over() {
     let mut wide = "é".repeat(MAX_RESULT_TEXT / 2 + 1);
     assert!(cut_escaped(&mut wide, MAX_RESULT_TEXT));
     assert_eq!(wide.len(), MAX_RESULT_TEXT);
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/src/daemon/tests.rs::results_are_cut_by_their_escaped_size_at_the_limit_and_one_over",
         serde_json::json!({"max_result_text": MAX_RESULT_TEXT}),
     );
 }
@@ -173,9 +172,8 @@ fn projections_fuzzed_record() {
     // The secret did reach the projections (and was scrubbed) in many cases.
     assert!(redacted.get() > 50, "{}", redacted.get());
     let executions = executions.get();
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P10",
-        "broker/src/daemon/tests.rs::projections_fuzzed_record",
         serde_json::json!({"executions": executions, "crashes": 0}),
     );
 }
@@ -240,9 +238,8 @@ fn a_peer_that_stops_reading_is_given_up_after_the_write_deadline() {
         assert!(took < deadline * 10, "{took:?}");
         assert!(rx.try_recv().is_ok(), "the second frame was not attempted");
     });
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/src/daemon/tests.rs::a_peer_that_stops_reading_is_given_up_after_the_write_deadline",
         serde_json::json!({"write_deadline_s": WRITE_DEADLINE.as_secs()}),
     );
 }
@@ -266,9 +263,8 @@ fn argument_weight_is_bounded_per_uid_and_in_all_at_the_limit_and_one_over() {
     assert!(budget.charge(7, 1).is_some());
     assert!(budget.lock().0.is_empty());
     assert_eq!(json_nodes(&json!({"a": [{}, 1, "x"], "b": null})), 6);
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/src/daemon/tests.rs::argument_weight_is_bounded_per_uid_and_in_all_at_the_limit_and_one_over",
         serde_json::json!({"per_uid": MAX_ARGUMENT_WEIGHT_PER_UID, "total": MAX_ARGUMENT_WEIGHT}),
     );
 }
@@ -285,9 +281,5 @@ fn refused_peer_records_are_bounded_per_second_one_over() {
     // The next second's first record carries the count.
     assert_eq!(refused_step(&mut w, 8), (true, 2));
     assert_eq!(refused_step(&mut w, 8), (true, 0));
-    crate::test_report::record(
-        "P5",
-        "broker/src/daemon/tests.rs::refused_peer_records_are_bounded_per_second_one_over",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }

@@ -315,10 +315,6 @@ mod tests {
         assert_eq!(buf, b"a");
         assert_eq!(read_line(&mut r, &mut buf, max).await, Ok(Some(())));
         assert_eq!(read_line(&mut r, &mut buf, max).await, Ok(None));
-        crate::test_report::record(
-            "P5",
-            "broker/src/mcp/stdio.rs::lines_are_bounded_at_the_limit_and_one_over",
-            serde_json::json!({}),
-        );
+        iteron_test_support::record!("P5", serde_json::json!({}),);
     }
 }

@@ -212,9 +212,8 @@ mod tests {
         assert_eq!(k.as_nonce(), None);
         k.set_as_nonce("ok");
         assert_eq!(k.as_nonce().as_deref(), Some("ok"));
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P5",
-            "broker/src/oauth/dpop.rs::nonces_are_nqchar_strings_within_the_bound_and_one_over",
             serde_json::json!({"max_nonce_bytes": MAX_NONCE_BYTES}),
         );
     }

@@ -198,9 +198,8 @@ mod tests {
         ] {
             assert_eq!(parse_expires_at(bad), None, "{bad:?}");
         }
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P5",
-            "broker/src/oauth/external.rs::expiry_values_are_unix_seconds_within_bounds_and_one_over",
             serde_json::json!({"max_expires_at": MAX_EXPIRES_AT, "max_digits": MAX_EXPIRES_AT_DIGITS}),
         );
     }

@@ -1470,9 +1470,8 @@ mod tests {
         ] {
             assert!(scope(json!(bad)).is_err(), "{bad:?}");
         }
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P5",
-            "broker/src/oauth/flow.rs::token_responses_are_validated_at_every_bound_and_one_over",
             json!({"max_token_bytes": MAX_TOKEN_BYTES, "max_expires_in": MAX_EXPIRES_IN_SECS,
                    "max_scope_bytes": MAX_SCOPE_BYTES}),
         );

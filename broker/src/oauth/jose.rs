@@ -347,10 +347,6 @@ mod tests {
         assert!(SigningKey::from_pem(&exact).is_ok());
         let over = format!(" {exact}");
         assert_eq!(SigningKey::from_pem(&over).unwrap_err(), KeyError::TooLarge);
-        crate::test_report::record(
-            "P5",
-            "broker/src/oauth/jose.rs::keys_that_are_not_unencrypted_pkcs8_are_refused_by_their_form_at_the_bound_and_one_over",
-            json!({"max_key_pem_bytes": MAX_KEY_PEM_BYTES}),
-        );
+        iteron_test_support::record!("P5", json!({"max_key_pem_bytes": MAX_KEY_PEM_BYTES}),);
     }
 }

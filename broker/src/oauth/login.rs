@@ -563,9 +563,8 @@ mod tests {
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         let got = waiter.await.unwrap().unwrap();
         assert!(got.ends_with("/callback?code=real&state=st4te"), "{got}");
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P12",
-            "broker/src/oauth/login.rs::requests_without_this_state_or_a_code_are_answered_and_ignored_until_the_real_one",
             serde_json::json!({"strays": 3 * MAX_CALLBACK_CONNECTIONS + 2}),
         );
     }

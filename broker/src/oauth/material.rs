@@ -167,9 +167,8 @@ mod tests {
                 .contains("not a regular file")
         );
         let _ = std::fs::remove_dir_all(&dir);
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P16",
-            "broker/src/oauth/material.rs::only_a_private_regular_file_within_the_bound_is_read",
             serde_json::json!({"modes_refused": ["640", "604", "660"], "symlink": "refused"}),
         );
     }

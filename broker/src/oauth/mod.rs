@@ -417,11 +417,7 @@ mod tests {
         // A host that cannot be read is said so, never replaced by the URL.
         assert_eq!(host_of("not a url"), None);
         assert_eq!(host_of("https://[::1]:8443/x?y"), Some("[::1]".to_owned()));
-        crate::test_report::record(
-            "P12",
-            "broker/src/oauth/mod.rs::refusals_name_the_rule_and_the_host_but_not_the_url_and_survive_redaction",
-            json!({"cases": cases.len()}),
-        );
+        iteron_test_support::record!("P12", json!({"cases": cases.len()}),);
     }
 
     proptest! {

@@ -265,9 +265,8 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P10",
-            "broker/src/servers/scrubber.rs::every_field_of_a_server_message_is_scrubbed_of_every_form_fuzzed_record",
             serde_json::json!({"executions": executions.get(), "crashes": 0}),
         );
     }

@@ -385,11 +385,7 @@ fn bounds_are_enforced_one_over() {
         error(&padded(MAX_CONFIG_BYTES + 1)).kind,
         ConfigErrorKind::TooLarge
     );
-    crate::test_report::record(
-        "P5",
-        "policy/src/config/tests.rs::bounds_are_enforced_one_over",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 #[test]
@@ -1020,11 +1016,7 @@ fn the_sandbox_block_is_strict_and_bounded_one_over() {
         error(&http_with(r#", "sandbox": {}"#)).kind,
         ConfigErrorKind::NotForTransport { key: "sandbox", .. }
     ));
-    crate::test_report::record(
-        "P5",
-        "policy/src/config/tests.rs::the_sandbox_block_is_strict_and_bounded_one_over",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 #[test]
@@ -1095,11 +1087,7 @@ fn run_as_takes_nobody_root_or_ids_within_bounds_one_over() {
         error(&doc_with(&format!(r#""hooks_run_as": "{over}:1""#))).kind,
         ConfigErrorKind::Value(ValueError::BadRunAs)
     );
-    crate::test_report::record(
-        "P9",
-        "policy/src/config/tests.rs::run_as_takes_nobody_root_or_ids_within_bounds_one_over",
-        serde_json::json!({"max_id": MAX_RUN_AS_ID}),
-    );
+    iteron_test_support::record!("P9", serde_json::json!({"max_id": MAX_RUN_AS_ID}),);
 }
 
 #[test]
@@ -1118,11 +1106,7 @@ fn hooks_writable_is_bounded_one_over_and_absolute() {
         }
     );
     assert!(parse(&doc_with(r#""hooks_writable": ["relative"]"#)).is_err());
-    crate::test_report::record(
-        "P5",
-        "policy/src/config/tests.rs::hooks_writable_is_bounded_one_over_and_absolute",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P5", serde_json::json!({}),);
 }
 
 #[test]
@@ -1182,9 +1166,8 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         parse(&doc_with(&format!(r#""mcp_servers": [{server}]"#)))
             .unwrap_or_else(|e| panic!("{key}: {e}"));
     }
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P12",
-        "policy/src/config/tests.rs::urls_that_are_never_a_destination_are_refused_with_their_rule",
         serde_json::json!({"keys": keys.len(), "urls": bad.len()}),
     );
 }
@@ -1897,9 +1880,8 @@ fn approval_rule_bounds_hold_at_the_limit_and_one_over() {
             );
         }
     }
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P5",
-        "policy/src/config/tests.rs::approval_rule_bounds_hold_at_the_limit_and_one_over",
         serde_json::json!({
             "rules": MAX_RULES, "arguments": MAX_RULE_ARGUMENTS, "one_of": MAX_ONE_OF,
             "agent_uids": MAX_RULE_UIDS, "agent_identities": MAX_RULE_IDENTITIES,
@@ -1985,9 +1967,8 @@ fn sandbox_network_and_egress_parse_strictly_within_bounds_one_over() {
     ))
     .unwrap();
     assert_eq!(parse(&c.to_json_pretty()).unwrap(), c);
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P9",
-        "policy/src/config/tests.rs::sandbox_network_and_egress_parse_strictly_within_bounds_one_over",
         serde_json::json!({"max_egress_rules": MAX_EGRESS_RULES}),
     );
 }

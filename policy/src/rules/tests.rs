@@ -797,11 +797,7 @@ fn no_rule_approves_or_denies_a_call_that_violates_one_of_its_constraints() {
         "{} approvals",
         approvals.get()
     );
-    crate::test_report::record(
-        "P15",
-        "policy/src/rules/tests.rs::no_rule_approves_or_denies_a_call_that_violates_one_of_its_constraints",
-        json!({"cases": CASES, "approvals": approvals.get()}),
-    );
+    iteron_test_support::record!("P15", json!({"cases": CASES, "approvals": approvals.get()}),);
 }
 
 proptest! {

@@ -324,9 +324,8 @@ mod tests {
         let c = escape_capped_counted(&over, 4096);
         assert_eq!(c.text.len(), 4096);
         assert_eq!(c.omitted, 4097 - (4096 - ELLIPSIS.len()));
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P14",
-            "policy/src/text/line.rs::a_cut_is_reported_by_what_was_cut_not_by_comparing_lengths",
             serde_json::json!({"cap": 4096, "hidden_bytes": hidden.len()}),
         );
     }

@@ -109,9 +109,8 @@ mod tests {
         }
         // serde_json alone leaves them raw (what this writer is for).
         assert!(serde_json::to_string(&v).unwrap().contains('\u{202e}'));
-        crate::test_report::record(
+        iteron_test_support::record!(
             "P8",
-            "policy/src/text/terminal_json.rs::json_output_escapes_bidi_c1_and_del",
             serde_json::json!({"escaped": ["U+202E", "U+0085", "U+009F", "U+007F", "U+200B", "U+E0041", "U+2028"]}),
         );
     }

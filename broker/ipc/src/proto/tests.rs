@@ -181,11 +181,7 @@ fn pending_waits_at_most_thirty_seconds() {
     assert_eq!(over.refusal.code, Code::Protocol);
     assert_eq!(over.refusal.message(), "pending takes wait_ms 0-30000");
     assert!(op(r#"{"wait_ms":-1}"#.into()).is_err());
-    crate::test_report::record(
-        "P5",
-        "broker/ipc/src/proto/tests.rs::pending_waits_at_most_thirty_seconds",
-        json!({"max_wait_ms": MAX_PENDING_WAIT_MS}),
-    );
+    iteron_test_support::record!("P5", json!({"max_wait_ms": MAX_PENDING_WAIT_MS}),);
 }
 
 #[test]
@@ -291,9 +287,8 @@ fn params_are_bounded_in_nodes_at_the_limit_and_one_over() {
         op(answer(MAX_NODES - 8)).as_deref(),
         Some("params hold more than 65536 JSON nodes")
     );
-    crate::test_report::record(
+    iteron_test_support::record!(
         "P5",
-        "broker/ipc/src/proto/tests.rs::params_are_bounded_in_nodes_at_the_limit_and_one_over",
         json!({"max_nodes": MAX_NODES, "red_team_frame_bytes": big.len()}),
     );
 }

@@ -128,11 +128,7 @@ fn kill_9_during_500_refresh_writes_always_leaves_a_parsable_private_file() {
         "{names:?}"
     );
     fs::remove_dir_all(base).unwrap();
-    crate::test_report::record(
-        "P6",
-        "broker/src/credentials/tests/crash_and_race.rs::kill_9_during_500_refresh_writes_always_leaves_a_parsable_private_file",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P6", serde_json::json!({}),);
 }
 
 #[test]
@@ -187,9 +183,5 @@ fn twenty_concurrent_logins_racing_a_logout_lose_or_mix_no_binding() {
         assert_eq!(b, &credential(&b.server, "x").binding);
     }
     fs::remove_dir_all(base).unwrap();
-    crate::test_report::record(
-        "P6",
-        "broker/src/credentials/tests/crash_and_race.rs::twenty_concurrent_logins_racing_a_logout_lose_or_mix_no_binding",
-        serde_json::json!({}),
-    );
+    iteron_test_support::record!("P6", serde_json::json!({}),);
 }
