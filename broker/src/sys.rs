@@ -3,6 +3,10 @@
 //!
 //! What runs between `fork` and `exec` may only make async-signal-safe calls and must not
 //! allocate; every call below is a plain system call through nix or libc.
+//!
+//! Longer than the other modules (about 1,100 lines without its tests) on purpose: every
+//! `unsafe` block of the crate is here and nowhere else, so that one file is what a reviewer
+//! of the unsafe code reads, whole.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;

@@ -1,6 +1,7 @@
 //! The `iteron` command.
 #![forbid(unsafe_code)]
 
+mod approvals;
 mod args;
 mod auth;
 mod broker;
@@ -13,6 +14,7 @@ mod probe;
 mod reference;
 mod rt;
 mod rules;
+mod views;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -42,11 +44,11 @@ fn main() -> ExitCode {
             .and_then(|home| mcp::run(cmd, &home, &mut out, &mut warn)),
         Top::Demo => demo::run(&mut out),
         Top::Broker(cmd) => broker::run_broker(cmd, &mut out),
-        Top::Approvals(args) => broker::run_approvals(args, &mut out),
+        Top::Approvals(args) => approvals::run_approvals(args, &mut out),
         Top::Agent(args) => iteron_agent::run(args, &mut out).map_err(CliError::from),
-        Top::Audit(cmd) => broker::run_audit(cmd, &mut out),
-        Top::Skills(args) => broker::run_skills(args, &mut out),
-        Top::Agents(args) => broker::run_agents(args, &mut out),
+        Top::Audit(cmd) => views::run_audit(cmd, &mut out),
+        Top::Skills(args) => views::run_skills(args, &mut out),
+        Top::Agents(args) => views::run_agents(args, &mut out),
         Top::Completions(a) => reference::completions(a.shell, &mut out),
         Top::Man(a) => reference::man(&a.command, &mut out),
     };

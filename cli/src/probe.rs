@@ -774,7 +774,7 @@ pub(crate) fn doctor(
         "proxy_environment": "ignored",
         "tls_environment": "ignored",
     });
-    let audit = crate::broker::audit_state(home);
+    let audit = crate::views::audit_state(home);
     all_ok &= audit["state"] == "ok";
     // Every approval rule that can never match is a problem, not a silent no-op.
     let mut approval_rules = crate::rules::report(&config, None);

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn tree(name: &str) -> PathBuf {
