@@ -30,7 +30,8 @@ pub enum ClientError {
     Malformed,
     /// The broker answered with an error.
     Refused {
-        /// The code (a wire name; unknown codes are kept as sent, checked to be plain).
+        /// The code (a wire name; a code this client does not know is kept as sent when it is
+        /// plain: 1-32 lowercase letters and `_`; anything else makes the answer malformed).
         code: String,
         /// The reason (single line; re-sanitized here).
         message: String,
