@@ -38,6 +38,10 @@ use serde_json::{Value, json};
 
 use crate::sys::{self, Prepared, landlock};
 
+mod memo;
+pub(crate) use memo::memoized;
+use memo::{canonical, exists, is_dir, is_file, lmeta, meta};
+
 pub use crate::sys::PROXY_PORT;
 pub use iteron_policy::config::{NOBODY_ID, RunAs, SandboxNetwork};
 pub use iteron_policy::egress::EgressRule;
@@ -362,16 +366,12 @@ fn mode_walk(
         return false;
     };
     for dir in real.ancestors().skip(1) {
-        match std::fs::metadata(dir) {
-            Ok(m) if allows(&m, 0o1) => {}
+        match meta(dir) {
+            Some(m) if allows(&m, 0o1) => {}
             _ => return false,
         }
     }
-    std::fs::metadata(&real).is_ok_and(|m| last(&m, &allows))
-}
-
-fn canonical(p: &Path) -> Option<PathBuf> {
-    std::fs::canonicalize(p).ok()
+    meta(&real).is_some_and(|m| last(&m, &allows))
 }
 
 /// Replace `grant` by grants that cover everything beneath it except the `deny` paths: if a
@@ -419,7 +419,7 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
         );
     for c in candidates {
         let Some(real) = canonical(&c) else { continue };
-        let dir = if real.is_dir() {
+        let dir = if is_dir(&real) {
             real.clone()
         } else {
             match real.parent() {
@@ -432,7 +432,7 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
         }
         if is_home_or_above(&dir) {
             // A file directly in the home (or above it): grant the file, not the directory.
-            if real.is_file() {
+            if is_file(&real) {
                 out.push(real.clone());
             }
             continue;
@@ -451,13 +451,13 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
         if let Some(parent) = c.parent().filter(|p| *p != Path::new("/"))
             && parent.ends_with("bin")
             && let Some(venv) = parent.parent()
-            && venv.join("pyvenv.cfg").is_file()
+            && is_file(&venv.join("pyvenv.cfg"))
         {
             out.push(venv.to_path_buf());
         }
         for a in dir.ancestors().skip(1) {
             let nm = a.join("node_modules");
-            if nm.is_dir() {
+            if is_dir(&nm) {
                 out.push(nm);
             }
         }
@@ -502,7 +502,7 @@ pub fn deny_to_every_child(paths: Vec<PathBuf>) -> bool {
 /// What a confinement would enforce, without enforcing anything (diagnostics, and the first
 /// half of [`prepare`]).
 pub fn plan(spec: &Spec) -> Effective {
-    plan_with(spec, sys::netns_support())
+    memoized(|| plan_with(spec, sys::netns_support()))
 }
 
 /// [`plan`] on a system whose network-namespace support is `netns`.
@@ -515,7 +515,7 @@ fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
     let etc: Vec<PathBuf> = ETC_SECRETS
         .iter()
         .map(PathBuf::from)
-        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .filter(|p| lmeta(p).is_some())
         .filter(|p| match identity {
             Ok(id) if id.switched && id.uid != 0 => exposed_to(p, id.uid, id.gid),
             _ => true,
@@ -550,10 +550,10 @@ fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
     let system: Vec<PathBuf> = SYSTEM_READ
         .iter()
         .map(PathBuf::from)
-        .filter(|p| p.exists())
+        .filter(|p| exists(p))
         .collect();
     let mut readable = roots(&[system, spec.readable.clone()].concat());
-    readable.retain(|p| p.exists());
+    readable.retain(|p| exists(p));
     let writable = roots(&spec.writable);
     let mut unreachable = Vec::new();
     if let Some(id) = identity.ok().filter(|id| id.switched) {
@@ -562,7 +562,7 @@ fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
             (&spec.writable, true, "not writable by the child's uid"),
         ] {
             for g in grants {
-                if g.exists() && !reachable_by(g, id.uid, id.gid, write) {
+                if exists(g) && !reachable_by(g, id.uid, id.gid, write) {
                     unreachable.push((g.clone(), why));
                 }
             }
@@ -585,6 +585,10 @@ fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
 /// The plan for a stdio server as it would start (its install tree added; the per-start
 /// scratch directory is not shown).
 pub fn describe(spec: &Spec, command: &Path, args: &[String]) -> Effective {
+    memoized(|| describe_memoized(spec, command, args))
+}
+
+fn describe_memoized(spec: &Spec, command: &Path, args: &[String]) -> Effective {
     let mut s = spec.clone();
     s.readable.extend(install_tree(command, args));
     let mut e = plan(&s);
@@ -622,7 +626,7 @@ fn allow_if_present(
 pub(crate) fn prepare(
     spec: &Spec,
 ) -> std::io::Result<(Prepared, Effective, Option<sys::ProxyListener>)> {
-    prepare_with(spec, sys::netns_support())
+    memoized(|| prepare_with(spec, sys::netns_support()))
 }
 
 /// [`prepare`] on a system whose network-namespace support is `netns`.
@@ -701,7 +705,7 @@ fn prepare_with(
             .flat_map(|d| d.ancestors())
             .filter_map(|a| {
                 use std::os::unix::fs::MetadataExt;
-                std::fs::metadata(a).ok().map(|m| (m.dev(), m.ino()))
+                meta(a).map(|m| (m.dev(), m.ino()))
             })
             .collect();
         // Writable grants never include making device nodes or device ioctls.
@@ -709,7 +713,7 @@ fn prepare_with(
             & !(landlock::MAKE_CHAR | landlock::MAKE_BLOCK | landlock::IOCTL_DEV);
         let read = landlock::EXECUTE | landlock::READ_FILE | landlock::READ_DIR;
         for p in readable {
-            let access = if p.is_dir() {
+            let access = if is_dir(p) {
                 read
             } else {
                 read & landlock::FILE_RIGHTS
@@ -717,7 +721,7 @@ fn prepare_with(
             allow_if_present(&rs, p, access, &forbidden)?;
         }
         for p in writable {
-            let access = if p.is_dir() {
+            let access = if is_dir(p) {
                 all
             } else {
                 all & landlock::FILE_RIGHTS

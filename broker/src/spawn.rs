@@ -372,18 +372,34 @@ fn rounds_until_none(max: usize, mut round: impl FnMut() -> usize) -> (usize, bo
     (ended, false)
 }
 
-/// One long-lived thread does every fork, so `PR_SET_PDEATHSIG` never fires because a
-/// short-lived worker thread exited. The process becomes a child subreaper first (see the
-/// module documentation); if it cannot, nothing is spawned.
-fn spawner() -> Option<&'static SpawnQueue> {
-    static SPAWNER: OnceLock<Option<SpawnQueue>> = OnceLock::new();
-    SPAWNER
+/// Two long-lived threads do every fork — one for confined children, one for the others — so
+/// `PR_SET_PDEATHSIG` never fires because a short-lived worker thread exited. The process
+/// becomes a child subreaper first (see the module documentation); if it cannot, nothing is
+/// spawned.
+///
+/// A child inherits the bounding set of the thread that forked it: the confined children's
+/// thread empties its own once, so that each child only checks its set instead of dropping
+/// capability after capability (see `sys::drop_bounding_set`); a child started without
+/// confinement keeps the broker's.
+fn spawner(confined: bool) -> Option<&'static SpawnQueue> {
+    static SPAWNERS: [OnceLock<Option<SpawnQueue>>; 2] = [OnceLock::new(), OnceLock::new()];
+    SPAWNERS[usize::from(confined)]
         .get_or_init(|| {
             crate::sys::become_subreaper().ok()?;
             let (tx, rx) = mpsc::channel::<SpawnOrder>();
             std::thread::Builder::new()
-                .name("iteron-spawner".into())
+                .name(
+                    if confined {
+                        "iteron-spawner-c"
+                    } else {
+                        "iteron-spawner"
+                    }
+                    .into(),
+                )
                 .spawn(move || {
+                    if confined {
+                        crate::sys::empty_spawner_bounding_set();
+                    }
                     while let Ok((mut cmd, shown, reply)) = rx.recv() {
                         let result = {
                             let mut owners = lock_owners();
@@ -463,14 +479,18 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             let dir = scratch_dir().map_err(|e| SpawnError::Confine(e.to_string()))?;
             let mut c = c.clone();
             c.writable.push(dir.clone());
-            c.readable
-                .extend(crate::confine::install_tree(&program, &spec.args));
             cmd.env("TMPDIR", &dir);
             let fail = |e: std::io::Error| {
                 let _ = std::fs::remove_dir_all(&dir);
                 SpawnError::Confine(e.to_string())
             };
-            let (prepared, effective, channel) = crate::confine::prepare(&c).map_err(fail)?;
+            // The install tree and the plan ask about the same paths: one memo for both.
+            let (prepared, effective, channel) = crate::confine::memoized(|| {
+                c.readable
+                    .extend(crate::confine::install_tree(&program, &spec.args));
+                crate::confine::prepare(&c)
+            })
+            .map_err(fail)?;
             if channel.is_some() {
                 for (k, v) in crate::egress::proxy_env() {
                     cmd.env(k, v);
@@ -486,10 +506,11 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             Some(prepared)
         }
     };
+    let confined = prepared.is_some();
     crate::sys::harden_pre_exec(&mut cmd, std::process::id() as i32, prepared);
     let (reply_tx, reply_rx) = mpsc::channel();
     {
-        let sender = spawner().ok_or(SpawnError::Spawner)?;
+        let sender = spawner(confined).ok_or(SpawnError::Spawner)?;
         let guard = sender.lock().map_err(|_| SpawnError::Spawner)?;
         guard
             .send((cmd, shown.clone(), reply_tx))

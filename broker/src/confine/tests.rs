@@ -227,3 +227,63 @@ fn the_install_tree_includes_node_module_roots_and_venvs() {
     assert!(got.contains(&t.join("proj/node_modules")), "{got:?}");
     assert!(got.contains(&PathBuf::from("/usr/bin")), "{got:?}");
 }
+
+#[test]
+fn the_memoized_canonical_path_is_what_realpath_answers() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::symlink;
+    let t = std::env::temp_dir().join(format!("iteron-canon-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&t);
+    std::fs::create_dir_all(t.join("a/b/c")).unwrap();
+    std::fs::write(t.join("a/file"), b"x").unwrap();
+    symlink("a/b", t.join("rel")).unwrap(); // relative
+    symlink(t.join("a/b/c"), t.join("abs")).unwrap(); // absolute
+    symlink("rel", t.join("chain")).unwrap(); // a link to a link
+    symlink("../..", t.join("a/b/c/up")).unwrap(); // a link through ..
+    symlink("loop2", t.join("loop1")).unwrap();
+    symlink("loop1", t.join("loop2")).unwrap();
+    symlink("missing", t.join("dangling")).unwrap();
+    let cases = [
+        "a",
+        "a/b/c",
+        "a/./b/../b/c",
+        "rel",
+        "rel/c",
+        "rel/..",
+        "abs",
+        "abs/..",
+        "chain/c",
+        "chain/c/up",
+        "chain/c/up/file",
+        "a/b/c/up/b",
+        "a/file",
+        "a/file/x",
+        "a/missing",
+        "loop1",
+        "loop1/x",
+        "dangling",
+        "dangling/x",
+        "..",
+    ];
+    for case in cases {
+        let p = t.join(case);
+        let want = std::fs::canonicalize(&p).ok();
+        // Asked twice inside one memo (the second from the memo), and in a fresh one.
+        let (first, second) = memoized(|| (canonical(&p), canonical(&p)));
+        assert_eq!(first, want, "{case}");
+        assert_eq!(second, want, "{case}");
+    }
+    // Every case inside one memo, so prefixes and links are shared between them.
+    memoized(|| {
+        for case in cases {
+            let p = t.join(case);
+            assert_eq!(canonical(&p), std::fs::canonicalize(&p).ok(), "{case}");
+            assert_eq!(
+                meta(&p).map(|m| (m.dev(), m.ino())),
+                std::fs::metadata(&p).ok().map(|m| (m.dev(), m.ino())),
+                "{case}"
+            );
+        }
+    });
+    std::fs::remove_dir_all(&t).unwrap();
+}
