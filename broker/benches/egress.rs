@@ -12,7 +12,8 @@
 //!    this process that writes one byte on accept.
 //!
 //! Run: `cargo bench -p iteron-broker --bench egress` (`-- --write-docs` regenerates the table
-//! in docs/benchmarks.md).
+//! in docs/benchmarks.md; `-- --gap-ms N` pauses N ms before each measured start, so that the
+//! kernel work a start leaves behind is done before the next one, and writes nothing).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -84,7 +85,13 @@ fn child(me: &str, args: Vec<String>, confine: Option<Spec>) -> ChildSpec {
     }
 }
 
+/// The pause before each measured start (`--gap-ms N`; none by default: starts back to back).
+static GAP: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+
 async fn start_once(me: &str, confine: Option<Spec>) -> f64 {
+    if let Some(gap) = GAP.get().filter(|g| !g.is_zero()) {
+        tokio::time::sleep(*gap).await;
+    }
     let t = Instant::now();
     let c = Client::connect_stdio(
         child(me, vec!["--serve".into()], confine),
@@ -166,7 +173,14 @@ fn main() {
         Some("--probe") => return probe(&argv[2], argv[3] == "proxy"),
         _ => {}
     }
-    let write_docs = argv.iter().any(|a| a == "--write-docs");
+    let gap_ms: u64 = argv
+        .iter()
+        .position(|a| a == "--gap-ms")
+        .map(|i| argv[i + 1].parse().expect("--gap-ms takes milliseconds"))
+        .unwrap_or(0);
+    GAP.set(std::time::Duration::from_millis(gap_ms)).unwrap();
+    // A spaced run is a different measurement: printed, never written to the docs.
+    let write_docs = gap_ms == 0 && argv.iter().any(|a| a == "--write-docs");
     iteron_broker::sys::netns_support().expect("this benchmark needs network namespaces");
     let me = std::env::current_exe()
         .unwrap()
@@ -178,7 +192,7 @@ fn main() {
     let isolated = confined(&home, false, SandboxNetwork::Namespace);
     let egress = confined(&home, true, SandboxNetwork::Namespace);
     let host = confined(&home, true, SandboxNetwork::Host);
-    // The targets: one byte on every accepted connection, at once or after 1 ms (a stand-in
+    // The targets: one byte on every accepted connection, at once or after 1 or 5 ms (a stand-in
     // for a destination that is not on this machine).
     let target = |delay: Option<std::time::Duration>| {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -195,6 +209,7 @@ fn main() {
     };
     let addr = target(None);
     let slow = target(Some(std::time::Duration::from_millis(1)));
+    let far = target(Some(std::time::Duration::from_millis(5)));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -204,6 +219,7 @@ fn main() {
     let mut no_ns = Vec::new();
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
     let (mut direct_slow, mut proxied_slow) = (Vec::new(), Vec::new());
+    let (mut direct_far, mut proxied_far) = (Vec::new(), Vec::new());
     rt.block_on(async {
         for _ in 0..5 {
             start_once(&me, None).await;
@@ -222,6 +238,8 @@ fn main() {
             proxied.push(connect_median(&me, &addr, egress.clone(), true).await);
             direct_slow.push(connect_median(&me, &slow, host.clone(), false).await);
             proxied_slow.push(connect_median(&me, &slow, egress.clone(), true).await);
+            direct_far.push(connect_median(&me, &far, host.clone(), false).await);
+            proxied_far.push(connect_median(&me, &far, egress.clone(), true).await);
         }
     });
     let _ = std::fs::remove_dir_all(&home);
@@ -229,6 +247,7 @@ fn main() {
     let sh = median(no_ns);
     let (cd, cp) = (median(direct), median(proxied));
     let (sd, spx) = (median(direct_slow), median(proxied_slow));
+    let (fd, fpx) = (median(direct_far), median(proxied_far));
     let table = format!(
         "{SPAWNS} starts per side; {CONNECTS} connections per run, 3 runs per side (median of \
          the run medians); loopback target.\n\n\
@@ -237,7 +256,8 @@ fn main() {
          | start, no `web_egress` (own network namespace, loopback down) | {sp:.2} ms | {sn:.2} ms | {:.2}× |\n\
          | start, `web_egress` (namespace, loopback up, proxy listener handed over and served) | {sp:.2} ms | {se:.2} ms | {:.2}× |\n\
          | connect + first byte, loopback target: direct (`sandbox.network: \"host\"`) vs through the egress path (`CONNECT`, judged) | {cd:.1} µs | {cp:.1} µs | {:.2}× (+{:.1} µs) |\n\
-         | connect + first byte, a target answering after 1 ms: direct vs through the egress path | {sd:.1} µs | {spx:.1} µs | {:.2}× (+{:.1} µs) |\n\n\
+         | connect + first byte, a target answering after 1 ms: direct vs through the egress path | {sd:.1} µs | {spx:.1} µs | {:.2}× (+{:.1} µs) |\n\
+         | connect + first byte, a target answering after 5 ms (a nearby public host): direct vs through the egress path | {fd:.1} µs | {fpx:.1} µs | {:.2}× (+{:.1} µs) |\n\n\
          Targets: start ≤ 1.2×; connect + first byte ≤ 1.2×.",
         sh / sp,
         sn / sp,
@@ -246,6 +266,8 @@ fn main() {
         cp - cd,
         spx / sd,
         spx - sd,
+        fpx / fd,
+        fpx - fd,
     );
     println!("{table}");
     if write_docs {
