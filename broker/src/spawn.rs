@@ -39,6 +39,11 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
+mod env;
+mod sweep;
+pub use env::*;
+pub use sweep::*;
+
 /// `PATH` given to children unless the operator configures one.
 pub const SAFE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// `LANG` given to children.
@@ -54,88 +59,6 @@ pub const REAP_DEADLINE: Duration = Duration::from_secs(10);
 /// re-parents their own children here for the next round; a tree deeper than this is finished
 /// by the next sweep).
 pub const MAX_SWEEP_ROUNDS: usize = 1024;
-
-/// The value of an environment variable given to a child: possibly a secret, so it lives in a
-/// zeroizing box, is never `Debug`-printed, and is exposed only to `exec`.
-pub struct EnvValue(secrecy::SecretBox<Vec<u8>>);
-
-impl EnvValue {
-    /// Take ownership of a value.
-    pub fn new(value: OsString) -> EnvValue {
-        use std::os::unix::ffi::OsStringExt;
-        EnvValue(secrecy::SecretBox::new(Box::new(value.into_vec())))
-    }
-
-    /// The value, for `exec` (and tests).
-    pub fn expose(&self) -> &OsStr {
-        use secrecy::ExposeSecret;
-        OsStr::from_bytes(self.0.expose_secret())
-    }
-}
-
-impl Clone for EnvValue {
-    fn clone(&self) -> Self {
-        use secrecy::ExposeSecret;
-        EnvValue(secrecy::SecretBox::new(Box::new(
-            self.0.expose_secret().clone(),
-        )))
-    }
-}
-
-impl fmt::Debug for EnvValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[value not shown]")
-    }
-}
-
-impl From<&str> for EnvValue {
-    fn from(s: &str) -> Self {
-        EnvValue::new(OsString::from(s))
-    }
-}
-
-/// An environment variable for a child: its name and its (secret) value.
-pub type EnvVar = (OsString, EnvValue);
-
-/// Build a child's environment from nothing: `PATH` (the operator's, else [`SAFE_PATH`]),
-/// `LANG`, then each named variable that is set in `lookup` (the broker's environment). Names
-/// not set are reported back so diagnostics can say so; their absence is not an error.
-/// Pure: the caller passes the lookup, so tests never touch the process environment.
-pub fn child_env(
-    named: &[EnvName],
-    path: Option<&str>,
-    lookup: impl Fn(&str) -> Option<OsString>,
-) -> (Vec<EnvVar>, Vec<EnvName>) {
-    let mut env: Vec<EnvVar> = vec![
-        ("PATH".into(), path.unwrap_or(SAFE_PATH).into()),
-        ("LANG".into(), CHILD_LANG.into()),
-    ];
-    let mut missing = Vec::new();
-    for name in named {
-        match lookup(name.as_str()) {
-            Some(value) => {
-                // A named variable replaces a base one (the operator chose it explicitly).
-                env.retain(|(k, _)| k.as_os_str() != OsStr::new(name.as_str()));
-                env.push((name.as_str().into(), EnvValue::new(value)));
-            }
-            None => missing.push(name.clone()),
-        }
-    }
-    (env, missing)
-}
-
-/// Find a bare program name on `path` (the child's `PATH`): the first regular, executable file.
-pub fn resolve_program(command: &str, path: &str) -> Option<PathBuf> {
-    if command.starts_with('/') {
-        return Some(PathBuf::from(command));
-    }
-    path.split(':')
-        .filter(|d| d.starts_with('/'))
-        .map(|d| Path::new(d).join(command))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
 
 /// What to start. Cloning copies the environment values (the client keeps one copy to restart
 /// a server that died); they never leave memory except into the child.
@@ -244,133 +167,6 @@ type SpawnReply = std::sync::mpsc::Sender<Result<std::process::Child, SpawnError
 /// A spawn order: the command, its name for errors, and where to send the child.
 type SpawnOrder = (Command, String, SpawnReply);
 type SpawnQueue = Mutex<mpsc::Sender<SpawnOrder>>;
-
-/// The pids of the children [`spawn`] started that are not reaped yet. Each is also the id of
-/// the child's session, which its descendants keep unless they `setsid`. Locked around every
-/// fork (so a sweep never mistakes a child being started for an orphan) and every sweep round.
-fn owners() -> &'static Mutex<std::collections::BTreeSet<i32>> {
-    static OWNERS: OnceLock<Mutex<std::collections::BTreeSet<i32>>> = OnceLock::new();
-    OWNERS.get_or_init(|| Mutex::new(std::collections::BTreeSet::new()))
-}
-
-fn lock_owners() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<i32>> {
-    // A panic while holding the lock leaves a set that is still a set: keep using it.
-    owners()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Reaper threads still running (a child not yet stopped, reaped and swept), for [`settle`].
-fn reapers() -> &'static (Mutex<usize>, std::sync::Condvar) {
-    static REAPERS: OnceLock<(Mutex<usize>, std::sync::Condvar)> = OnceLock::new();
-    REAPERS.get_or_init(|| (Mutex::new(0), std::sync::Condvar::new()))
-}
-
-fn reaper_count(delta: isize) {
-    let (m, cv) = reapers();
-    let mut n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    *n = n.saturating_add_signed(delta);
-    cv.notify_all();
-}
-
-/// Wait, at most `within`, until every child started so far has been stopped, reaped and
-/// swept ([`sweep`]) — a child whose handle was dropped is killed by its reaper in the
-/// background. A command calls this before exiting, so no adopted descendant is left to init.
-/// `true` when nothing is left.
-pub fn settle(within: Duration) -> bool {
-    let (m, cv) = reapers();
-    let n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match cv.wait_timeout_while(n, within, |n| *n > 0) {
-        Ok((n, _)) => *n == 0,
-        Err(_) => false,
-    }
-}
-
-/// The processes whose parent is this process, with their session ids (from `/proc`).
-fn adopted() -> Vec<(i32, i32)> {
-    let me = std::process::id() as i32;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid pgrp session …": comm may hold spaces and parentheses, so the
-        // fields are counted after the last ')'.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(sid)) = (
-            f.get(1).and_then(|v| v.parse::<i32>().ok()),
-            f.get(3).and_then(|v| v.parse::<i32>().ok()),
-        ) else {
-            continue;
-        };
-        if ppid == me {
-            out.push((pid, sid));
-        }
-    }
-    out
-}
-
-/// Held while a sweep runs: one at a time, so no two wait for the same pid.
-static SWEEPING: Mutex<()> = Mutex::new(());
-
-/// End and reap every process this process adopted from its children: a process whose parent
-/// is now this process, that is not a supervised child, whose session is not a supervised
-/// child's (a descendant of a child that is still being supervised waits for that child's
-/// own stop) and not this process's own (this process did not start it through [`spawn`]).
-/// Repeats until a round finds none, at most [`MAX_SWEEP_ROUNDS`] rounds (a deeper tree is
-/// finished by the next sweep). Returns how many were ended, and whether a round found none.
-pub fn sweep() -> (usize, bool) {
-    let _one = SWEEPING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let own_session = nix::unistd::getsid(None).map_or(-1, Pid::as_raw);
-    rounds_until_none(MAX_SWEEP_ROUNDS, || {
-        let victims: Vec<i32> = {
-            let owners = lock_owners();
-            let v: Vec<i32> = adopted()
-                .into_iter()
-                .filter(|(pid, sid)| {
-                    !owners.contains(pid) && !owners.contains(sid) && *sid != own_session
-                })
-                .map(|(pid, _)| pid)
-                .collect();
-            // Our unreaped children: their pids cannot be reused until they are waited for,
-            // and only this (serialized) sweep waits for them.
-            for p in &v {
-                let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
-            }
-            v
-        };
-        for p in &victims {
-            while let Err(nix::errno::Errno::EINTR) =
-                nix::sys::wait::waitpid(Pid::from_raw(*p), None)
-            {}
-        }
-        victims.len()
-    })
-}
-
-/// Run `round` (which ends what it finds and says how many) until it finds none, at most `max`
-/// times: the total ended, and whether the last round found none.
-fn rounds_until_none(max: usize, mut round: impl FnMut() -> usize) -> (usize, bool) {
-    let mut ended = 0;
-    for _ in 0..max {
-        match round() {
-            0 => return (ended, true),
-            n => ended += n,
-        }
-    }
-    (ended, false)
-}
 
 /// Two long-lived threads do every fork — one for confined children, one for the others — so
 /// `PR_SET_PDEATHSIG` never fires because a short-lived worker thread exited. The process
@@ -846,13 +642,6 @@ impl Drop for ChildProcess {
         }
         self.release();
     }
-}
-
-/// Render an environment variable name list for diagnostics.
-pub fn names_of(env: &[EnvVar]) -> Vec<String> {
-    env.iter()
-        .map(|(k, _)| String::from_utf8_lossy(k.as_bytes()).into_owned())
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,132 @@
+//! Which children are the broker's own, and the sweep that ends and reaps descendants
+//! re-parented to it (see the module documentation of `spawn`).
+#![forbid(unsafe_code)]
+
+use super::*;
+
+/// The pids of the children [`spawn`] started that are not reaped yet. Each is also the id of
+/// the child's session, which its descendants keep unless they `setsid`. Locked around every
+/// fork (so a sweep never mistakes a child being started for an orphan) and every sweep round.
+pub(super) fn owners() -> &'static Mutex<std::collections::BTreeSet<i32>> {
+    static OWNERS: OnceLock<Mutex<std::collections::BTreeSet<i32>>> = OnceLock::new();
+    OWNERS.get_or_init(|| Mutex::new(std::collections::BTreeSet::new()))
+}
+
+pub(super) fn lock_owners() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<i32>> {
+    // A panic while holding the lock leaves a set that is still a set: keep using it.
+    owners()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reaper threads still running (a child not yet stopped, reaped and swept), for [`settle`].
+pub(super) fn reapers() -> &'static (Mutex<usize>, std::sync::Condvar) {
+    static REAPERS: OnceLock<(Mutex<usize>, std::sync::Condvar)> = OnceLock::new();
+    REAPERS.get_or_init(|| (Mutex::new(0), std::sync::Condvar::new()))
+}
+
+pub(super) fn reaper_count(delta: isize) {
+    let (m, cv) = reapers();
+    let mut n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *n = n.saturating_add_signed(delta);
+    cv.notify_all();
+}
+
+/// Wait, at most `within`, until every child started so far has been stopped, reaped and
+/// swept ([`sweep`]) — a child whose handle was dropped is killed by its reaper in the
+/// background. A command calls this before exiting, so no adopted descendant is left to init.
+/// `true` when nothing is left.
+pub fn settle(within: Duration) -> bool {
+    let (m, cv) = reapers();
+    let n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match cv.wait_timeout_while(n, within, |n| *n > 0) {
+        Ok((n, _)) => *n == 0,
+        Err(_) => false,
+    }
+}
+
+/// The processes whose parent is this process, with their session ids (from `/proc`).
+pub(super) fn adopted() -> Vec<(i32, i32)> {
+    let me = std::process::id() as i32;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp session …": comm may hold spaces and parentheses, so the
+        // fields are counted after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(sid)) = (
+            f.get(1).and_then(|v| v.parse::<i32>().ok()),
+            f.get(3).and_then(|v| v.parse::<i32>().ok()),
+        ) else {
+            continue;
+        };
+        if ppid == me {
+            out.push((pid, sid));
+        }
+    }
+    out
+}
+
+/// Held while a sweep runs: one at a time, so no two wait for the same pid.
+pub(super) static SWEEPING: Mutex<()> = Mutex::new(());
+
+/// End and reap every process this process adopted from its children: a process whose parent
+/// is now this process, that is not a supervised child, whose session is not a supervised
+/// child's (a descendant of a child that is still being supervised waits for that child's
+/// own stop) and not this process's own (this process did not start it through [`spawn`]).
+/// Repeats until a round finds none, at most [`MAX_SWEEP_ROUNDS`] rounds (a deeper tree is
+/// finished by the next sweep). Returns how many were ended, and whether a round found none.
+pub fn sweep() -> (usize, bool) {
+    let _one = SWEEPING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let own_session = nix::unistd::getsid(None).map_or(-1, Pid::as_raw);
+    rounds_until_none(MAX_SWEEP_ROUNDS, || {
+        let victims: Vec<i32> = {
+            let owners = lock_owners();
+            let v: Vec<i32> = adopted()
+                .into_iter()
+                .filter(|(pid, sid)| {
+                    !owners.contains(pid) && !owners.contains(sid) && *sid != own_session
+                })
+                .map(|(pid, _)| pid)
+                .collect();
+            // Our unreaped children: their pids cannot be reused until they are waited for,
+            // and only this (serialized) sweep waits for them.
+            for p in &v {
+                let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
+            }
+            v
+        };
+        for p in &victims {
+            while let Err(nix::errno::Errno::EINTR) =
+                nix::sys::wait::waitpid(Pid::from_raw(*p), None)
+            {}
+        }
+        victims.len()
+    })
+}
+
+/// Run `round` (which ends what it finds and says how many) until it finds none, at most `max`
+/// times: the total ended, and whether the last round found none.
+pub(super) fn rounds_until_none(max: usize, mut round: impl FnMut() -> usize) -> (usize, bool) {
+    let mut ended = 0;
+    for _ in 0..max {
+        match round() {
+            0 => return (ended, true),
+            n => ended += n,
+        }
+    }
+    (ended, false)
+}
