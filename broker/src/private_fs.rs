@@ -177,6 +177,54 @@ pub(crate) fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
     file.sync_all().map_err(io_err("fsync", path))
 }
 
+/// Replace `target`, a file in `dir`, by `bytes`: written whole to a new private file beside
+/// it (named with `prefix`, [`write_new_file`]), renamed over it, the directory synced. A
+/// failure before the rename leaves `target` as it was and removes the new file. After the
+/// rename the change is visible and cannot be taken back, so reporting a failure then would
+/// make the caller retry (or abandon) an applied change: a failed directory sync is not
+/// reported (there is nothing better to do than carry on).
+pub(crate) fn replace_file(
+    dir: &Path,
+    prefix: &str,
+    target: &Path,
+    bytes: &[u8],
+) -> Result<(), FsError> {
+    let temp = dir.join(temp_name(prefix));
+    let written = write_new_file(&temp, bytes)
+        .and_then(|()| fs::rename(&temp, target).map_err(io_err("replace", target)));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&temp);
+        return Err(e);
+    }
+    let _ = sync_dir(dir);
+    Ok(())
+}
+
+/// Open a private file for reading, with its metadata: never through a symbolic link, never
+/// blocking on a FIFO planted in its place (`O_NONBLOCK`; it is then refused by the type
+/// check), and only a plain file of ours ([`check_private`]). `None` when it does not exist.
+pub(crate) fn open_private(path: &Path) -> Result<Option<(File, fs::Metadata)>, FsError> {
+    let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(FsError::NotPlain {
+                path: path.to_path_buf(),
+                expected: "regular file",
+            });
+        }
+        Err(e) => return Err(io_err("open", path)(e)),
+    };
+    let meta = file.metadata().map_err(io_err("inspect", path))?;
+    check_private(path, &meta, false)?;
+    Ok(Some((file, meta)))
+}
+
 /// Create `dir` 0700 if missing (making the creation durable), then check it is a private
 /// directory of ours.
 pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {

@@ -271,18 +271,7 @@ impl Home {
             _ => return Err(StoreError::RoundTrip),
         }
         let target = self.config_path();
-        let temp = self.dir.join(private_fs::temp_name(TEMP_PREFIX));
-        let written = private_fs::write_new_file(&temp, text.as_bytes())
-            .map_err(StoreError::from)
-            .and_then(|()| fs::rename(&temp, &target).map_err(io_err("replace", &target)));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(e);
-        }
-        // The rename has happened: the change is visible and cannot be taken back, so reporting
-        // failure now would make the operator retry an applied change. Syncing the directory
-        // makes it durable; if that fails there is nothing better to do than carry on.
-        let _ = private_fs::sync_dir(&self.dir);
+        private_fs::replace_file(&self.dir, TEMP_PREFIX, &target, text.as_bytes())?;
         Ok(())
     }
 }

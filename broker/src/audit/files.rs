@@ -167,26 +167,9 @@ pub(super) fn open_private_for_write(path: &Path, append: bool) -> Result<File, 
 }
 
 pub(super) fn read_private(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FsError> {
-    let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(flags.bits())
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err(FsError::NotPlain {
-                path: path.to_path_buf(),
-                expected: "regular file",
-            });
-        }
-        Err(e) => return Err(private_fs::io_err("open", path)(e)),
+    let Some((file, _)) = private_fs::open_private(path)? else {
+        return Ok(None);
     };
-    let meta = file
-        .metadata()
-        .map_err(private_fs::io_err("inspect", path))?;
-    private_fs::check_private(path, &meta, false)?;
     let mut out = Vec::new();
     io::Read::read_to_end(&mut io::Read::take(&file, max), &mut out)
         .map_err(private_fs::io_err("read", path))?;

@@ -1,9 +1,8 @@
 //! The credential store: private files under one lock, written atomically, and the keyring
 //! entries of keyring-backed logins.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self};
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -349,18 +348,7 @@ impl CredentialStore {
     fn replace(&self, server: &str, bytes: &[u8]) -> Result<(), CredentialError> {
         private_fs::remove_stale_temps(&self.dir, TEMP_PREFIX);
         let target = self.path_for(server);
-        let temp = self.dir.join(private_fs::temp_name(TEMP_PREFIX));
-        let written = private_fs::write_new_file(&temp, bytes)
-            .map_err(CredentialError::from)
-            .and_then(|()| fs::rename(&temp, &target).map_err(io_err("replace", &target)));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(e);
-        }
-        // The rename has happened: the change is visible and cannot be taken back, so reporting
-        // failure now would make the caller retry (or abandon) an applied change. Syncing the
-        // directory makes it durable; if that fails there is nothing better to do than carry on.
-        let _ = private_fs::sync_dir(&self.dir);
+        private_fs::replace_file(&self.dir, TEMP_PREFIX, &target, bytes)?;
         Ok(())
     }
 }
@@ -386,26 +374,9 @@ fn resolve_existing_prefix(path: &Path) -> PathBuf {
 
 /// Read and parse one credential file; `None` when it does not exist.
 fn read_stored(path: &Path) -> Result<Option<Stored>, CredentialError> {
-    // O_NONBLOCK: a FIFO planted in place of the file must not block the open; it is then
-    // refused by the type check.
-    let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-    let mut file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(flags.bits())
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err(CredentialError::Fs(FsError::NotPlain {
-                path: path.to_path_buf(),
-                expected: "regular file",
-            }));
-        }
-        Err(e) => return Err(io_err("open", path)(e)),
+    let Some((mut file, meta)) = private_fs::open_private(path)? else {
+        return Ok(None);
     };
-    let meta = file.metadata().map_err(io_err("inspect", path))?;
-    private_fs::check_private(path, &meta, false)?;
     if meta.len() > MAX_CREDENTIAL_BYTES {
         return Err(CredentialError::TooLarge(path.to_path_buf()));
     }

@@ -11,6 +11,30 @@ use std::path::Path;
 
 use zeroize::Zeroizing;
 
+/// What both kinds of file must be: a regular file owned by the broker's uid or root, with none
+/// of the `forbidden` mode bits (`why` says what they allow). Its length, for the read.
+fn check_owned(
+    file: &std::fs::File,
+    forbidden: u32,
+    why: &str,
+    shown: &std::path::Display<'_>,
+) -> Result<u64, String> {
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be inspected ({}): {shown}", e.kind()))?;
+    if !meta.is_file() {
+        return Err(format!("not a regular file: {shown}"));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!("owned by another user: {shown}"));
+    }
+    if meta.mode() & forbidden != 0 {
+        return Err(format!("{why}: {shown}"));
+    }
+    Ok(meta.len())
+}
+
 /// Read a private file (see the module documentation) of at most `max` bytes.
 pub fn read_private_file(path: &Path, max: usize) -> Result<Zeroizing<Vec<u8>>, String> {
     let shown = path.display();
@@ -25,22 +49,13 @@ pub fn read_private_file(path: &Path, max: usize) -> Result<Zeroizing<Vec<u8>>, 
                 format!("cannot be opened ({}): {shown}", e.kind())
             }
         })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot be inspected ({}): {shown}", e.kind()))?;
-    if !meta.is_file() {
-        return Err(format!("not a regular file: {shown}"));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
-        return Err(format!("owned by another user: {shown}"));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "readable or writable by group or others (chmod 600): {shown}"
-        ));
-    }
-    read_bounded(&mut file, meta.len(), max, &shown.to_string())
+    let len = check_owned(
+        &file,
+        0o077,
+        "readable or writable by group or others (chmod 600)",
+        &shown,
+    )?;
+    read_bounded(&mut file, len, max, &shown.to_string())
 }
 
 /// Read a file the operator named that may be shared but not tampered with (a workload's
@@ -54,20 +69,8 @@ pub fn read_shared_file(path: &Path, max: usize) -> Result<Zeroizing<Vec<u8>>, S
         .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
         .open(path)
         .map_err(|e| format!("cannot be opened ({}): {shown}", e.kind()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot be inspected ({}): {shown}", e.kind()))?;
-    if !meta.is_file() {
-        return Err(format!("not a regular file: {shown}"));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
-        return Err(format!("owned by another user: {shown}"));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!("writable by group or others: {shown}"));
-    }
-    read_bounded(&mut file, meta.len(), max, &shown.to_string())
+    let len = check_owned(&file, 0o022, "writable by group or others", &shown)?;
+    read_bounded(&mut file, len, max, &shown.to_string())
 }
 
 /// Read at most `max` bytes into a buffer that never grows (a reallocation would leave an
