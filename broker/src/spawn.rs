@@ -40,9 +40,9 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
 mod env;
-mod sweep;
+mod orphans;
 pub use env::*;
-pub use sweep::*;
+pub use orphans::*;
 
 /// `PATH` given to children unless the operator configures one.
 pub const SAFE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

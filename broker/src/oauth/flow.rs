@@ -17,8 +17,8 @@
 //! - scope choice: operator's, else the challenge's, else the resource's `scopes_supported`,
 //!   else none (omitted); `offline_access` is never added.
 //!
-//! Its parts: [`register`] (the client), [`authorize`] (the request and its response),
-//! [`tokens`] (token responses), [`revoke`]; the token endpoint grants stay here.
+//! Its parts: [`registration`] (the client), [`authorize`] (the request and its response),
+//! [`tokens`] (token responses), [`revocation`]; the token endpoint grants stay here.
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,12 +38,12 @@ use super::{MAX_OAUTH_BODY, OAuthError, Revoked, host_of};
 use crate::net::{Request, ZoneClient};
 
 mod authorize;
-mod register;
-mod revoke;
+mod registration;
+mod revocation;
 mod tokens;
 pub use authorize::*;
-pub use register::*;
-pub use revoke::*;
+pub use registration::*;
+pub use revocation::*;
 pub use tokens::*;
 
 /// How the client authenticates at the token endpoint.
