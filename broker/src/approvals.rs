@@ -21,7 +21,6 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
-use crate::ipc::proto::{Code, Refusal};
 use crate::mcp::elicit::{self, Elicitor, FormAnswer, FormRequest};
 use iteron_policy::text;
 
@@ -447,24 +446,21 @@ impl Approvals {
     /// One waiting call with (part of) its whole arguments: the canonical JSON text from byte
     /// `offset` on (a character boundary), at most [`SHOW_CHUNK`] bytes of it, cut on a
     /// character boundary; `next_offset` says where the rest starts (null at the end).
-    pub fn show(&self, id: u64, offset: usize) -> Result<Value, Refusal> {
+    pub fn show(&self, id: u64, offset: usize) -> Result<Value, ShowError> {
         let items = self.lock();
         let Some(Waiting {
             item: Item::Call { info, .. },
             since,
         }) = items.get(&id)
         else {
-            return Err(Refusal::new(Code::NotFound, "no such call is waiting"));
+            return Err(ShowError::NotWaiting);
         };
         let full: &str = info.arguments.full();
         if !full.is_char_boundary(offset) {
-            return Err(Refusal::new(
-                Code::Refused,
-                &format!(
-                    "offset {offset} is not a character boundary of the {}-byte arguments",
-                    full.len()
-                ),
-            ));
+            return Err(ShowError::BadOffset {
+                offset,
+                len: full.len(),
+            });
         }
         let mut end = full.len().min(offset.saturating_add(SHOW_CHUNK));
         while !full.is_char_boundary(end) {
@@ -585,6 +581,20 @@ pub fn preview(arguments: &Map<String, Value>) -> Arguments {
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     };
     Arguments::from_canonical(Arc::from(full))
+}
+
+/// Why `show` has nothing to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShowError {
+    /// No call of that id is waiting.
+    NotWaiting,
+    /// The offset falls inside a character (or past the end) of the `len`-byte arguments.
+    BadOffset {
+        /// The offset asked for.
+        offset: usize,
+        /// The length of the arguments, in bytes.
+        len: usize,
+    },
 }
 
 #[cfg(test)]

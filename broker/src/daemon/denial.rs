@@ -409,6 +409,103 @@ impl From<Denial> for Refusal {
     }
 }
 
+/// Why a request of the operator is not served: the operator socket's own causes, each with
+/// one code, one reason and one fixed message (what varies is the broker's own words: an
+/// offset, a form's complaint, the registry's redacted logout failure). Never an argument of a
+/// call or a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum OperatorDenial {
+    /// No server of that name.
+    UnknownServer,
+    /// Logging out an operator-supplied token failed (the registry's redacted words).
+    LogoutFailed(String),
+    /// A digest given with `ids`, or without `id`.
+    DigestNeedsOneId,
+    /// A call parked by a noninteractive broker, approved without its digest.
+    DigestRequired,
+    /// The digest is not the waiting call's.
+    DigestMismatch,
+    /// No call of that id is waiting.
+    NoCallWaiting,
+    /// No form of that id is waiting.
+    NoFormWaiting,
+    /// A form answer that does not fit the form (the validator's words).
+    AnswerInvalid(String),
+    /// `show` at an offset that is not a character boundary of the arguments.
+    BadOffset {
+        /// The offset asked for.
+        offset: usize,
+        /// The arguments' length, in bytes.
+        len: usize,
+    },
+    /// A `hello` that reached dispatch (the connection answers it itself).
+    NotAllowedHere,
+}
+
+impl OperatorDenial {
+    fn code(&self) -> Code {
+        use OperatorDenial as D;
+        match self {
+            D::UnknownServer | D::NoCallWaiting | D::NoFormWaiting => Code::NotFound,
+            D::LogoutFailed(_) => Code::Failed,
+            D::DigestNeedsOneId
+            | D::DigestRequired
+            | D::DigestMismatch
+            | D::AnswerInvalid(_)
+            | D::BadOffset { .. } => Code::Refused,
+            D::NotAllowedHere => Code::Protocol,
+        }
+    }
+
+    fn reason(&self) -> Reason {
+        use OperatorDenial as D;
+        match self {
+            D::UnknownServer => Reason::UnknownServer,
+            D::LogoutFailed(_) => Reason::LogoutFailed,
+            D::DigestNeedsOneId => Reason::DigestNeedsOneId,
+            D::DigestRequired => Reason::DigestRequired,
+            D::DigestMismatch => Reason::DigestMismatch,
+            D::NoCallWaiting | D::NoFormWaiting => Reason::NotWaiting,
+            D::AnswerInvalid(_) => Reason::AnswerInvalid,
+            D::BadOffset { .. } => Reason::BadOffset,
+            D::NotAllowedHere => Reason::NotAllowedHere,
+        }
+    }
+
+    fn message(&self) -> String {
+        use OperatorDenial as D;
+        match self {
+            D::UnknownServer => UNKNOWN_SERVER.into(),
+            D::LogoutFailed(why) => why.clone(),
+            D::DigestNeedsOneId => "a digest names one call: give it with id, not ids".into(),
+            D::DigestRequired => "this call was parked by a noninteractive broker: approve it \
+                                  with its args_sha256"
+                .into(),
+            D::DigestMismatch => {
+                "the digest is not that of the waiting call; nothing was decided".into()
+            }
+            D::NoCallWaiting => "no such call is waiting".into(),
+            D::NoFormWaiting => "no such form is waiting".into(),
+            D::AnswerInvalid(why) => format!("the answer does not fit the form: {why}"),
+            D::BadOffset { offset, len } => {
+                format!("offset {offset} is not a character boundary of the {len}-byte arguments")
+            }
+            D::NotAllowedHere => "request not allowed here".into(),
+        }
+    }
+
+    /// The refusal sent to the operator: code, message and reason, all from here.
+    pub(super) fn refusal(&self) -> Refusal {
+        Refusal::new(self.code(), &self.message()).with_reason(self.reason())
+    }
+}
+
+impl From<OperatorDenial> for Refusal {
+    fn from(d: OperatorDenial) -> Refusal {
+        d.refusal()
+    }
+}
+
 /// The denial when a server cannot be reached.
 pub(super) fn slot_denial(e: &SlotError) -> Denial {
     match e {
@@ -616,6 +713,47 @@ mod tests {
         for d in every_denial() {
             assert!(Reason::ALL.contains(&d.reason()), "{d:?}");
         }
+    }
+
+    #[test]
+    fn every_operator_denial_has_its_code_reason_and_one_line() {
+        use OperatorDenial as D;
+        let all = [
+            (D::UnknownServer, Code::NotFound, "unknown_server"),
+            (
+                D::LogoutFailed("revocation failed (HTTP 500)".into()),
+                Code::Failed,
+                "logout_failed",
+            ),
+            (D::DigestNeedsOneId, Code::Refused, "digest_needs_one_id"),
+            (D::DigestRequired, Code::Refused, "digest_required"),
+            (D::DigestMismatch, Code::Refused, "digest_mismatch"),
+            (D::NoCallWaiting, Code::NotFound, "not_waiting"),
+            (D::NoFormWaiting, Code::NotFound, "not_waiting"),
+            (
+                D::AnswerInvalid("\"age\" is below 0".into()),
+                Code::Refused,
+                "answer_invalid",
+            ),
+            (
+                D::BadOffset { offset: 3, len: 9 },
+                Code::Refused,
+                "bad_offset",
+            ),
+            (D::NotAllowedHere, Code::Protocol, "not_allowed_here"),
+        ];
+        for (d, code, reason) in all {
+            let wire = d.refusal().to_value();
+            assert_eq!(wire["code"], code.as_str(), "{d:?}");
+            assert_eq!(wire["reason"], reason, "{d:?}");
+            assert!(Reason::ALL.contains(&d.reason()), "{d:?}");
+            let m = wire["message"].as_str().unwrap();
+            assert!(!m.is_empty() && !m.contains('\n'), "{d:?}: {m}");
+        }
+        assert_eq!(
+            D::BadOffset { offset: 3, len: 9 }.refusal().to_value()["message"],
+            "offset 3 is not a character boundary of the 9-byte arguments"
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The operator socket's requests: status, cancel, restart, stop, the catalog, and the
 //! approval queue (pending, show, decide, answer).
 
+use super::denial::OperatorDenial;
 use super::{Broker, Peer};
 use crate::audit::Event;
 use crate::audit::{Decision, Kind, Outcome};
-use crate::ipc::proto::{self, Code, OperatorRequest, Refusal};
+use crate::ipc::proto::{self, OperatorRequest, Refusal};
 use crate::mcp::elicit::FormAnswer;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -14,7 +15,7 @@ pub(super) async fn operator(
     peer: Peer,
     req: OperatorRequest,
 ) -> Result<Value, Refusal> {
-    let not_found = || Refusal::new(Code::NotFound, "no such server");
+    let not_found = || Refusal::from(OperatorDenial::UnknownServer);
     let control = |kind: Kind, server: &str| {
         broker.audit(Event {
             peer_uid: Some(peer.uid),
@@ -64,7 +65,7 @@ pub(super) async fn operator(
                 .logout_external(&a.server)
                 .await
                 .ok_or_else(not_found)?
-                .map_err(|e| Refusal::new(Code::Failed, &e))?;
+                .map_err(OperatorDenial::LogoutFailed)?;
             control(Kind::OperatorLogout, &a.server);
             Ok(json!({"revoked": match outcome {
                 crate::servers::ExternalLogout::NoRevokeUrl => "no_revoke_url",
@@ -77,7 +78,12 @@ pub(super) async fn operator(
             }}))
         }
         OperatorRequest::Catalog => Ok(broker.catalog.snapshot_json()),
-        OperatorRequest::Show(s) => broker.approvals.show(s.id, s.offset),
+        OperatorRequest::Show(s) => broker.approvals.show(s.id, s.offset).map_err(|e| match e {
+            crate::approvals::ShowError::NotWaiting => OperatorDenial::NoCallWaiting.into(),
+            crate::approvals::ShowError::BadOffset { offset, len } => {
+                OperatorDenial::BadOffset { offset, len }.into()
+            }
+        }),
         OperatorRequest::Pending(p) => {
             // Decoding refused anything over MAX_PENDING_WAIT_MS; the min only restates it.
             let wait = Duration::from_millis(p.wait_ms.min(proto::MAX_PENDING_WAIT_MS));
@@ -86,10 +92,7 @@ pub(super) async fn operator(
         OperatorRequest::Decide(d) => {
             // Each call is decided — and audited — on its own, also when several are named.
             if d.args_sha256.is_some() && (d.id.is_none() || !d.ids.is_empty()) {
-                return Err(Refusal::new(
-                    Code::Refused,
-                    "a digest names one call: give it with id, not ids",
-                ));
+                return Err(OperatorDenial::DigestNeedsOneId.into());
             }
             let mut decided = Vec::new();
             let mut missing = Vec::new();
@@ -125,16 +128,11 @@ pub(super) async fn operator(
             }
             if d.id.is_some() && decided.is_empty() {
                 Err(match last {
-                    crate::approvals::Decided::DigestRequired => Refusal::new(
-                        Code::Refused,
-                        "this call was parked by a noninteractive broker: approve it with its args_sha256",
-                    ),
-                    crate::approvals::Decided::DigestMismatch => Refusal::new(
-                        Code::Refused,
-                        "the digest is not that of the waiting call; nothing was decided",
-                    ),
-                    _ => Refusal::new(Code::NotFound, "no such call is waiting"),
-                })
+                    crate::approvals::Decided::DigestRequired => OperatorDenial::DigestRequired,
+                    crate::approvals::Decided::DigestMismatch => OperatorDenial::DigestMismatch,
+                    _ => OperatorDenial::NoCallWaiting,
+                }
+                .into())
             } else {
                 Ok(json!({"decided": decided, "not_found": missing}))
             }
@@ -168,16 +166,15 @@ pub(super) async fn operator(
             match result {
                 Ok(()) => Ok(json!({})),
                 Err(crate::approvals::AnswerError::NotWaiting) => {
-                    Err(Refusal::new(Code::NotFound, "no such form is waiting"))
+                    Err(OperatorDenial::NoFormWaiting.into())
                 }
-                Err(crate::approvals::AnswerError::Invalid(why)) => Err(Refusal::new(
-                    Code::Refused,
-                    &format!("the answer does not fit the form: {why}"),
-                )),
+                Err(crate::approvals::AnswerError::Invalid(why)) => {
+                    Err(OperatorDenial::AnswerInvalid(why).into())
+                }
             }
         }
         // The connection answers `hello` itself; refused rather than trusted if one ever
         // reached this point.
-        OperatorRequest::Hello(_) => Err(Refusal::new(Code::Protocol, "request not allowed here")),
+        OperatorRequest::Hello(_) => Err(OperatorDenial::NotAllowedHere.into()),
     }
 }

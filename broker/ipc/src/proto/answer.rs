@@ -271,11 +271,25 @@ pub enum Reason {
     InputRefused,
     /// `failed`.
     Failed,
+    /// `not_waiting`.
+    NotWaiting,
+    /// `digest_needs_one_id`.
+    DigestNeedsOneId,
+    /// `digest_required`.
+    DigestRequired,
+    /// `digest_mismatch`.
+    DigestMismatch,
+    /// `answer_invalid`.
+    AnswerInvalid,
+    /// `bad_offset`.
+    BadOffset,
+    /// `logout_failed`.
+    LogoutFailed,
 }
 
 impl Reason {
     /// Every reason, once.
-    pub const ALL: [Reason; 45] = [
+    pub const ALL: [Reason; 52] = [
         Reason::PeerUidNotAllowed,
         Reason::UidConnectionsFull,
         Reason::ConnectionsFull,
@@ -321,6 +335,13 @@ impl Reason {
         Reason::LimitExceeded,
         Reason::InputRefused,
         Reason::Failed,
+        Reason::NotWaiting,
+        Reason::DigestNeedsOneId,
+        Reason::DigestRequired,
+        Reason::DigestMismatch,
+        Reason::AnswerInvalid,
+        Reason::BadOffset,
+        Reason::LogoutFailed,
     ];
 
     /// The word on the wire.
@@ -371,6 +392,13 @@ impl Reason {
             Reason::LimitExceeded => "limit_exceeded",
             Reason::InputRefused => "input_refused",
             Reason::Failed => "failed",
+            Reason::NotWaiting => "not_waiting",
+            Reason::DigestNeedsOneId => "digest_needs_one_id",
+            Reason::DigestRequired => "digest_required",
+            Reason::DigestMismatch => "digest_mismatch",
+            Reason::AnswerInvalid => "answer_invalid",
+            Reason::BadOffset => "bad_offset",
+            Reason::LogoutFailed => "logout_failed",
         }
     }
 }
