@@ -48,6 +48,14 @@ fn spec(me: &str, confine: Option<Spec>) -> ChildSpec {
     }
 }
 
+/// Wait (at most 2 s) until the broker's pool of ready namespaces is full.
+async fn settle() {
+    let until = Instant::now() + std::time::Duration::from_secs(2);
+    while !iteron_broker::sys::ready_namespaces_full() && Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 async fn start_once(me: &str, confine: Option<Spec>) -> f64 {
     let t = Instant::now();
     let c = Client::connect_stdio(spec(me, confine), Options::default())
@@ -116,7 +124,10 @@ fn main() {
             start_once(&me, Some(confined.clone())).await;
         }
         for _ in 0..SPAWNS {
+            // As in the egress benchmark: each start with the namespace pool full.
+            settle().await;
             plain.push(start_once(&me, None).await);
+            settle().await;
             boxed.push(start_once(&me, Some(confined.clone())).await);
         }
     });

@@ -12,8 +12,12 @@
 //!    this process that writes one byte on accept.
 //!
 //! Run: `cargo bench -p iteron-broker --bench egress` (`-- --write-docs` regenerates the table
-//! in docs/benchmarks.md; `-- --gap-ms N` pauses N ms before each measured start, so that the
-//! kernel work a start leaves behind is done before the next one, and writes nothing).
+//! in docs/benchmarks.md).
+//!
+//! Before each measured start (of every side alike) the benchmark waits until the broker's
+//! pool of ready namespaces is full again ([`iteron_broker::sys::ready_namespaces_full`]), as
+//! it is when a broker starts a server that is not the latest of a burst; one more row
+//! measures starts back to back, the pool refilling under the starts that follow.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -85,13 +89,15 @@ fn child(me: &str, args: Vec<String>, confine: Option<Spec>) -> ChildSpec {
     }
 }
 
-/// The pause before each measured start (`--gap-ms N`; none by default: starts back to back).
-static GAP: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+/// Wait (at most 2 s) until the pool of ready namespaces is full.
+async fn settle() {
+    let until = Instant::now() + std::time::Duration::from_secs(2);
+    while !iteron_broker::sys::ready_namespaces_full() && Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
 
 async fn start_once(me: &str, confine: Option<Spec>) -> f64 {
-    if let Some(gap) = GAP.get().filter(|g| !g.is_zero()) {
-        tokio::time::sleep(*gap).await;
-    }
     let t = Instant::now();
     let c = Client::connect_stdio(
         child(me, vec!["--serve".into()], confine),
@@ -173,14 +179,7 @@ fn main() {
         Some("--probe") => return probe(&argv[2], argv[3] == "proxy"),
         _ => {}
     }
-    let gap_ms: u64 = argv
-        .iter()
-        .position(|a| a == "--gap-ms")
-        .map(|i| argv[i + 1].parse().expect("--gap-ms takes milliseconds"))
-        .unwrap_or(0);
-    GAP.set(std::time::Duration::from_millis(gap_ms)).unwrap();
-    // A spaced run is a different measurement: printed, never written to the docs.
-    let write_docs = gap_ms == 0 && argv.iter().any(|a| a == "--write-docs");
+    let write_docs = argv.iter().any(|a| a == "--write-docs");
     iteron_broker::sys::netns_support().expect("this benchmark needs network namespaces");
     let me = std::env::current_exe()
         .unwrap()
@@ -217,6 +216,7 @@ fn main() {
         .unwrap();
     let (mut plain, mut own_ns, mut with_proxy) = (Vec::new(), Vec::new(), Vec::new());
     let mut no_ns = Vec::new();
+    let (mut plain_b2b, mut own_ns_b2b) = (Vec::new(), Vec::new());
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
     let (mut direct_slow, mut proxied_slow) = (Vec::new(), Vec::new());
     let (mut direct_far, mut proxied_far) = (Vec::new(), Vec::new());
@@ -228,10 +228,19 @@ fn main() {
             start_once(&me, Some(host.clone())).await;
         }
         for _ in 0..SPAWNS {
+            settle().await;
             plain.push(start_once(&me, None).await);
+            settle().await;
             own_ns.push(start_once(&me, Some(isolated.clone())).await);
+            settle().await;
             with_proxy.push(start_once(&me, Some(egress.clone())).await);
+            settle().await;
             no_ns.push(start_once(&me, Some(host.clone())).await);
+        }
+        // Back to back: more starts than the pool holds, so it refills under the starts.
+        for _ in 0..SPAWNS {
+            plain_b2b.push(start_once(&me, None).await);
+            own_ns_b2b.push(start_once(&me, Some(isolated.clone())).await);
         }
         for _ in 0..3 {
             direct.push(connect_median(&me, &addr, host.clone(), false).await);
@@ -245,16 +254,18 @@ fn main() {
     let _ = std::fs::remove_dir_all(&home);
     let (sp, sn, se) = (median(plain), median(own_ns), median(with_proxy));
     let sh = median(no_ns);
+    let (bp, bn) = (median(plain_b2b), median(own_ns_b2b));
     let (cd, cp) = (median(direct), median(proxied));
     let (sd, spx) = (median(direct_slow), median(proxied_slow));
     let (fd, fpx) = (median(direct_far), median(proxied_far));
     let table = format!(
-        "{SPAWNS} starts per side; {CONNECTS} connections per run, 3 runs per side (median of \
+        "{SPAWNS} starts per side, each with the namespace pool full unless said; {CONNECTS} connections per run, 3 runs per side (median of \
          the run medians); loopback target.\n\n\
          | what | unconfined | confined | ratio |\n|---|---|---|---|\n\
          | start, `web_egress` with `sandbox.network: \"host\"` (every other confinement, no namespace) | {sp:.2} ms | {sh:.2} ms | {:.2}× |\n\
          | start, no `web_egress` (own network namespace, loopback down) | {sp:.2} ms | {sn:.2} ms | {:.2}× |\n\
          | start, `web_egress` (namespace, loopback up, proxy listener handed over and served) | {sp:.2} ms | {se:.2} ms | {:.2}× |\n\
+         | start, no `web_egress`, back to back (the pool refilling under the starts that follow) | {bp:.2} ms | {bn:.2} ms | {:.2}× |\n\
          | connect + first byte, loopback target: direct (`sandbox.network: \"host\"`) vs through the egress path (`CONNECT`, judged) | {cd:.1} µs | {cp:.1} µs | {:.2}× (+{:.1} µs) |\n\
          | connect + first byte, a target answering after 1 ms: direct vs through the egress path | {sd:.1} µs | {spx:.1} µs | {:.2}× (+{:.1} µs) |\n\
          | connect + first byte, a target answering after 5 ms (a nearby public host): direct vs through the egress path | {fd:.1} µs | {fpx:.1} µs | {:.2}× (+{:.1} µs) |\n\n\
@@ -262,6 +273,7 @@ fn main() {
         sh / sp,
         sn / sp,
         se / sp,
+        bn / bp,
         cp / cd,
         cp - cd,
         spx / sd,

@@ -386,12 +386,19 @@ pub(crate) struct Ready {
     pub(crate) listener: Option<std::net::TcpListener>,
 }
 
-/// Namespaces kept ready, of each kind (without and with the proxy listener).
-pub const READY_NAMESPACES: usize = 2;
+/// Namespaces kept ready, of each kind (without and with the proxy listener): enough for a
+/// burst of starts (a broker starting its servers) without one making its own.
+pub const READY_NAMESPACES: usize = 4;
+/// How long after the last namespace was taken the pool waits before making the next (unless
+/// none of that kind is left): making one costs about 1.5 ms of kernel time, which must not
+/// land on the start that just took one (it measurably slowed that start on a two-core
+/// machine) nor on the ones that follow it.
+pub const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
 struct Pool {
-    /// `[plain, egress]`, and whether egress ones are wanted yet (after the first one taken).
-    ready: std::sync::Mutex<([Vec<Ready>; 2], bool)>,
+    /// `[plain, egress]`, whether egress ones are wanted yet (after the first one taken), and
+    /// when one was last taken.
+    ready: std::sync::Mutex<([Vec<Ready>; 2], bool, Option<std::time::Instant>)>,
     low: std::sync::Condvar,
 }
 
@@ -432,17 +439,37 @@ fn pool() -> Option<&'static Pool> {
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
                         loop {
-                            let (kinds, want_egress) = &*g;
-                            if kinds[0].len() < READY_NAMESPACES {
-                                break false;
+                            let (kinds, want_egress, taken) = &*g;
+                            let want = if kinds[0].len() < READY_NAMESPACES {
+                                Some(false)
+                            } else if *want_egress && kinds[1].len() < READY_NAMESPACES {
+                                Some(true)
+                            } else {
+                                None
+                            };
+                            // Not while starts are under way: wait until none was taken for
+                            // REFILL_DELAY — unless that kind has none left (starts then
+                            // make their own, which costs them more).
+                            let empty = want.is_some_and(|e| kinds[usize::from(e)].is_empty());
+                            let quiet_in = taken
+                                .map(|t| REFILL_DELAY.saturating_sub(t.elapsed()))
+                                .filter(|d| !d.is_zero() && !empty);
+                            match (want, quiet_in) {
+                                (Some(egress), None) => break egress,
+                                (Some(_), Some(d)) => {
+                                    g = p
+                                        .low
+                                        .wait_timeout(g, d)
+                                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                        .0;
+                                }
+                                (None, _) => {
+                                    g = p
+                                        .low
+                                        .wait(g)
+                                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                                }
                             }
-                            if *want_egress && kinds[1].len() < READY_NAMESPACES {
-                                break true;
-                            }
-                            g = p
-                                .low
-                                .wait(g)
-                                .unwrap_or_else(std::sync::PoisonError::into_inner);
                         }
                     };
                     let Ok(r) = make_ready(egress) else { return };
@@ -455,7 +482,7 @@ fn pool() -> Option<&'static Pool> {
             })
             .ok()?;
         Some(Pool {
-            ready: std::sync::Mutex::new(([Vec::new(), Vec::new()], false)),
+            ready: std::sync::Mutex::new(([Vec::new(), Vec::new()], false, None)),
             low: std::sync::Condvar::new(),
         })
     })
@@ -472,8 +499,22 @@ pub(crate) fn take_ready(egress: bool) -> Option<Ready> {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     g.1 |= egress;
     let r = g.0[usize::from(egress)].pop();
+    if r.is_some() {
+        g.2 = Some(std::time::Instant::now());
+    }
     p.low.notify_one();
     r
+}
+
+/// Whether a root broker's pool holds all the namespaces it keeps (of the kinds asked for so
+/// far): a start now joins one, and none is being made. Always `true` without a pool.
+pub fn ready_namespaces_full() -> bool {
+    let Some(p) = pool() else { return true };
+    let g = p
+        .ready
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    g.0[0].len() >= READY_NAMESPACES && (!g.1 || g.0[1].len() >= READY_NAMESPACES)
 }
 
 /// Write `bytes` to the file at `path` with plain system calls (async-signal-safe).
