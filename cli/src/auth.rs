@@ -16,10 +16,9 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iteron_broker::credentials::{
-    Binding, Credential, CredentialError, CredentialStore, Secrets, check_binding, config_digest,
+    Binding, Credential, CredentialStore, Secrets, check_binding, config_digest,
 };
 use iteron_broker::ipc::proto::{OperatorRequest, ServerArg};
-use iteron_broker::keyring::KeyringError;
 use iteron_broker::net::endpoint_zone;
 use iteron_broker::net::{Net, NetConfig};
 use iteron_broker::oauth::flow::{self, ClientSettings, Mode};
@@ -534,18 +533,10 @@ pub(crate) fn status(
         Ok(c) => c,
         Err(e) => {
             // A keyring that cannot be reached says nothing about the login itself.
-            let state = match &e {
-                CredentialError::Keyring {
-                    reason:
-                        KeyringError::Unavailable
-                        | KeyringError::Denied
-                        | KeyringError::TimedOut
-                        | KeyringError::Refused
-                        | KeyringError::Busy
-                        | KeyringError::NotBuiltIn,
-                    ..
-                } => "keyring_unavailable",
-                _ => "reauth_required",
+            let state = if e.keyring_unreachable() {
+                "keyring_unavailable"
+            } else {
+                "reauth_required"
             };
             let v = json!({"name": server.name.as_str(), "state": state, "reason": text::single_line_capped(&e.to_string(), 300)});
             return print(out, format, &v);

@@ -199,6 +199,25 @@ pub enum CredentialError {
     Unwritable(&'static str),
 }
 
+impl CredentialError {
+    /// The keyring could not be reached (unavailable, denied, timed out, refused, busy or not
+    /// in this build): this says nothing about the stored login itself.
+    pub fn keyring_unreachable(&self) -> bool {
+        matches!(
+            self,
+            CredentialError::Keyring {
+                reason: KeyringError::Unavailable
+                    | KeyringError::Denied
+                    | KeyringError::TimedOut
+                    | KeyringError::Refused
+                    | KeyringError::Busy
+                    | KeyringError::NotBuiltIn,
+                ..
+            }
+        )
+    }
+}
+
 impl fmt::Display for CredentialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

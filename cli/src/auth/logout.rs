@@ -142,18 +142,7 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
         Ok(c) => (c, "no credential was stored".to_owned()),
         // A keyring that cannot be reached cannot be cleared either: stop here, keeping the
         // file so a later logout finds the entry.
-        Err(
-            e @ CredentialError::Keyring {
-                reason:
-                    KeyringError::Unavailable
-                    | KeyringError::Denied
-                    | KeyringError::TimedOut
-                    | KeyringError::Refused
-                    | KeyringError::Busy
-                    | KeyringError::NotBuiltIn,
-                ..
-            },
-        ) => return Err(fail(e)),
+        Err(e) if e.keyring_unreachable() => return Err(fail(e)),
         Err(_) => (
             None,
             "the stored credential could not be read, so nothing was revoked (it is deleted anyway)"
