@@ -47,6 +47,8 @@ enum Piece {
 }
 
 struct Reply {
+    /// How long the server waits before it answers at all.
+    before: Duration,
     status: u16,
     headers: Vec<(&'static str, String)>,
     pieces: Vec<Piece>,
@@ -55,6 +57,7 @@ struct Reply {
 impl Reply {
     fn json(v: Value) -> Reply {
         Reply {
+            before: Duration::ZERO,
             status: 200,
             headers: vec![("Content-Type", "application/json".into())],
             pieces: vec![Piece::Data(v.to_string())],
@@ -62,6 +65,7 @@ impl Reply {
     }
     fn status(status: u16, v: Value) -> Reply {
         Reply {
+            before: Duration::ZERO,
             status,
             headers: vec![("Content-Type", "application/json".into())],
             pieces: vec![Piece::Data(v.to_string())],
@@ -69,6 +73,7 @@ impl Reply {
     }
     fn sse(pieces: Vec<Piece>) -> Reply {
         Reply {
+            before: Duration::ZERO,
             status: 200,
             headers: vec![("Content-Type", "text/event-stream".into())],
             pieces,
@@ -76,10 +81,15 @@ impl Reply {
     }
     fn empty(status: u16) -> Reply {
         Reply {
+            before: Duration::ZERO,
             status,
             headers: vec![],
             pieces: vec![],
         }
+    }
+    fn after(mut self, wait: Duration) -> Reply {
+        self.before = wait;
+        self
     }
     fn with(mut self, k: &'static str, v: &str) -> Reply {
         self.headers.push((k, v.into()));
@@ -160,6 +170,7 @@ impl Server {
                         all.push(req.clone());
                         script(&req, &all)
                     };
+                    tokio::time::sleep(reply.before).await;
                     let mut out = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", reply.status);
                     for (k, v) in &reply.headers {
                         out.push_str(&format!("{k}: {v}\r\n"));
@@ -301,6 +312,57 @@ async fn a_broken_stream_with_event_ids_is_resumed_with_last_event_id_after_the_
     assert_eq!(server.count("tools/call"), 1, "never resent");
 }
 
+/// The first request after the handshake waits until the server has answered the standalone
+/// GET (a server may drop a request it sends there while no stream is open, as the TypeScript
+/// SDK does), and a server that never answers costs at most `LISTENER_READY_WAIT`.
+#[tokio::test]
+async fn the_first_call_waits_for_the_listener_stream_but_never_longer_than_its_bound() {
+    use iteron_broker::mcp::http::LISTENER_READY_WAIT;
+    for (answer_after, waited) in [
+        (Duration::from_millis(400), Duration::from_millis(400)),
+        (Duration::from_secs(30), LISTENER_READY_WAIT),
+    ] {
+        let server = Server::start(Arc::new(move |req: &Seen, _: &[Seen]| {
+            match (req.method.as_str(), req.rpc_method()) {
+                ("POST", Some("initialize")) => Reply::json(ok(
+                    req,
+                    json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                           "serverInfo": {"name": "slow-listener", "version": "1"}}),
+                ))
+                .with("Mcp-Session-Id", "s1"),
+                ("POST", Some("notifications/initialized")) => Reply::empty(202),
+                ("GET", _) => Reply::sse(vec![
+                    Piece::Data(": open\n\n".into()),
+                    Piece::Sleep(Duration::from_secs(60)),
+                ])
+                .after(answer_after),
+                ("POST", Some("tools/call")) => Reply::json(ok(req, call_text("called"))),
+                ("DELETE", _) => Reply::empty(200),
+                _ => Reply::empty(500),
+            }
+        }))
+        .await;
+        let began = Instant::now();
+        let c = connect(&server, VersionPolicy::Pin(Version::V2025_11_25))
+            .await
+            .unwrap();
+        assert!(began.elapsed() < Duration::from_secs(10), "bounded");
+        assert_eq!(
+            c.call_tool("echo", Map::new()).await.unwrap().text,
+            "called"
+        );
+        let seen = server.seen();
+        let get = seen.iter().find(|s| s.method == "GET").unwrap();
+        let call = seen
+            .iter()
+            .find(|s| s.rpc_method() == Some("tools/call"))
+            .unwrap();
+        let gap = call.at.duration_since(get.at);
+        assert!(gap >= waited, "the call came {gap:?} after the GET");
+        assert!(gap < waited + Duration::from_secs(5), "{gap:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_broken_stream_without_event_ids_is_maybe_applied_and_not_resumed() {
     let server = Server::start(legacy(|req, _| match req.rpc_method() {
@@ -336,6 +398,7 @@ async fn a_lost_session_is_reported_and_the_next_request_starts_a_new_one_withou
         match req.rpc_method() {
             // The first session expires at the first tools/call; 404 with a text body.
             Some("tools/call") if calls == 1 => Reply {
+                before: Duration::ZERO,
                 status: 404,
                 headers: vec![("Content-Type", "text/plain".into())],
                 pieces: vec![Piece::Data("Not Found: Session not found".into())],

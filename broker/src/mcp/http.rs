@@ -38,6 +38,8 @@ pub const DEFAULT_RETRY: Duration = Duration::from_millis(1000);
 pub const MAX_RETRY: Duration = Duration::from_secs(10);
 /// Most reopenings of the standalone GET stream per session.
 pub const LISTENER_REOPENS: u32 = 100;
+/// Longest wait, after the handshake, for the server to answer the standalone `GET`.
+pub const LISTENER_READY_WAIT: Duration = Duration::from_secs(2);
 /// Deadline of one exchange (a tool call may stream for a while).
 pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(300);
 
@@ -240,10 +242,17 @@ impl HttpTransport {
     /// belong to no POST (e.g. an elicitation raised inside a tool handler). A 405 means the
     /// server offers none. The stream is read with the same bounds and handler; it ends with the
     /// session.
-    pub fn open_listener(&self) {
+    ///
+    /// Returns once the server has answered the first `GET` (or refused it, or
+    /// [`LISTENER_READY_WAIT`] passed): a server that sends a request on this stream while no
+    /// stream is open may drop it (the TypeScript SDK does, without an event store), so the
+    /// first call must not reach the server before the stream is there.
+    pub async fn open_listener(&self) {
         self.stop_listener();
         let inner = self.inner.clone();
+        let (ready, answered) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
+            let mut ready = Some(ready);
             // Reopened when it ends (servers close idle streams), a bounded number of times,
             // with a pause; a 405 or any non-stream answer ends listening for good.
             for attempt in 0..LISTENER_REOPENS {
@@ -257,7 +266,13 @@ impl HttpTransport {
                 let mut req = Request::new(Method::GET, inner.url.clone());
                 req.headers = headers;
                 req.timeout = Some(Duration::from_secs(24 * 3600));
-                let Ok(mut resp) = inner.client.send(req).await else {
+                let sent = inner.client.send(req).await;
+                // Answered or refused: either way the first call need not wait any longer
+                // (dropping the sender on return says the same).
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
+                let Ok(mut resp) = sent else {
                     return;
                 };
                 if !(resp.status().is_success() && is_sse(&resp)) {
@@ -270,6 +285,9 @@ impl HttpTransport {
         if let Ok(mut l) = self.listener.lock() {
             *l = Some(task);
         }
+        // A slow or silent server costs at most this much; the session works without the
+        // stream, only server requests outside a POST may then be lost.
+        let _ = tokio::time::timeout(LISTENER_READY_WAIT, answered).await;
     }
 
     fn stop_listener(&self) {

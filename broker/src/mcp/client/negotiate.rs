@@ -193,7 +193,7 @@ impl Client {
         }
         self.notify("notifications/initialized").await?;
         if let Transport::Http(h) = &*self.transport() {
-            h.open_listener();
+            h.open_listener().await;
         }
         self.session_lost.store(false, Ordering::SeqCst);
         Ok(())
