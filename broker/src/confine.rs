@@ -406,7 +406,18 @@ pub fn expand(grant: &Path, deny: &[PathBuf]) -> Vec<PathBuf> {
 /// never `/` or `$HOME`); a Python virtual environment's root (a `bin` directory beside
 /// `pyvenv.cfg`); and every `node_modules` directory in the ancestors of those directories
 /// (where Node resolves packages from).
-pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
+///
+/// A directory that holds a path the child is denied (`deny`, and what is denied to every
+/// child) is nobody's install tree — a program in `/tmp` beside the operator home, say: only
+/// the file itself is granted there. Granting the directory would hand the child everything
+/// else in it, and need one Landlock rule per entry to leave the denied path out.
+pub fn install_tree(command: &Path, args: &[String], deny: &[PathBuf]) -> Vec<PathBuf> {
+    let deny: Vec<PathBuf> = deny
+        .iter()
+        .chain(ALWAYS_DENIED.get().into_iter().flatten())
+        .map(|d| canonical(d).unwrap_or_else(|| d.clone()))
+        .collect();
+    let holds_denied = |p: &Path| deny.iter().any(|d| d.starts_with(p));
     let mut out: Vec<PathBuf> = Vec::new();
     // A script's interpreter (`#!/path/to/python`) is part of what it runs.
     let interpreter = shebang(command).map(PathBuf::from);
@@ -430,8 +441,9 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
         if dir == Path::new("/") {
             continue;
         }
-        if is_home_or_above(&dir) {
-            // A file directly in the home (or above it): grant the file, not the directory.
+        if is_home_or_above(&dir) || holds_denied(&dir) {
+            // A file directly in the home (or above it), or beside a denied path: grant the
+            // file, not the directory.
             if is_file(&real) {
                 out.push(real.clone());
             }
@@ -444,6 +456,7 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
             && let Some(prefix) = dir.parent()
             && prefix != Path::new("/")
             && !is_home_or_above(prefix)
+            && !holds_denied(prefix)
         {
             out.push(prefix.to_path_buf());
         }
@@ -452,12 +465,13 @@ pub fn install_tree(command: &Path, args: &[String]) -> Vec<PathBuf> {
             && parent.ends_with("bin")
             && let Some(venv) = parent.parent()
             && is_file(&venv.join("pyvenv.cfg"))
+            && !holds_denied(venv)
         {
             out.push(venv.to_path_buf());
         }
         for a in dir.ancestors().skip(1) {
             let nm = a.join("node_modules");
-            if is_dir(&nm) {
+            if is_dir(&nm) && !holds_denied(&nm) {
                 out.push(nm);
             }
         }
@@ -590,7 +604,7 @@ pub fn describe(spec: &Spec, command: &Path, args: &[String]) -> Effective {
 
 fn describe_memoized(spec: &Spec, command: &Path, args: &[String]) -> Effective {
     let mut s = spec.clone();
-    s.readable.extend(install_tree(command, args));
+    s.readable.extend(install_tree(command, args, &spec.deny));
     let mut e = plan(&s);
     if let Some(id) = e.identity.ok().filter(|id| id.switched)
         && !reachable_by(command, id.uid, id.gid, false)

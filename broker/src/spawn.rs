@@ -283,7 +283,7 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             // The install tree and the plan ask about the same paths: one memo for both.
             let (prepared, effective, channel) = crate::confine::memoized(|| {
                 c.readable
-                    .extend(crate::confine::install_tree(&program, &spec.args));
+                    .extend(crate::confine::install_tree(&program, &spec.args, &c.deny));
                 crate::confine::prepare(&c)
             })
             .map_err(fail)?;

@@ -221,11 +221,61 @@ fn the_install_tree_includes_node_module_roots_and_venvs() {
                 .into_owned(),
             "--flag".into(),
         ],
+        &[],
     );
     let t = std::fs::canonicalize(&t).unwrap();
     assert!(got.contains(&t.join("proj/peers")), "{got:?}");
     assert!(got.contains(&t.join("proj/node_modules")), "{got:?}");
     assert!(got.contains(&PathBuf::from("/usr/bin")), "{got:?}");
+}
+
+/// A program beside the denied home (both in one scratch directory, as with a binary in `/tmp`
+/// and a home in `/tmp`) is granted alone: its directory, with every other entry of it, is
+/// not — and the plan stays a handful of rules however full that directory is.
+#[test]
+fn a_program_beside_a_denied_path_is_granted_alone_not_its_directory() {
+    let t = tree("beside");
+    let t = std::fs::canonicalize(&t).unwrap();
+    let home = t.join("a/home");
+    std::fs::create_dir_all(t.join("a/bin")).unwrap();
+    for i in 0..200 {
+        std::fs::write(t.join(format!("a/other-{i}")), "x").unwrap();
+    }
+    let server = t.join("a/server");
+    std::fs::write(&server, "#!/bin/sh\n").unwrap();
+    let tool = t.join("a/bin/tool");
+    std::fs::write(&tool, "").unwrap();
+    let deny = vec![home.clone()];
+    // The script (its interpreter's tree too), and a program in a/bin whose prefix a/ holds
+    // the home: each granted without a directory that holds the home.
+    let got = install_tree(&server, &[], &deny);
+    assert!(got.contains(&server), "{got:?}");
+    assert!(got.contains(&PathBuf::from("/bin")) || got.contains(&PathBuf::from("/usr/bin")));
+    assert!(!got.iter().any(|g| home.starts_with(g)), "{got:?}");
+    let got = install_tree(&tool, &[], &deny);
+    assert_eq!(got, vec![t.join("a/bin")], "the prefix a/ holds the home");
+    // Without the denial the directory is the install tree, as before.
+    assert!(install_tree(&server, &[], &[]).contains(&t.join("a")));
+    // The plan grants the program and none of its 200 neighbours.
+    let spec = Spec {
+        deny,
+        ..Spec::default()
+    };
+    let e = describe(&spec, &server, &[]);
+    assert!(e.readable.contains(&server), "{:?}", e.readable);
+    assert!(
+        !e.readable
+            .iter()
+            .any(|r| r.starts_with(t.join("a/other-0")))
+    );
+    assert!(!e.readable.iter().any(|r| r.starts_with(&t) && r != &server));
+    let base = plan(&spec).readable.len();
+    assert!(
+        e.readable.len() <= base + 4,
+        "{} vs {base}",
+        e.readable.len()
+    );
+    std::fs::remove_dir_all(&t).unwrap();
 }
 
 #[test]
