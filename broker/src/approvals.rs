@@ -106,6 +106,28 @@ pub struct CallInfo {
     pub arguments: Arguments,
 }
 
+impl CallInfo {
+    /// The call as the operator's listings show it: the fields of `head`, then who asks for
+    /// what (session, peer, server, tool, digest), then the fields of `tail`, in that order.
+    fn described(&self, head: Value, tail: Value) -> Value {
+        let caller = json!({
+            "session": self.session,
+            "peer_uid": self.peer_uid,
+            "peer_pid": self.peer_pid,
+            "server": self.server,
+            "tool": self.tool,
+            "args_sha256": self.args_sha256,
+        });
+        let mut out = serde_json::Map::new();
+        for part in [head, caller, tail] {
+            if let Value::Object(m) = part {
+                out.extend(m);
+            }
+        }
+        Value::Object(out)
+    }
+}
+
 /// A call's arguments as the operator sees them: the whole canonical JSON (keys sorted, no
 /// whitespace: the text whose SHA-256 is audited), and a preview of it that is terminal-safe,
 /// not redacted (the operator decides on what will be sent) and capped at [`MAX_PREVIEW`]
@@ -401,24 +423,17 @@ impl Approvals {
             .map(|(id, w)| {
                 let age = w.since.elapsed().map_or(0, |d| d.as_secs());
                 match &w.item {
-                    Item::Call { info, deferred, .. } => json!({
-                        "id": id,
-                        "kind": "call",
-                        "deferred": deferred,
-                        "age_secs": age,
-                        "session": info.session,
-                        "peer_uid": info.peer_uid,
-                        "peer_pid": info.peer_pid,
-                        "server": info.server,
-                        "tool": info.tool,
-                        "args_sha256": info.args_sha256,
+                    Item::Call { info, deferred, .. } => info.described(
+                        json!({"id": id, "kind": "call", "deferred": deferred, "age_secs": age}),
+                        json!({
                         "arguments": info.arguments.preview(),
                         "arguments_bytes": info.arguments.full().len(),
                         // From the cut itself: the escaped preview may be longer than the
                         // raw text, so comparing the two sizes can hide a cut.
                         "arguments_cut": info.arguments.omitted() > 0,
                         "arguments_omitted": info.arguments.omitted(),
-                    }),
+                        }),
+                    ),
                     Item::Form {
                         server,
                         message,
@@ -467,21 +482,16 @@ impl Approvals {
             end -= 1;
         }
         let next = (end < full.len()).then_some(end);
-        Ok(json!({
-            "id": id,
-            "kind": "call",
-            "age_secs": since.elapsed().map_or(0, |d| d.as_secs()),
-            "session": info.session,
-            "peer_uid": info.peer_uid,
-            "peer_pid": info.peer_pid,
-            "server": info.server,
-            "tool": info.tool,
-            "args_sha256": info.args_sha256,
-            "arguments_bytes": full.len(),
-            "offset": offset,
-            "arguments": full.get(offset..end).unwrap_or_default(),
-            "next_offset": next,
-        }))
+        let age = since.elapsed().map_or(0, |d| d.as_secs());
+        Ok(info.described(
+            json!({"id": id, "kind": "call", "age_secs": age}),
+            json!({
+                "arguments_bytes": full.len(),
+                "offset": offset,
+                "arguments": full.get(offset..end).unwrap_or_default(),
+                "next_offset": next,
+            }),
+        ))
     }
 
     /// Approve or deny a waiting call. `false` if there is no such call (or it is parked and

@@ -362,14 +362,21 @@ impl AuditCounts {
         json!({
             "records": self.records,
             "suppressed_records": self.suppressed,
-            "rules": self.rules.iter().map(|c| json!({
-                "id": c.id,
-                "digest": c.digest,
-                "approved": c.approved,
-                "approved_this_run": c.approved_this_run,
-                "denied": c.denied,
-                "unmatched": c.unmatched,
-            })).collect::<Vec<_>>(),
+            "rules": self.rules.iter().map(RuleCount::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl RuleCount {
+    /// The machine-readable form (one row of [`AuditCounts::to_json`]).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "digest": self.digest,
+            "approved": self.approved,
+            "approved_this_run": self.approved_this_run,
+            "denied": self.denied,
+            "unmatched": self.unmatched,
         })
     }
 }

@@ -11,6 +11,7 @@ use std::io::Write;
 use std::time::SystemTime;
 
 use iteron_broker::mcp::client::Tool;
+use iteron_broker::rules::RuleCount;
 use iteron_broker::store::Home;
 use iteron_policy::capability::{CapabilitySet, Exposure, decide_exposure};
 use iteron_policy::config::Config;
@@ -526,17 +527,7 @@ pub(crate) fn audit_rules(format: Format, out: &mut dyn Write) -> Result<(), Cli
     let mut rows: Vec<Value> = counts
         .rules
         .iter()
-        .map(|c| {
-            json!({
-                "id": c.id,
-                "digest": c.digest,
-                "approved": c.approved,
-                "approved_this_run": c.approved_this_run,
-                "denied": c.denied,
-                "unmatched": c.unmatched,
-                "in_config": configured(&c.id, &c.digest),
-            })
-        })
+        .map(|c| with_in_config(c.to_json(), configured(&c.id, &c.digest)))
         .collect();
     for r in config.iter().flat_map(|c| c.approvals.rules.iter()) {
         let digest = r.digest();
@@ -545,10 +536,12 @@ pub(crate) fn audit_rules(format: Format, out: &mut dyn Write) -> Result<(), Cli
             .iter()
             .any(|c| c.id == r.id.as_str() && c.digest == digest)
         {
-            rows.push(json!({
-                "id": r.id.as_str(), "digest": digest, "approved": 0, "approved_this_run": 0,
-                "denied": 0, "unmatched": 0, "in_config": true,
-            }));
+            let unused = RuleCount {
+                id: r.id.as_str().to_owned(),
+                digest,
+                ..RuleCount::default()
+            };
+            rows.push(with_in_config(unused.to_json(), true));
         }
     }
     if format == Format::Json {
@@ -601,4 +594,12 @@ pub(crate) fn audit_rules(format: Format, out: &mut dyn Write) -> Result<(), Cli
         )?;
     }
     Ok(())
+}
+
+/// One rule's counts with whether the configuration still has that version of the rule.
+fn with_in_config(mut row: Value, in_config: bool) -> Value {
+    if let Some(o) = row.as_object_mut() {
+        o.insert("in_config".into(), json!(in_config));
+    }
+    row
 }
