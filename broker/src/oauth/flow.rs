@@ -169,6 +169,22 @@ pub fn same_origin_secret(issuer: &str, endpoint: &EndpointUrl) -> bool {
     url::Url::parse(issuer).is_ok_and(|i| i.origin() == endpoint.as_url().origin())
 }
 
+/// Make `client` ready to ask for tokens: a fresh DPoP key when the login is DPoP-bound (held
+/// only by the broker), then [`check_secret_destination`].
+pub fn ready_client(
+    meta: &ServerMetadata,
+    client: &mut OAuthClient,
+    dpop: bool,
+) -> Result<(), OAuthError> {
+    if dpop {
+        client.dpop = Some(std::sync::Arc::new(
+            super::dpop::DpopKey::generate()
+                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
+        ));
+    }
+    check_secret_destination(meta, client)
+}
+
 /// A client that holds a secret must be able to use it where it is going: its token endpoint
 /// must be on the issuer's own origin ([`same_origin_secret`]). Checked before the operator is
 /// sent to authorize, so a login that could only fail (or leak the secret) stops first.

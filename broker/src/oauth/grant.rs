@@ -210,13 +210,7 @@ pub async fn obtain(
     }
     let mut client = req.client.clone();
     client.issuer = meta.issuer.clone();
-    if req.dpop {
-        client.dpop = Some(Arc::new(
-            super::dpop::DpopKey::generate()
-                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
-        ));
-    }
-    flow::check_secret_destination(&meta, &client)?;
+    flow::ready_client(&meta, &mut client, req.dpop)?;
     // The operator's scopes as given; otherwise what the server asks for or lists.
     let challenged = challenge
         .and_then(|c| c.scope.as_deref())

@@ -375,14 +375,9 @@ pub async fn login(
     let callback = Callback::bind().await?;
     let mut client =
         flow::register(http, &meta, &req.mode, &req.client, &callback.redirect_uri).await?;
-    if req.dpop {
-        client.dpop = Some(std::sync::Arc::new(
-            super::dpop::DpopKey::generate()
-                .map_err(|_| OAuthError::Malformed("DPoP key (generation failed)"))?,
-        ));
-    }
-    // A dynamically registered confidential client likewise, before the operator authorizes.
-    flow::check_secret_destination(&meta, &client)?;
+    // A dynamically registered confidential client's secret is checked likewise, before the
+    // operator authorizes.
+    flow::ready_client(&meta, &mut client, req.dpop)?;
     // Scope: the operator's choice as given, otherwise the configured, challenged or discovered
     // one — on a re-login, either together with what was granted before.
     // The challenge's scope is the server's word: only RFC 6749 scope tokens in it are taken.
