@@ -97,8 +97,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
-                    let empty = Vec::new();
-                    for s in v.get("skills").and_then(Value::as_array).unwrap_or(&empty) {
+                    for s in items(&v, "skills") {
                         let g = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("");
                         out_line(
                             out,
@@ -174,8 +173,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
             match a.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
-                    let empty = Vec::new();
-                    for r in v.get(key).and_then(Value::as_array).unwrap_or(&empty) {
+                    for r in items(&v, key) {
                         let g = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
                         let line = if prompts {
                             format!("{}  {}", g("name"), g("description"))
@@ -196,12 +194,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
             match r.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
-                    let empty = Vec::new();
-                    for c in v
-                        .get("contents")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
+                    for c in items(&v, "contents") {
                         let t = c.get("text").and_then(Value::as_str).unwrap_or("");
                         untrusted_lines(out, t)?;
                     }
@@ -230,12 +223,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
             match g.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
-                    let empty = Vec::new();
-                    for m in v
-                        .get("messages")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
+                    for m in items(&v, "messages") {
                         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
                         out_line(out, &format!("[{}]", text::single_line(role)))?;
                         let t = m.get("text").and_then(Value::as_str).unwrap_or("");
@@ -254,8 +242,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
             match f.format {
                 Format::Json => json_out(out, &v),
                 Format::Text => {
-                    let empty = Vec::new();
-                    for t in v.get("tools").and_then(Value::as_array).unwrap_or(&empty) {
+                    for t in items(&v, "tools") {
                         let s = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("");
                         // Whether calls can be approved: rule, operator, deferred,
                         // denied_by_rule or refused_noninteractive.
@@ -273,11 +260,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
                             )),
                         )?;
                     }
-                    for u in v
-                        .get("unavailable")
-                        .and_then(Value::as_array)
-                        .unwrap_or(&empty)
-                    {
+                    for u in items(&v, "unavailable") {
                         out_line(
                             out,
                             &text::single_line(&format!(
@@ -286,13 +269,7 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
                             )),
                         )?;
                     }
-                    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
-                        out_line(
-                            out,
-                            &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
-                        )?;
-                    }
-                    Ok(())
+                    notes_out(out, &v)
                 }
             }
         }
@@ -328,12 +305,16 @@ pub fn run(args: AgentArgs, out: &mut dyn Write) -> Result<(), AgentError> {
 
 /// A result's notes (what was left out or cut), one line each, marked as notes.
 fn notes_out(out: &mut dyn Write, v: &Value) -> Result<(), AgentError> {
-    let empty = Vec::new();
-    for n in v.get("notes").and_then(Value::as_array).unwrap_or(&empty) {
+    for n in items(v, "notes") {
         out_line(
             out,
             &text::single_line(&format!("note: {}", n.as_str().unwrap_or(""))),
         )?;
     }
     Ok(())
+}
+
+/// The elements of the array `v[key]` (none when it is missing or not an array).
+fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(key).and_then(Value::as_array).into_iter().flatten()
 }
