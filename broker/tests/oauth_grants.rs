@@ -507,6 +507,56 @@ async fn the_identity_token_is_reread_for_every_exchange_and_a_refused_one_is_ne
 }
 
 #[tokio::test]
+async fn a_refused_identity_token_is_not_presented_again_by_a_later_connect_of_the_same_server() {
+    // The broker builds a new grant request at every connect: what the authorization server
+    // refused must outlive the request, or a failing server would present the same refused
+    // token at every retry of the registry.
+    let t = TempHome::new("wif-reconnect");
+    let file = t.0.join("token.jwt");
+    let s = Server::start(jb_provider).await;
+    write_token(&file, "refused-b.eyJzdWIiOiJ3bCJ9.c2ln");
+    let cfg = server(
+        json!({"name": "wif-reconnect", "transport": "http", "url": format!("{}/mcp", s.base()),
+        "oauth": {"grant": "jwt_bearer", "issuer": s.base(), "client_id": "workload-1",
+                  "identity_token_file": file.to_str().unwrap()}}),
+    );
+    let home = t.home();
+    let first = connect(&home, &cfg, &env(&[])).await.err().unwrap();
+    assert!(first.to_string().contains("invalid_grant"), "{first}");
+    assert_eq!(s.to("/token").len(), 1);
+    for _ in 0..3 {
+        let again = connect(&home, &cfg, &env(&[])).await.err().unwrap();
+        assert!(
+            again.to_string().contains("is not presented again"),
+            "{again}"
+        );
+    }
+    assert_eq!(
+        s.to("/token").len(),
+        1,
+        "a later connect presented the refused identity token again"
+    );
+    // Another server with the same token file has its own memory (its own authorization
+    // server may accept the token).
+    let other = server(
+        json!({"name": "wif-reconnect-2", "transport": "http", "url": format!("{}/mcp", s.base()),
+        "oauth": {"grant": "jwt_bearer", "issuer": s.base(), "client_id": "workload-1",
+                  "identity_token_file": file.to_str().unwrap()}}),
+    );
+    let _ = connect(&home, &other, &env(&[])).await;
+    assert_eq!(s.to("/token").len(), 2);
+    // The runtime writes a new token: the next connect presents it.
+    write_token(&file, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDQifQ.c2lnNA");
+    let _ = connect(&home, &cfg, &env(&[])).await;
+    assert_eq!(s.to("/token").len(), 3);
+    assert_eq!(
+        s.to("/token")[2].form()["assertion"],
+        "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ3bDQifQ.c2lnNA"
+    );
+    iteron_test_support::record!("P16", json!({"exchanges": s.to("/token").len()}),);
+}
+
+#[tokio::test]
 async fn an_identity_token_that_cannot_be_presented_sends_nothing() {
     use std::os::unix::fs::PermissionsExt;
     let t = TempHome::new("wif-bad");

@@ -83,16 +83,63 @@ pub enum IdentitySource {
 #[derive(Clone)]
 pub struct IdentityToken {
     source: IdentitySource,
-    refused: Arc<Mutex<Option<[u8; 32]>>>,
+    refused: Refusal,
 }
 
+/// Most servers whose refused identity tokens one process remembers (a configuration holds at
+/// most [`iteron_policy::config::MAX_SERVERS`]).
+pub const MAX_REMEMBERED_REFUSALS: usize = iteron_policy::config::MAX_SERVERS;
+
+type Refusal = Arc<Mutex<Option<[u8; 32]>>>;
+
 impl IdentityToken {
-    /// A token from `source`.
+    /// A token from `source`, whose refusal only this value and its clones remember.
     pub fn new(source: IdentitySource) -> IdentityToken {
         IdentityToken {
             source,
             refused: Arc::default(),
         }
+    }
+
+    /// A token from `source` for the server named `server`, whose refusal the whole process
+    /// remembers: every connection to that server (the broker makes a new request value at
+    /// each connect) sees what an earlier one was refused, so a refused token is not presented
+    /// again after a reconnect either. At most [`MAX_REMEMBERED_REFUSALS`] servers are
+    /// remembered; past that, servers whose token was never refused and that no request holds
+    /// are forgotten, and a server that still cannot be remembered is refused its grant (fail
+    /// closed).
+    pub fn for_server(server: &str, source: IdentitySource) -> Result<IdentityToken, OAuthError> {
+        Self::for_server_in(refusals(), MAX_REMEMBERED_REFUSALS, server, source)
+    }
+
+    fn for_server_in(
+        map: &Mutex<std::collections::HashMap<String, Refusal>>,
+        max: usize,
+        server: &str,
+        source: IdentitySource,
+    ) -> Result<IdentityToken, OAuthError> {
+        let mut map = match map.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if !map.contains_key(server) && map.len() >= max {
+            // Forgotten: a server never refused whose memory no request holds now.
+            map.retain(|_, r| {
+                Arc::strong_count(r) > 1
+                    || match r.lock() {
+                        Ok(g) => g.is_some(),
+                        Err(_) => true,
+                    }
+            });
+            if map.len() >= max {
+                return Err(OAuthError::Identity {
+                    source: format!("the identity token of {}", super::text_line(server)),
+                    why: "cannot be checked against earlier refusals: this process already remembers as many servers as a configuration may hold",
+                });
+            }
+        }
+        let refused = Arc::clone(map.entry(server.to_owned()).or_default());
+        Ok(IdentityToken { source, refused })
     }
 
     fn shown(&self) -> String {
@@ -157,6 +204,13 @@ impl IdentityToken {
             Err(p) => p.into_inner(),
         }
     }
+}
+
+/// The refusals the process remembers, per server ([`IdentityToken::for_server`]).
+fn refusals() -> &'static Mutex<std::collections::HashMap<String, Refusal>> {
+    static REFUSALS: std::sync::OnceLock<Mutex<std::collections::HashMap<String, Refusal>>> =
+        std::sync::OnceLock::new();
+    REFUSALS.get_or_init(Mutex::default)
 }
 
 /// What the operator configured for a noninteractive grant. The client carries its id, its
@@ -327,4 +381,43 @@ async fn id_jag(
     )
     .await?;
     flow::jwt_bearer(http, meta, client, &jag, resource, scope).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn value(v: &str) -> IdentitySource {
+        IdentitySource::Value(SecretString::from(v.to_owned()), "named by T".into())
+    }
+
+    #[test]
+    fn refusals_are_shared_per_server_and_bounded_failing_closed() {
+        let map = Mutex::default();
+        let a = IdentityToken::for_server_in(&map, 2, "a", value("x")).unwrap();
+        *a.lock() = Some([1; 32]);
+        // A later request for the same server sees the refusal.
+        let a2 = IdentityToken::for_server_in(&map, 2, "a", value("y")).unwrap();
+        assert_eq!(*a2.lock(), Some([1; 32]));
+        let b = IdentityToken::for_server_in(&map, 2, "b", value("x")).unwrap();
+        assert_eq!(*b.lock(), None);
+        // Full, and "b" still held by a request: nothing can be forgotten.
+        assert!(IdentityToken::for_server_in(&map, 2, "c", value("x")).is_err());
+        drop(b);
+        // "b" (never refused, no longer held) is forgotten to make room; "a" is kept.
+        let c = IdentityToken::for_server_in(&map, 2, "c", value("x")).unwrap();
+        *c.lock() = Some([3; 32]);
+        assert_eq!(
+            *IdentityToken::for_server_in(&map, 2, "a", value("x"))
+                .unwrap()
+                .lock(),
+            Some([1; 32])
+        );
+        // Full of refusals: a new server is refused, not given a blank memory.
+        let e = IdentityToken::for_server_in(&map, 2, "d", value("x"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("earlier refusals"), "{e}");
+    }
 }

@@ -69,16 +69,22 @@ pub fn grant_request(
         Some(Grant::IdJag) => Kind::IdJag,
     };
     // The identity token: a file is read at every exchange; a variable's value is fixed.
-    let identity = match (&o.identity_token_file, &o.identity_token_env) {
-        (Some(path), _) => Some(IdentityToken::new(IdentitySource::File(
-            std::path::PathBuf::from(path.as_str()),
+    // What the authorization server refused is remembered per server for the life of the
+    // process, across reconnects (each connect builds a new request).
+    let source = match (&o.identity_token_file, &o.identity_token_env) {
+        (Some(path), _) => Some(IdentitySource::File(std::path::PathBuf::from(
+            path.as_str(),
         ))),
-        (None, Some(var)) => Some(IdentityToken::new(IdentitySource::Value(
+        (None, Some(var)) => Some(IdentitySource::Value(
             secret_var(lookup, var)?,
             format!("named by {var}"),
-        ))),
+        )),
         (None, None) => None,
     };
+    let identity = source
+        .map(|s| IdentityToken::for_server(server.name.as_str(), s))
+        .transpose()
+        .map_err(ConnectError::OAuth)?;
     let secret = o
         .client_secret_env
         .as_ref()
