@@ -840,8 +840,13 @@ async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answe
                 Reply::json(ok(req, json!({"tools": [], "resultType": "complete"})))
             }
             Some("tools/list") => challenge("rs-n1"),
+            // An effect: wants a nonce of its own.
+            Some("tools/call") if nonce.as_deref() == Some("rs-c1") => {
+                Reply::json(ok(req, json!({"content": [], "resultType": "complete"})))
+            }
+            Some("tools/call") => challenge("rs-c1"),
             // Never satisfied: a new nonce every time.
-            Some("tools/call") => challenge(&format!("n-{}", nonce.unwrap_or_default().len())),
+            Some("resources/list") => challenge(&format!("n-{}", nonce.unwrap_or_default().len())),
             // Another refusal, with a nonce offered: not a nonce challenge.
             Some("prompts/list") => Reply::empty(401)
                 .with("WWW-Authenticate", "DPoP error=\"invalid_token\"")
@@ -900,8 +905,22 @@ async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answe
     );
     // A nonce that is never enough: one resend, then the refusal is reported (no loop, and
     // no token renewal for it).
-    assert!(c.call_tool("t", Map::new()).await.is_err());
+    assert!(c.list_resources().await.is_err());
+    assert_eq!(server.count("resources/list"), 2);
+    // An effect is sent once, also on a nonce challenge: refused as not sent, with the nonce
+    // kept, so the caller's next call carries it (the broker never sends a call twice).
+    let e = c.call_tool("t", Map::new()).await.err().unwrap();
+    assert_eq!(server.count("tools/call"), 1, "an effect was sent again");
+    assert_eq!(e.certainty(), Certainty::NotSent, "{e}");
+    assert!(e.to_string().contains("DPoP nonce"), "{e}");
+    c.call_tool("t", Map::new()).await.unwrap();
     assert_eq!(server.count("tools/call"), 2);
+    let calls: Vec<Seen> = server
+        .seen()
+        .into_iter()
+        .filter(|s| s.rpc_method() == Some("tools/call"))
+        .collect();
+    assert_eq!(proof_claims(&calls[1])["nonce"], "rs-c1");
     // Any other 401 is not a nonce challenge: no resend by the transport (the client's one
     // token renewal still applies).
     assert!(c.list_prompts().await.is_err());
@@ -914,7 +933,10 @@ async fn a_dpop_bound_token_carries_a_fresh_proof_and_a_nonce_challenge_is_answe
     // The nonce a refusal offered is kept for the next proof.
     let last = server.seen().pop().unwrap();
     assert_eq!(proof_claims(&last)["nonce"], "rs-n2");
-    iteron_test_support::record!("P16", json!({"resends_per_nonce_challenge": 1}),);
+    iteron_test_support::record!(
+        "P16",
+        json!({"resends_per_nonce_challenge": 1, "resends_of_an_effect": 0}),
+    );
 }
 
 /// A call the server rejects before acting — an unsupported version (-32022) or a header

@@ -93,6 +93,9 @@ pub struct Post<'a> {
     pub headers: HeaderMap,
     /// Whether this message may adopt an `Mcp-Session-Id` (only a successful `initialize`).
     pub adopt_session: bool,
+    /// Whether this message is an effect (an approved call): sent once, so a DPoP nonce
+    /// challenge is not answered by sending it again (the nonce is kept for the next request).
+    pub effect: bool,
 }
 
 /// Largest body read (and discarded) in reply to one of our answers or notifications.
@@ -427,9 +430,12 @@ impl HttpInner {
             let resp = self.client.send(req).await.map_err(|e| network(&e))?;
             let offered = self.keep_nonce(&resp);
             // RFC 9449 §9: a 401 asking for a (new) nonce refused the request before anything
-            // ran; it is sent once more with a new proof carrying that nonce.
+            // ran; it is sent once more with a new proof carrying that nonce — except an effect,
+            // which is sent once whatever the answer: it is refused as not sent, and the next
+            // request carries the nonce kept here.
             if resp.status().as_u16() == 401
                 && !nonce_retried
+                && !post.effect
                 && offered.is_some()
                 && self.uses_dpop()
                 && resp
@@ -492,12 +498,21 @@ impl HttpInner {
         // An error status. Read a bounded body and look for a JSON-RPC error in it.
         let code = status.as_u16();
         if code == 401 || code == 403 {
-            let detail = challenge_summary(resp.headers());
             let challenge = resp
                 .headers()
                 .get(reqwest::header::WWW_AUTHENTICATE)
                 .and_then(|v| v.to_str().ok())
                 .and_then(crate::oauth::parse_challenge);
+            let detail = if post.effect
+                && code == 401
+                && self.uses_dpop()
+                && challenge.as_ref().and_then(|c| c.error.as_deref())
+                    == Some(crate::oauth::dpop::USE_DPOP_NONCE)
+            {
+                "the server asked for a new DPoP nonce; it is kept for the next request, and this call was not sent again".to_owned()
+            } else {
+                challenge_summary(resp.headers())
+            };
             return Err(TransportError {
                 kind: TransportErrorKind::Unauthorized {
                     status: code,
@@ -693,6 +708,7 @@ impl HttpInner {
                     awaits: None,
                     headers: HeaderMap::new(),
                     adopt_session: false,
+                    effect: false,
                 };
                 Box::pin(self.post(post)).await.map(|_| None)
             }

@@ -56,6 +56,7 @@ async fn notify_http(
         awaits: None,
         headers: HeaderMap::new(),
         adopt_session: false,
+        effect: false,
     })
     .await
     .map(|_| ())
@@ -126,6 +127,7 @@ impl Client {
                     awaits: Some(id),
                     headers,
                     adopt_session,
+                    effect: super::is_effect(method),
                 };
                 match tokio::time::timeout(deadline, t.post(post)).await {
                     Err(_) => Err(TransportError {
