@@ -144,6 +144,67 @@ async fn an_external_tokens_refresh_url_obeys_the_binding_zone_of_its_server() {
     );
 }
 
+#[tokio::test]
+async fn an_external_tokens_revoke_url_obeys_the_binding_zone_of_its_server() {
+    let auth = Server::start(|_| {
+        Arc::new(|req: &Seen| match (req.method.as_str(), req.path()) {
+            ("POST", "/revoke") => Reply::json(json!({})),
+            _ => Reply::not_found(),
+        })
+    })
+    .await;
+    let block = |url: &str| {
+        server(json!({
+            "name": "ci-revoke", "transport": "http", "url": url,
+            "oauth": {
+                "access_token_env": "T", "refresh_token_env": "R",
+                "refresh_url": format!("{}/token", auth.base()),
+                "revoke_url": format!("{}/revoke", auth.base()),
+                "client_id": "ci-client",
+            },
+        }))
+    };
+    let lookup = env(&[("T", "live-access"), ("R", "live-refresh")]);
+    // A server on a public name: its loopback revoke_url is never contacted, and the logout
+    // says the revocation failed (not that there is nothing to revoke).
+    let public = block("https://mcp.example/mcp");
+    let out = servers::logout_external(&public, &Default::default(), &lookup).await;
+    assert!(
+        matches!(
+            out,
+            Ok(servers::ExternalLogout::Revoked(
+                iteron_broker::oauth::Revoked::Failed
+            ))
+        ),
+        "{:?}",
+        out.as_ref().err().map(|e| e.to_string())
+    );
+    auth.assert_untouched("a public server's revoke_url on loopback")
+        .await;
+    // The control: the same block for a loopback server revokes both tokens there.
+    let local = block("http://127.0.0.1:9/mcp");
+    let out = servers::logout_external(&local, &Default::default(), &lookup).await;
+    assert!(
+        matches!(
+            out,
+            Ok(servers::ExternalLogout::Revoked(
+                iteron_broker::oauth::Revoked::Revoked
+            ))
+        ),
+        "{:?}",
+        out.as_ref().err().map(|e| e.to_string())
+    );
+    let seen = auth.to("/revoke");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let tokens: Vec<String> = seen.iter().map(|r| r.form()["token"].clone()).collect();
+    assert!(tokens.contains(&"live-refresh".to_owned()), "{tokens:?}");
+    assert!(tokens.contains(&"live-access".to_owned()), "{tokens:?}");
+    iteron_test_support::record!(
+        "P16",
+        json!({"refused_zone": "loopback", "binding": "public", "endpoint": "revoke_url"}),
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The client-credentials grant
 // ---------------------------------------------------------------------------------------------

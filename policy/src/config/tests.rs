@@ -1120,6 +1120,7 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
         ("oauth.client_id", "$.mcp_servers[0].oauth.client_id"),
         ("oauth.refresh_url", "$.mcp_servers[0].oauth.refresh_url"),
         ("oauth.revoke_url", "$.mcp_servers[0].oauth.revoke_url"),
+        ("oauth.idp_issuer", "$.mcp_servers[0].oauth.idp_issuer"),
     ];
     let bad = [
         ("https://224.0.0.1/mcp", "multicast"),
@@ -1156,6 +1157,9 @@ fn urls_that_are_never_a_destination_are_refused_with_their_rule() {
                         r#", "access_token_env": "T", "refresh_token_env": "R", "client_id": "c""#
                     }
                     "revoke_url" => r#", "access_token_env": "T", "client_id": "c""#,
+                    "idp_issuer" => {
+                        r#", "grant": "id_jag", "issuer": "https://as.example", "client_id": "c", "idp_client_id": "i", "identity_token_env": "ID""#
+                    }
                     _ => "",
                 };
                 format!(
