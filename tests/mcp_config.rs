@@ -368,6 +368,197 @@ fn env_takes_names_and_values_are_refused_without_echo() {
 }
 
 #[test]
+fn add_writes_every_noninteractive_oauth_key_and_refuses_what_cannot_work_at_its_key() {
+    let sb = Sandbox::new();
+    let key = sb.root.join("client.pem");
+    let key_s = key.to_str().unwrap().to_owned();
+    let token = sb.root.join("token.jwt");
+    let token_s = token.to_str().unwrap().to_owned();
+    // Each noninteractive kind, written through flags, comes back as the keys the file holds.
+    let cases: Vec<(&str, Vec<&str>, serde_json::Value)> = vec![
+        (
+            "cc",
+            vec![
+                "--oauth-grant",
+                "client_credentials",
+                "--oauth-issuer",
+                "https://as.example",
+                "--oauth-client-id",
+                "ci",
+                "--oauth-token-endpoint-auth",
+                "private_key_jwt",
+                "--oauth-client-key-file",
+                &key_s,
+                "--oauth-dpop",
+            ],
+            serde_json::json!({"grant": "client_credentials", "issuer": "https://as.example",
+                "client_id": "ci", "token_endpoint_auth": "private_key_jwt",
+                "client_key_file": key_s, "dpop": true}),
+        ),
+        (
+            "cc-env",
+            vec![
+                "--oauth-grant",
+                "client_credentials",
+                "--oauth-issuer",
+                "https://as.example",
+                "--oauth-client-id",
+                "ci",
+                "--oauth-client-key-env",
+                "CI_KEY",
+            ],
+            serde_json::json!({"grant": "client_credentials", "client_key_env": "CI_KEY"}),
+        ),
+        (
+            "wif",
+            vec![
+                "--oauth-grant",
+                "jwt_bearer",
+                "--oauth-issuer",
+                "https://as.example",
+                "--oauth-identity-token-file",
+                &token_s,
+            ],
+            serde_json::json!({"grant": "jwt_bearer", "identity_token_file": token_s}),
+        ),
+        (
+            "wif-env",
+            vec![
+                "--oauth-grant",
+                "jwt_bearer",
+                "--oauth-issuer",
+                "https://as.example",
+                "--oauth-identity-token-env",
+                "CI_ID_TOKEN",
+            ],
+            serde_json::json!({"grant": "jwt_bearer", "identity_token_env": "CI_ID_TOKEN"}),
+        ),
+        (
+            "jag",
+            vec![
+                "--oauth-grant",
+                "id_jag",
+                "--oauth-issuer",
+                "https://as.example",
+                "--oauth-client-id",
+                "c",
+                "--oauth-identity-token-env",
+                "ID_TOKEN",
+                "--oauth-idp-issuer",
+                "https://idp.example",
+                "--oauth-idp-client-id",
+                "i",
+                "--oauth-idp-client-secret-env",
+                "IDP_SECRET",
+            ],
+            serde_json::json!({"grant": "id_jag", "idp_issuer": "https://idp.example",
+                "idp_client_id": "i", "idp_client_secret_env": "IDP_SECRET"}),
+        ),
+        (
+            "ext",
+            vec![
+                "--oauth-access-token-env",
+                "T",
+                "--oauth-expires-at-env",
+                "E",
+                "--oauth-refresh-url",
+                "https://as.example/token",
+                "--oauth-refresh-token-env",
+                "R",
+                "--oauth-revoke-url",
+                "https://as.example/revoke",
+                "--oauth-client-id",
+                "c",
+            ],
+            serde_json::json!({"access_token_env": "T", "expires_at_env": "E",
+                "refresh_url": "https://as.example/token", "refresh_token_env": "R",
+                "revoke_url": "https://as.example/revoke", "client_id": "c"}),
+        ),
+    ];
+    for (name, flags, want) in &cases {
+        let mut args = vec!["mcp", "add", name, "--url", "https://mcp.example/mcp"];
+        args.extend(flags.iter().copied());
+        sb.ok(&args);
+        let got = json(&sb.ok(&["mcp", "get", name, "--format", "json"]));
+        let oauth = &got["oauth"];
+        for (k, v) in want.as_object().unwrap() {
+            assert_eq!(&oauth[k], v, "{name}: {k} in {got}");
+        }
+    }
+    let on_disk = json(&fs::read_to_string(sb.config()).unwrap());
+    assert_eq!(
+        on_disk["mcp_servers"].as_array().unwrap().len(),
+        cases.len()
+    );
+    // What cannot work is refused at its key, one line, nothing written.
+    let before = fs::read(sb.config()).unwrap();
+    let refused: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--oauth-grant", "client_credentials"], "oauth.grant"),
+        (vec!["--oauth-grant", "password"], "--oauth-grant must be"),
+        (
+            vec!["--oauth-token-endpoint-auth", "tls_client_auth"],
+            "--oauth-token-endpoint-auth must be",
+        ),
+        (
+            vec!["--oauth-client-key-file", "relative.pem"],
+            "--oauth-client-key-file",
+        ),
+        (
+            vec!["--oauth-refresh-url", "http://as.example/token"],
+            "--oauth-refresh-url",
+        ),
+        (
+            vec![
+                "--oauth-grant",
+                "jwt_bearer",
+                "--oauth-issuer",
+                "https://as.example",
+            ],
+            "identity",
+        ),
+        (vec!["--oauth-expires-at-env", "E"], "oauth."),
+    ];
+    for (flags, says) in &refused {
+        let mut args = vec!["mcp", "add", "bad", "--url", "https://mcp.example/mcp"];
+        args.extend(flags.iter().copied());
+        let err = sb.fails(&args, 2);
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    // A value given where a variable's name belongs is refused without echo.
+    let err = sb.fails(
+        &[
+            "mcp",
+            "add",
+            "bad",
+            "--url",
+            "https://mcp.example/mcp",
+            "--oauth-grant",
+            "jwt_bearer",
+            "--oauth-issuer",
+            "https://as.example",
+            "--oauth-identity-token-env",
+            &format!("ID={CANARY}"),
+        ],
+        2,
+    );
+    assert!(err.contains("--oauth-identity-token-env"), "{err}");
+    // The stdio transport refuses them all.
+    let err = sb.fails(
+        &["mcp", "add", "s", "--stdio", "/bin/true", "--oauth-dpop"],
+        2,
+    );
+    assert!(
+        err.contains("--oauth-dpop cannot be used with --stdio"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(sb.config()).unwrap(),
+        before,
+        "a refused add changed the file"
+    );
+}
+
+#[test]
 fn a_canary_secret_never_appears_in_any_output_or_file() {
     let sb = Sandbox::new();
     // The canary is in the environment of every run (ITERON_TEST_SECRET) and the server names

@@ -497,6 +497,73 @@ pub(crate) struct AddArgs {
     #[arg(long, value_name = "file|keyring")]
     pub(crate) oauth_credential_store: Option<String>,
 
+    /// How tokens are obtained: authorization_code (a browser login, the default),
+    /// client_credentials, jwt_bearer (a workload identity token) or id_jag (enterprise-managed).
+    #[arg(
+        long,
+        value_name = "authorization_code|client_credentials|jwt_bearer|id_jag"
+    )]
+    pub(crate) oauth_grant: Option<String>,
+
+    /// How the pre-registered client authenticates at the token endpoint.
+    #[arg(
+        long,
+        value_name = "client_secret_basic|client_secret_post|private_key_jwt"
+    )]
+    pub(crate) oauth_token_endpoint_auth: Option<String>,
+
+    /// Absolute path of the client's private key (PKCS#8 PEM, a private file) for private_key_jwt.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) oauth_client_key_file: Option<String>,
+
+    /// Environment variable (or $CREDENTIALS_DIRECTORY credential) holding that key (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_client_key_env: Option<String>,
+
+    /// Absolute path of the workload's identity token (jwt_bearer, id_jag), read at every exchange.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) oauth_identity_token_file: Option<String>,
+
+    /// Environment variable (or $CREDENTIALS_DIRECTORY credential) holding that token (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_identity_token_env: Option<String>,
+
+    /// Ask for DPoP-bound (sender-constrained) tokens, with a key only the broker holds.
+    #[arg(long)]
+    pub(crate) oauth_dpop: bool,
+
+    /// The enterprise identity provider's issuer (id_jag).
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_idp_issuer: Option<String>,
+
+    /// Iteron's client id at that identity provider (id_jag).
+    #[arg(long, value_name = "ID")]
+    pub(crate) oauth_idp_client_id: Option<String>,
+
+    /// Environment variable holding that client's secret (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_idp_client_secret_env: Option<String>,
+
+    /// Environment variable holding an externally managed access token (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_access_token_env: Option<String>,
+
+    /// Environment variable holding that token's expiry, in Unix seconds (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_expires_at_env: Option<String>,
+
+    /// Token endpoint where the externally managed token is refreshed.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_refresh_url: Option<String>,
+
+    /// Environment variable holding its refresh token (NAME only).
+    #[arg(long, value_name = "ENV_NAME")]
+    pub(crate) oauth_refresh_token_env: Option<String>,
+
+    /// Revocation endpoint used by `auth logout` for the externally managed token.
+    #[arg(long, value_name = "URL")]
+    pub(crate) oauth_revoke_url: Option<String>,
+
     /// Arguments passed to the stdio server, after `--`.
     #[arg(last = true, value_name = "ARGS")]
     pub(crate) args: Vec<String>,

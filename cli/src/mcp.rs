@@ -11,8 +11,9 @@ use iteron_broker::keyring::{self, KeyringError};
 use iteron_broker::store::Home;
 use iteron_policy::capability::{CapabilitySet, ServerPolicy, ToolFilter};
 use iteron_policy::config::{
-    AbsolutePath, AddError, ClientId, Command, Config, CredentialBackend, HttpServer, OAuthConfig,
-    Registration, Scope, ServerConfig, StdioServer, Transport, ValueError, check_arg,
+    AbsolutePath, AddError, ClientAuth, ClientId, Command, Config, CredentialBackend, Grant,
+    HttpServer, OAuthConfig, Registration, Scope, ServerConfig, StdioServer, Transport, ValueError,
+    check_arg,
 };
 use iteron_policy::names::{EnvName, HeaderName, NameError, ServerName};
 use iteron_policy::text;
@@ -85,6 +86,10 @@ fn env_name(flag: &str, s: &str) -> Result<EnvName, CliError> {
     })
 }
 
+fn optional_env(flag: &str, s: &Option<String>) -> Result<Option<EnvName>, CliError> {
+    s.as_deref().map(|v| env_name(flag, v)).transpose()
+}
+
 fn url(flag: &str, s: &str) -> Result<EndpointUrl, CliError> {
     EndpointUrl::parse(s).map_err(|e| usage(flag, e))
 }
@@ -127,6 +132,39 @@ fn refuse_foreign(a: &AddArgs) -> Result<(), CliError> {
             "--oauth-credential-store",
             a.oauth_credential_store.is_some(),
         ),
+        ("--oauth-grant", a.oauth_grant.is_some()),
+        (
+            "--oauth-token-endpoint-auth",
+            a.oauth_token_endpoint_auth.is_some(),
+        ),
+        ("--oauth-client-key-file", a.oauth_client_key_file.is_some()),
+        ("--oauth-client-key-env", a.oauth_client_key_env.is_some()),
+        (
+            "--oauth-identity-token-file",
+            a.oauth_identity_token_file.is_some(),
+        ),
+        (
+            "--oauth-identity-token-env",
+            a.oauth_identity_token_env.is_some(),
+        ),
+        ("--oauth-dpop", a.oauth_dpop),
+        ("--oauth-idp-issuer", a.oauth_idp_issuer.is_some()),
+        ("--oauth-idp-client-id", a.oauth_idp_client_id.is_some()),
+        (
+            "--oauth-idp-client-secret-env",
+            a.oauth_idp_client_secret_env.is_some(),
+        ),
+        (
+            "--oauth-access-token-env",
+            a.oauth_access_token_env.is_some(),
+        ),
+        ("--oauth-expires-at-env", a.oauth_expires_at_env.is_some()),
+        ("--oauth-refresh-url", a.oauth_refresh_url.is_some()),
+        (
+            "--oauth-refresh-token-env",
+            a.oauth_refresh_token_env.is_some(),
+        ),
+        ("--oauth-revoke-url", a.oauth_revoke_url.is_some()),
     ];
     let (foreign, kind): (&[(&str, bool)], &str) = if a.url.is_some() {
         (&stdio_flags, "--url")
@@ -201,6 +239,78 @@ pub(crate) fn build_server(a: &AddArgs) -> Result<ServerConfig, CliError> {
                 .oauth_client_secret_env
                 .as_deref()
                 .map(|s| env_name("--oauth-client-secret-env", s))
+                .transpose()?,
+            grant: a
+                .oauth_grant
+                .as_deref()
+                .map(|g| {
+                    Grant::parse(g).ok_or_else(|| {
+                        CliError::Usage(
+                            "--oauth-grant must be authorization_code, client_credentials, \
+                             jwt_bearer or id_jag"
+                                .into(),
+                        )
+                    })
+                })
+                .transpose()?,
+            token_endpoint_auth: a
+                .oauth_token_endpoint_auth
+                .as_deref()
+                .map(|m| {
+                    ClientAuth::parse(m).ok_or_else(|| {
+                        CliError::Usage(
+                            "--oauth-token-endpoint-auth must be client_secret_basic, \
+                             client_secret_post or private_key_jwt"
+                                .into(),
+                        )
+                    })
+                })
+                .transpose()?,
+            client_key_file: a
+                .oauth_client_key_file
+                .as_deref()
+                .map(|p| value("--oauth-client-key-file", AbsolutePath::parse(p)))
+                .transpose()?,
+            client_key_env: optional_env("--oauth-client-key-env", &a.oauth_client_key_env)?,
+            identity_token_file: a
+                .oauth_identity_token_file
+                .as_deref()
+                .map(|p| value("--oauth-identity-token-file", AbsolutePath::parse(p)))
+                .transpose()?,
+            identity_token_env: optional_env(
+                "--oauth-identity-token-env",
+                &a.oauth_identity_token_env,
+            )?,
+            dpop: a.oauth_dpop.then_some(true),
+            idp_issuer: a
+                .oauth_idp_issuer
+                .as_deref()
+                .map(|s| identifier("--oauth-idp-issuer", s))
+                .transpose()?,
+            idp_client_id: a
+                .oauth_idp_client_id
+                .as_deref()
+                .map(|s| value("--oauth-idp-client-id", ClientId::parse(s)))
+                .transpose()?,
+            idp_client_secret_env: optional_env(
+                "--oauth-idp-client-secret-env",
+                &a.oauth_idp_client_secret_env,
+            )?,
+            access_token_env: optional_env("--oauth-access-token-env", &a.oauth_access_token_env)?,
+            expires_at_env: optional_env("--oauth-expires-at-env", &a.oauth_expires_at_env)?,
+            refresh_url: a
+                .oauth_refresh_url
+                .as_deref()
+                .map(|u| url("--oauth-refresh-url", u))
+                .transpose()?,
+            refresh_token_env: optional_env(
+                "--oauth-refresh-token-env",
+                &a.oauth_refresh_token_env,
+            )?,
+            revoke_url: a
+                .oauth_revoke_url
+                .as_deref()
+                .map(|u| url("--oauth-revoke-url", u))
                 .transpose()?,
             ..OAuthConfig::default()
         };
