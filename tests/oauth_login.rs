@@ -1909,3 +1909,171 @@ fn logout_says_revocation_failed_with_the_status_the_authorization_server_answer
     assert_no_token(&[&logout], &[&access]);
     iteron_test_support::record!("P12", serde_json::json!({"status": 500}),);
 }
+
+#[test]
+fn a_ci_broker_gets_dpop_bound_client_credentials_tokens_itself_and_an_agent_of_another_uid_never_sees_them()
+ {
+    // The locked-down CI shape: no browser and no login step. The operator adds the server
+    // with flags; the broker (root here) runs the client-credentials grant itself with a
+    // DPoP key only it holds, against oidc-provider asking for nonces; an agent running as
+    // another uid lists and calls the tool under an approval rule and sees no credential.
+    if !iteron_test_support::is_root() {
+        eprintln!("skipped: running the agent as uid 65534 needs root (CI runs as root)");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let agent_uid = iteron_test_support::CHILD_UID;
+    let dir = fixture();
+    let ci = Home::new_tagged("ci-other-uid");
+    let log = ci.0.join("requests.log");
+    let log_s = log.to_str().unwrap().to_owned();
+    let secret = "CCUIDSECRETcanary77";
+    let pair = start_pair_with(
+        &dir,
+        "20",
+        &[("REQUEST_LOG", log_s.as_str())],
+        &[
+            ("REQUEST_LOG", log_s.as_str()),
+            ("DPOP_REQUIRE_NONCE", "1"),
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_SECRET", secret),
+        ],
+    );
+    let add = ci.run(&[
+        "mcp",
+        "add",
+        "guarded",
+        "--url",
+        &pair.mcp_url,
+        "--oauth-grant",
+        "client_credentials",
+        "--oauth-issuer",
+        &pair.issuer,
+        "--oauth-client-id",
+        "iteron-ci",
+        "--oauth-client-secret-env",
+        "CI_SECRET",
+        "--oauth-dpop",
+    ]);
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let config = ci.0.join("home/config.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    doc["approvals"] = serde_json::json!({"rules": [
+        {"id": "ci-whoami", "effect": "allow", "server": "guarded", "tool": "whoami",
+         "agent_uids": [agent_uid]}]});
+    iteron_test_support::write_private_json(&config, &doc);
+    // The socket's directory is reachable by the agent's uid; the home is not.
+    let run = ci.0.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = run.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let broker = Proc(
+        ci.cmd(&[
+            "broker",
+            "serve",
+            "--noninteractive",
+            "--socket",
+            &sock_s,
+            "--allow-uid",
+            &agent_uid.to_string(),
+        ])
+        .env("CI_SECRET", secret)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    assert!(
+        iteron_test_support::wait_listening(&[&sock], Duration::from_secs(20)),
+        "the broker did not start"
+    );
+    let agent = |args: &[&str]| {
+        let mut full = vec!["agent", "--socket", sock_s.as_str()];
+        full.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(&full)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/")
+            .uid(agent_uid)
+            .gid(agent_uid)
+            .output()
+            .unwrap()
+    };
+    let tools = agent(&["tools", "--format", "json"]);
+    let listed = String::from_utf8_lossy(&tools.stdout).into_owned();
+    assert!(
+        tools.status.success() && listed.contains("whoami"),
+        "{listed} {}",
+        String::from_utf8_lossy(&tools.stderr)
+    );
+    let call = agent(&[
+        "call", "guarded", "whoami", "--json", "{}", "--format", "json",
+    ]);
+    let answer = String::from_utf8_lossy(&call.stdout).into_owned();
+    assert!(
+        call.status.success() && answer.contains("iteron-ci"),
+        "{answer} {}",
+        String::from_utf8_lossy(&call.stderr)
+    );
+    // The token came from the grant, through a nonce challenge, and every MCP request the
+    // broker made with it was DPoP-bound.
+    let lines = log_lines(&log);
+    let grants: Vec<(serde_json::Value, serde_json::Value)> = lines
+        .iter()
+        .filter(|l| l["route"] == "token" && l["grant_type"] == "client_credentials")
+        .map(|l| (l["status"].clone(), l["error"].clone()))
+        .collect();
+    assert_eq!(
+        grants.first(),
+        Some(&(serde_json::json!(400), serde_json::json!("use_dpop_nonce"))),
+        "{grants:?}"
+    );
+    assert!(
+        grants.iter().any(|g| g.0 == 200),
+        "the grant never succeeded: {grants:?}"
+    );
+    let authorized: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
+        .collect();
+    assert!(!authorized.is_empty());
+    assert!(
+        authorized.iter().all(|l| l["scheme"] == "DPoP"),
+        "{authorized:?}"
+    );
+    // Nothing of the credential reaches the agent, and its uid cannot read the home.
+    let peek = Command::new("/bin/cat")
+        .arg(&config)
+        .uid(agent_uid)
+        .gid(agent_uid)
+        .output()
+        .unwrap();
+    assert!(
+        !peek.status.success(),
+        "the agent's uid read the configuration"
+    );
+    let records = iteron_test_support::audit_records(&ci.0.join("home"));
+    assert!(
+        records.iter().any(|r| r["kind"] == "call_tool"
+            && r["decision"] == "approved_by_rule"
+            && r["peer_uid"] == agent_uid
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("rule ci-whoami "))),
+        "no audit record names the agent's uid and the rule"
+    );
+    drop(broker);
+    assert_no_token(&[&tools, &call], &[secret, "eyJ"]);
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"authorization_server": "oidc-provider", "agent_uid": agent_uid,
+            "grant": "client_credentials", "dpop": true}),
+    );
+}
