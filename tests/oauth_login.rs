@@ -1194,10 +1194,31 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
             oauth["client_secret_env"] = "CI_SECRET".into();
         }
         set_oauth(&home, "guarded", oauth);
+        // The secret comes from the environment, or (client_secret_post) from a systemd
+        // credentials directory, read by login, test and logout as the broker reads it.
+        let creds = home.0.join("credentials");
+        std::fs::create_dir_all(&creds).unwrap();
+        std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(creds.join("CI_SECRET"), secret).unwrap();
+        std::fs::set_permissions(
+            creds.join("CI_SECRET"),
+            std::fs::Permissions::from_mode(0o400),
+        )
+        .unwrap();
+        let secret_from = |creds: &Path| -> Vec<(String, String)> {
+            if method == "client_secret_post" {
+                vec![(
+                    "CREDENTIALS_DIRECTORY".into(),
+                    creds.to_str().unwrap().to_owned(),
+                )]
+            } else {
+                vec![("CI_SECRET".into(), secret.to_owned())]
+            }
+        };
         // No --no-browser, no callback: the login just fetches a token.
         let login = home
             .cmd(&["mcp", "auth", "login", "guarded"])
-            .env("CI_SECRET", secret)
+            .envs(secret_from(&creds))
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&login.stdout).into_owned();
@@ -1240,7 +1261,7 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
         // runner cannot let it lapse before the checks above).
         let test = home
             .cmd(&["mcp", "test", "guarded"])
-            .env("CI_SECRET", secret)
+            .envs(secret_from(&creds))
             .output()
             .unwrap();
         assert!(
@@ -1263,12 +1284,18 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
             .to_owned();
         let logout = home
             .cmd(&["mcp", "auth", "logout", "guarded"])
-            .env("CI_SECRET", secret)
+            .envs(secret_from(&creds))
             .output()
             .unwrap();
         assert!(logout.status.success());
         assert!(
             String::from_utf8_lossy(&logout.stdout).contains("revoked at the authorization server"),
+            "{method}: {}",
+            String::from_utf8_lossy(&logout.stdout)
+        );
+        assert!(
+            String::from_utf8_lossy(&logout.stdout)
+                .starts_with("logged out of guarded (client_credentials grant"),
             "{method}: {}",
             String::from_utf8_lossy(&logout.stdout)
         );

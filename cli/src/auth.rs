@@ -104,14 +104,20 @@ pub(crate) fn login(
         ),
         None => oauth.client_secret_env.clone(),
     };
+    // Variables are read as the broker reads them: a `$CREDENTIALS_DIRECTORY` credential
+    // first, then the environment.
+    let vars = crate::probe::Vars::load()?;
+    let lookup = |n: &str| vars.get(n);
     let client_secret = match &secret_env {
-        Some(name) => Some(SecretString::from(std::env::var(name.as_str()).map_err(
-            |_| {
-                CliError::Usage(format!(
-                    "environment variable {name} (the client secret) is not set"
-                ))
-            },
-        )?)),
+        Some(name) => Some(SecretString::from(
+            lookup(name.as_str())
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "variable {name} (the client secret) is not set, in the environment or $CREDENTIALS_DIRECTORY"
+                    ))
+                })?,
+        )),
         None => None,
     };
     let client_id = a
@@ -133,9 +139,7 @@ pub(crate) fn login(
         // lost, and nothing falls back to a file.
         store.probe_keyring(server.name.as_str()).map_err(fail)?;
     }
-    if let Some(grant) =
-        iteron_broker::servers::grant_request(server, &|n| std::env::var_os(n)).map_err(fail)?
-    {
+    if let Some(grant) = iteron_broker::servers::grant_request(server, &lookup).map_err(fail)? {
         return login_noninteractive(home, &config, server, grant, &a, zone, out);
     }
     let previous = store
@@ -175,8 +179,7 @@ pub(crate) fn login(
         client: ClientSettings {
             client_id: client_id.filter(|c| !c.contains("://")),
             client_secret,
-            client_key: iteron_broker::servers::client_key(&oauth, &|n| std::env::var_os(n))
-                .map_err(fail)?,
+            client_key: iteron_broker::servers::client_key(&oauth, &lookup).map_err(fail)?,
             cimd_url,
             client_name: "Iteron".into(),
         },

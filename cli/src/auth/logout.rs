@@ -49,7 +49,8 @@ pub(super) fn logout_external(
         }
     }
     let rt = crate::rt::multi_thread()?;
-    let lookup = |n: &str| std::env::var_os(n);
+    let vars = crate::probe::Vars::load()?;
+    let lookup = |n: &str| vars.get(n);
     let outcome = rt
         .block_on(logout_external(server, &config.network, &lookup))
         .map_err(fail)?;
@@ -150,6 +151,9 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
         ),
     };
     if let Some(c) = &cred {
+        // Variables as the broker reads them: `$CREDENTIALS_DIRECTORY` first, then the
+        // environment.
+        let vars = crate::probe::Vars::load()?;
         let rt = crate::rt::multi_thread()?;
         let outcome: Result<Revocations, String> = rt.block_on(async {
             let net =
@@ -170,12 +174,13 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
                 Transport::Http(h) => h.oauth.clone().unwrap_or_default(),
                 Transport::Stdio(_) => Default::default(),
             };
-            let lookup = |n: &str| std::env::var_os(n);
+            let lookup = |n: &str| vars.get(n);
             let secret = c.secrets.client_secret.clone().or_else(|| {
                 configured
                     .client_secret_env
                     .as_ref()
-                    .and_then(|n| std::env::var(n.as_str()).ok())
+                    .and_then(|n| vars.get(n.as_str()))
+                    .and_then(|v| v.into_string().ok())
                     .map(SecretString::from)
             });
             let key = iteron_broker::servers::client_key(&configured, &lookup)
@@ -204,5 +209,22 @@ pub(crate) fn logout(home: &Home, raw: &str, out: &mut dyn Write) -> Result<(), 
     store
         .delete(server.name.as_str(), keyring_configured)
         .map_err(fail)?;
-    writeln!(out, "logged out of {}: {revoked}", server.name).map_err(CliError::Output)
+    // A noninteractive grant says which: the broker obtains a new token by itself at its next
+    // use, which is worth knowing at logout.
+    let grant = match &server.transport {
+        Transport::Http(h) => h
+            .oauth
+            .as_ref()
+            .and_then(|o| o.grant)
+            .filter(|g| g.is_noninteractive())
+            .map(|g| {
+                format!(
+                    " ({} grant: a broker obtains a new token at its next use)",
+                    g.as_str()
+                )
+            })
+            .unwrap_or_default(),
+        Transport::Stdio(_) => String::new(),
+    };
+    writeln!(out, "logged out of {}{grant}: {revoked}", server.name).map_err(CliError::Output)
 }
