@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)]
+#[path = "../broker/tests/support/scripted.rs"]
+mod scripted;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -1556,6 +1560,7 @@ fn status_and_doctor_show_how_each_server_gets_its_tokens_without_contacting_any
         ("ci", "http://127.0.0.1:9/ci"),
         ("workload", "http://127.0.0.1:9/wl"),
         ("env", "http://127.0.0.1:9/env"),
+        ("enterprise", "http://127.0.0.1:9/ent"),
     ] {
         assert!(
             home.run(&["mcp", "add", name, "--url", url])
@@ -1584,11 +1589,19 @@ fn status_and_doctor_show_how_each_server_gets_its_tokens_without_contacting_any
         "env",
         serde_json::json!({"access_token_env": "CI_TOKEN"}),
     );
+    set_oauth(
+        &home,
+        "enterprise",
+        serde_json::json!({"grant": "id_jag", "issuer": "http://127.0.0.1:9", "client_id": "c",
+            "identity_token_file": token.to_str().unwrap(),
+            "idp_issuer": "http://127.0.0.1:9/idp", "idp_client_id": "i"}),
+    );
     let want = [
         ("browser", "authorization_code", true),
         ("ci", "client_credentials", true),
         ("workload", "jwt_bearer", false),
         ("env", "external", false),
+        ("enterprise", "id_jag", false),
     ];
     for (name, grant, dpop) in want {
         let out = home.run(&["mcp", "auth", "status", name, "--format", "json"]);
@@ -2102,5 +2115,107 @@ fn a_ci_broker_gets_dpop_bound_client_credentials_tokens_itself_and_an_agent_of_
         "P16",
         serde_json::json!({"authorization_server": "oidc-provider", "agent_uid": agent_uid,
             "grant": "client_credentials", "dpop": true}),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_login_runs_the_jwt_bearer_grant_from_the_command_line_with_a_token_it_rereads() {
+    // oidc-provider has no JWT-bearer grant: a scripted authorization server stands in, and
+    // the built `iteron` binary does the rest (no browser, no callback).
+    use scripted::{Reply, Seen, Server};
+    const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+    let s = Server::start(|base: &str| {
+        let prm = serde_json::json!({"resource": format!("{base}/mcp"),
+            "authorization_servers": [base]});
+        let meta = serde_json::json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+            "grant_types_supported": [JWT_BEARER]});
+        std::sync::Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+            ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+            ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+            ("POST", "/token") if req.form()["assertion"].starts_with("refused") => {
+                Reply::status(400, serde_json::json!({"error": "invalid_grant"}))
+            }
+            ("POST", "/token") => Reply::json(serde_json::json!({
+                "access_token": "wl-access-cli", "token_type": "Bearer", "expires_in": 600})),
+            _ => Reply::not_found(),
+        })
+    })
+    .await;
+    let base = s.base();
+    let outcome = tokio::task::spawn_blocking(move || {
+        let home = Home::new_tagged("wif-cli");
+        let token = home.0.join("token.jwt");
+        std::fs::write(&token, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJjaS0xIn0.c2lnMQ\n").unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let add = home.run(&[
+            "mcp",
+            "add",
+            "wif",
+            "--url",
+            &format!("{base}/mcp"),
+            "--oauth-grant",
+            "jwt_bearer",
+            "--oauth-issuer",
+            &base,
+            "--oauth-identity-token-file",
+            token.to_str().unwrap(),
+        ]);
+        assert!(
+            add.status.success(),
+            "{}",
+            String::from_utf8_lossy(&add.stderr)
+        );
+        let login = home.run(&["mcp", "auth", "login", "wif"]);
+        let said = String::from_utf8_lossy(&login.stdout).into_owned();
+        assert!(
+            login.status.success() && said.contains("jwt_bearer"),
+            "{said} {}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+        let cred = home.credential().unwrap();
+        assert_eq!(cred["secrets"]["access_token"], "wl-access-cli");
+        let status = home.run(&["mcp", "auth", "status", "wif", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(v["grant"], "jwt_bearer", "{v}");
+        // The runtime rotates the token file: the next login presents the new token; a token
+        // the authorization server refuses is reported, with nothing stored in its place.
+        std::fs::write(&token, "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJjaS0yIn0.c2lnMg\n").unwrap();
+        let again = home.run(&["mcp", "auth", "login", "wif"]);
+        assert!(
+            again.status.success(),
+            "{}",
+            String::from_utf8_lossy(&again.stderr)
+        );
+        std::fs::write(&token, "refused.eyJzdWIiOiJjaS0zIn0.c2lnMw\n").unwrap();
+        let refused = home.run(&["mcp", "auth", "login", "wif"]);
+        let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+        assert!(!refused.status.success(), "{err}");
+        assert!(err.contains("invalid_grant"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_no_token(
+            &[&login, &again, &refused],
+            &["wl-access-cli", "eyJzdWIiOiJjaS0"],
+        );
+    })
+    .await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    let assertions: Vec<String> = s
+        .to("/token")
+        .iter()
+        .map(|r| r.form()["assertion"].clone())
+        .collect();
+    assert_eq!(
+        assertions,
+        vec![
+            "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJjaS0xIn0.c2lnMQ".to_owned(),
+            "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJjaS0yIn0.c2lnMg".to_owned(),
+            "refused.eyJzdWIiOiJjaS0zIn0.c2lnMw".to_owned(),
+        ]
+    );
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"grant": "jwt_bearer", "via": "iteron mcp auth login"}),
     );
 }

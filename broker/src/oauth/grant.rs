@@ -419,5 +419,9 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("earlier refusals"), "{e}");
+        iteron_test_support::record!(
+            "P16",
+            serde_json::json!({"remembered_servers_max": MAX_REMEMBERED_REFUSALS, "full": "refused"}),
+        );
     }
 }
