@@ -45,7 +45,8 @@ fn credential(server: &str, access: &str) -> Credential {
             client_secret: None,
             expires_at: Some(1),
             refresh_failed: false,
-            dpop_key: None,
+            // A DPoP key is a secret like the tokens: it lives in the service, never the file.
+            dpop_key: Some(SecretString::from(format!("{access}-dpop-key"))),
         },
     }
 }
@@ -65,6 +66,13 @@ fn secret_service_stores_rotates_and_deletes_without_writing_secrets_to_disk() {
     let again = CredentialStore::new(&home);
     let c = again.load(&server).unwrap().unwrap();
     assert_eq!(c.secrets.access_token.expose_secret(), CANARY);
+    assert_eq!(
+        c.secrets
+            .dpop_key
+            .as_ref()
+            .map(|k| k.expose_secret().to_owned()),
+        Some(format!("{CANARY}-dpop-key"))
+    );
     assert_eq!(c.binding.secret_store, CredentialBackend::Keyring);
 
     let rotated = format!("{CANARY}-rotated");
