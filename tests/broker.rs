@@ -2210,6 +2210,49 @@ fn configuration_changes_reach_open_sessions_and_removed_servers_stop() {
     iteron_test_support::record!("P13", json!({}),);
 }
 
+/// Issue 14.9: a server removed from the configuration is stopped by the running broker on
+/// its own, with no agent asking anything (the configuration is looked at on a timer), and
+/// `broker status` shows it removed.
+#[test]
+fn a_removed_server_is_stopped_without_any_agent_traffic() {
+    let area = Area::new("reconfig-idle");
+    let marker = format!("iteron-removed-{}", std::process::id());
+    let mut gone = scripted("gone", "legacy");
+    gone["args"].as_array_mut().unwrap().push(json!(marker));
+    let stays = scripted("stays", "legacy");
+    area.config(json!([gone, stays.clone()]));
+    let broker = area.broker(&[], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
+        c.hello("reconfig-idle").await.unwrap();
+        c.request("list_tools", json!({})).await.unwrap();
+    });
+    assert_eq!(processes_with(&marker), 1, "the server was started");
+    area.config(json!([stays]));
+    // No request of any kind now: the broker's own look at the file stops the server.
+    let deadline =
+        Instant::now() + iteron_broker::daemon::CONFIG_WATCH_INTERVAL + Duration::from_secs(5);
+    while processes_with(&marker) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a removed server still runs without agent traffic"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = server_status(&area, "gone");
+    assert_eq!(st["phase"], "removed", "{st}");
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    iteron_test_support::record!(
+        "P13",
+        json!({"watch_interval_s": iteron_broker::daemon::CONFIG_WATCH_INTERVAL.as_secs()}),
+    );
+}
+
 fn zombies_of(pid: i32) -> usize {
     let mut n = 0;
     for e in std::fs::read_dir("/proc").unwrap().flatten() {

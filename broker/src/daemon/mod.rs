@@ -197,6 +197,11 @@ pub const MAX_REFUSED_RECORDS_PER_SEC: u32 = 20;
 /// (the one that approves, denies, cancels and stops).
 pub const MAX_BROKER_IN_FLIGHT: usize = 512;
 
+/// How often a running broker looks at its configuration without any request (a `stat` when
+/// nothing changed): a server removed from the configuration is stopped within this bound even
+/// when no agent asks anything.
+pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
 fn elapsed_ms(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -338,8 +343,25 @@ pub async fn serve(
         Role::Operator,
         Arc::new(vec![own]),
     ));
+    // The configuration is looked at on a timer too (weakly held: the task never keeps the
+    // broker alive); a file that does not load now is reported to the next request instead.
+    let watcher = {
+        let weak = Arc::downgrade(&broker);
+        let mut stopped = stop_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(CONFIG_WATCH_INTERVAL) => {}
+                    _ = stopped.changed() => return,
+                }
+                let Some(b) = weak.upgrade() else { return };
+                let _ = b.registry.snapshot();
+            }
+        })
+    };
     stop.await;
     let _ = stop_tx.send(true);
+    watcher.abort();
     broker.approvals.close();
     let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, async {
         let _ = agents.await;

@@ -26,6 +26,9 @@ pub(super) async fn operator(
     };
     match req {
         OperatorRequest::Status(a) => {
+            // What the file says now: a server removed from it is stopped and shown removed
+            // (a file that does not load leaves the last good configuration in place).
+            let _ = broker.registry.snapshot();
             let servers = broker
                 .registry
                 .status(a.server.as_deref())
