@@ -826,6 +826,43 @@ mod tests {
     }
 
     #[test]
+    fn the_threads_children_lists_find_an_adopted_orphan_as_a_scan_of_every_process_does() {
+        crate::sys::become_subreaper().unwrap();
+        // Held so that no reaper of another test sweeps the orphan away meanwhile.
+        let _no_sweep = SWEEPING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // `sh` leaves a `sleep` behind and exits: the sleep is re-parented to this process.
+        let out = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .unwrap();
+        let orphan: i32 = String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let listed = thread_children().expect("this kernel lists each thread's children");
+        assert!(listed.contains(&orphan), "{listed:?} lacks {orphan}");
+        let fast = adopted();
+        assert!(fast.iter().any(|(p, _)| *p == orphan), "{fast:?}");
+        let slow: Vec<i32> = all_pids()
+            .into_iter()
+            .filter(|p| parent_and_session(*p).is_some_and(|(pp, _)| pp == me))
+            .collect();
+        assert!(slow.contains(&orphan), "{slow:?}");
+        // Its session is the one `sh` inherited, as the full scan reads it.
+        assert_eq!(
+            fast.iter().find(|(p, _)| *p == orphan).map(|(_, s)| *s),
+            parent_and_session(orphan).map(|(_, s)| s)
+        );
+        nix::sys::signal::kill(Pid::from_raw(orphan), Signal::SIGKILL).unwrap();
+        nix::sys::wait::waitpid(Pid::from_raw(orphan), None).unwrap();
+        assert!(!adopted().iter().any(|(p, _)| *p == orphan));
+    }
+
+    #[test]
     fn a_sweep_stops_at_its_round_bound_and_the_next_one_finishes() {
         // A tree four levels deep: each round ends one level, then one round finds none.
         let levels = |n: usize| {

@@ -45,37 +45,68 @@ pub fn settle(within: Duration) -> bool {
     }
 }
 
-/// The processes whose parent is this process, with their session ids (from `/proc`).
+/// The processes whose parent is this process, with their session ids.
+///
+/// A process re-parented to this one (a child subreaper) becomes the child of one of its
+/// threads, so the candidates are read from each thread's `children` list
+/// (`/proc/self/task/*/children`): a read per thread and one `stat` per child, instead of one
+/// per process on the machine. That scan ran after every child's exit, on the reaper's thread
+/// and under the lock every fork takes, so on a host with a few hundred processes it held the
+/// next start for milliseconds. Each candidate's parent is read again from its `stat` (a
+/// `children` list is a snapshot and may be out of date by the time it is read). Where the
+/// kernel offers no such list (built without `CONFIG_PROC_CHILDREN`), every process's `stat`
+/// is read as before.
 pub(super) fn adopted() -> Vec<(i32, i32)> {
     let me = std::process::id() as i32;
+    let candidates = thread_children().unwrap_or_else(all_pids);
+    candidates
+        .into_iter()
+        .filter_map(|pid| match parent_and_session(pid) {
+            Some((ppid, sid)) if ppid == me => Some((pid, sid)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The pids listed in the `children` file of every thread of this process; `None` when a
+/// thread that is still there has no readable list (the kernel offers none).
+pub(super) fn thread_children() -> Option<Vec<i32>> {
+    let rd = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        match std::fs::read_to_string(e.path().join("children")) {
+            Ok(list) => out.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
+            // The thread ended after its directory was listed.
+            Err(_) if !e.path().exists() => {}
+            Err(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Every pid in `/proc`.
+pub(super) fn all_pids() -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid pgrp session …": comm may hold spaces and parentheses, so the
-        // fields are counted after the last ')'.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(sid)) = (
-            f.get(1).and_then(|v| v.parse::<i32>().ok()),
-            f.get(3).and_then(|v| v.parse::<i32>().ok()),
-        ) else {
-            continue;
-        };
-        if ppid == me {
-            out.push((pid, sid));
-        }
-    }
-    out
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .collect()
+}
+
+/// The parent and session id of `pid`, from `/proc/PID/stat`.
+pub(super) fn parent_and_session(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid pgrp session …": comm may hold spaces and parentheses, so the
+    // fields are counted after the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut f = rest.split_whitespace();
+    let ppid = f.nth(1)?.parse::<i32>().ok()?;
+    let sid = f.nth(1)?.parse::<i32>().ok()?;
+    Some((ppid, sid))
 }
 
 /// Held while a sweep runs: one at a time, so no two wait for the same pid.
