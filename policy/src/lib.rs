@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agentdef;
+pub mod calendar;
 pub mod capability;
 pub mod config;
 pub mod egress;

@@ -281,14 +281,7 @@ impl Expiry {
         };
         let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
         let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-        let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-        let days_in = match month {
-            1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-            4 | 6 | 9 | 11 => 30,
-            2 if leap => 29,
-            2 => 28,
-            _ => return None,
-        };
+        let days_in = crate::calendar::days_in_month(year, month)?;
         if year < 1970 || day == 0 || day > days_in || hour > 23 || minute > 59 || second > 59 {
             return None;
         }

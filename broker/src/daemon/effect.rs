@@ -48,22 +48,14 @@ pub(super) async fn call_tool(
         return Err(record.deny(Denial::UnknownTool));
     };
     record.event.tool = Some(tool.name.clone());
-    let event = ToolEvent {
-        session: s.id.clone(),
-        server: server.name.as_str().to_owned(),
-        tool: tool.name.clone(),
+    let effect = Effect {
+        server: server.name.as_str(),
+        what: &tool.name,
         arguments,
-    };
-    let dispatched = before_effect(
-        broker,
-        s,
-        &mut record,
-        &event,
-        &slot,
         generation,
         args_sha256,
-    )
-    .await?;
+    };
+    let (event, dispatched) = before_effect(broker, s, &mut record, &slot, effect).await?;
     // Exactly the bytes the operator approved are sent; the tree lives only for the call.
     let result = under_cancel(
         &slot,
@@ -149,22 +141,14 @@ pub(super) async fn server_read(
         .map_err(|e| record.deny(slot_denial(&e)))?;
     let generation = slot.generation();
     // The tool hooks run around this effect too, with the MCP method as the tool's name.
-    let event = ToolEvent {
-        session: s.id.clone(),
-        server: server.name.as_str().to_owned(),
-        tool: method.to_owned(),
+    let effect = Effect {
+        server: server.name.as_str(),
+        what: method,
         arguments,
-    };
-    let dispatched = before_effect(
-        broker,
-        s,
-        &mut record,
-        &event,
-        &slot,
         generation,
         args_sha256,
-    )
-    .await?;
+    };
+    let (event, dispatched) = before_effect(broker, s, &mut record, &slot, effect).await?;
     let effect = async {
         match &read {
             Read::Resource(uri) => client.read_resource(uri).await,
@@ -189,21 +173,43 @@ pub(super) async fn server_read(
     answer
 }
 
+/// One effect about to be asked for: on which server, what (a tool's name, or the MCP method
+/// of a read), with which arguments, for which generation of the server's process.
+pub(super) struct Effect<'a> {
+    pub(super) server: &'a str,
+    pub(super) what: &'a str,
+    pub(super) arguments: Arc<str>,
+    pub(super) generation: u64,
+    pub(super) args_sha256: String,
+}
+
 /// What every effect goes through between exposure and the effect itself: the `PreToolUse`
 /// hooks (not for a child), the operator's approval, the checks that the server is still the
 /// one the request was prepared for and was not cancelled meanwhile, and the `dispatching`
-/// record (if it cannot be written, nothing is sent). Returns the proof of that record, which
-/// the effect consumes; on any refusal the call's record is finished and nothing was sent.
+/// record (if it cannot be written, nothing is sent). Returns the hooks' view of the effect
+/// and the proof of that record, which the effect consumes; on any refusal the call's record
+/// is finished and nothing was sent.
 pub(super) async fn before_effect(
     broker: &Broker,
     s: &Session,
     record: &mut CallRecord<'_>,
-    event: &ToolEvent,
     slot: &Slot,
-    generation: u64,
-    args_sha256: String,
-) -> Result<Dispatched, Refusal> {
-    let hooks = record.pre_tool_use(event).await?;
+    effect: Effect<'_>,
+) -> Result<(ToolEvent, Dispatched), Refusal> {
+    let Effect {
+        server,
+        what,
+        arguments,
+        generation,
+        args_sha256,
+    } = effect;
+    let event = ToolEvent {
+        session: s.id.clone(),
+        server: server.to_owned(),
+        tool: what.to_owned(),
+        arguments,
+    };
+    let hooks = record.pre_tool_use(&event).await?;
     // A cancel, restart or stop of this server from now on also stops this call.
     let epoch = slot.cancel_epoch();
     // Approval rules (broker/src/rules.rs): the operator's own rules approve or refuse ahead
@@ -256,9 +262,10 @@ pub(super) async fn before_effect(
         return Err(record.deny(Denial::CancelledWhileWaiting));
     }
     // The effect is audited before it happens.
-    record
+    let dispatched = record
         .dispatching(approved, epoch)
-        .map_err(|gate| record.deny(Denial::DispatchNotRecorded(gate)))
+        .map_err(|gate| record.deny(Denial::DispatchNotRecorded(gate)))?;
+    Ok((event, dispatched))
 }
 
 /// Run `effect` as one call on `slot`, consuming the proof that it was approved and its

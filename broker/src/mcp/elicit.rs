@@ -388,15 +388,8 @@ fn date_ok(s: &str) -> bool {
     {
         return false;
     }
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days = match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return false,
-    };
-    (1..=days).contains(&d)
+    iteron_policy::calendar::days_in_month(u64::from(y), u64::from(m))
+        .is_some_and(|days| (1..=days).contains(&u64::from(d)))
 }
 
 /// RFC 3339 `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`.

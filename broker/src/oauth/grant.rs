@@ -299,30 +299,10 @@ pub async fn obtain(
                           a new token is read at the next exchange",
                 });
             }
+            let (res, sc) = (prm.resource.as_str(), scope.as_deref());
             let got = match req.kind {
-                Kind::IdJag => {
-                    id_jag(
-                        http,
-                        req,
-                        &meta,
-                        &client,
-                        &token,
-                        &prm.resource,
-                        scope.as_deref(),
-                    )
-                    .await
-                }
-                _ => {
-                    flow::jwt_bearer(
-                        http,
-                        &meta,
-                        &client,
-                        &token,
-                        &prm.resource,
-                        scope.as_deref(),
-                    )
-                    .await
-                }
+                Kind::IdJag => id_jag(http, req, &meta, &client, &token, res, sc).await,
+                _ => flow::jwt_bearer(http, &meta, &client, &token, res, sc).await,
             };
             if let Err(OAuthError::Server { .. } | OAuthError::UnusableTokens { .. }) = &got {
                 *identity.lock() = Some(digest);
@@ -330,13 +310,7 @@ pub async fn obtain(
             got?
         }
     };
-    Ok(LoginOutcome {
-        resource: prm.resource,
-        server: meta,
-        client,
-        requested: scope,
-        tokens,
-    })
+    Ok(LoginOutcome::new(prm.resource, meta, client, scope, tokens))
 }
 
 /// The two steps of enterprise-managed authorization: the ID token for an ID-JAG at the

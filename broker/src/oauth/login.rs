@@ -92,6 +92,26 @@ pub struct LoginOutcome {
     pub tokens: Tokens,
 }
 
+impl LoginOutcome {
+    /// A login's outcome from its parts (the resource bound, the metadata of the server that
+    /// issued the tokens, the client, the scope asked for).
+    pub(crate) fn new(
+        resource: String,
+        server: ServerMetadata,
+        client: OAuthClient,
+        requested: Option<String>,
+        tokens: Tokens,
+    ) -> Self {
+        LoginOutcome {
+            resource,
+            server,
+            client,
+            requested,
+            tokens,
+        }
+    }
+}
+
 /// A bound loopback listener, ready before the browser is sent anywhere.
 pub struct Callback {
     listener: TcpListener,
@@ -444,24 +464,12 @@ pub async fn login(
             let returned = again.wait(&retry).await?;
             let code = flow::finish(&retry, &returned)?;
             let tokens = flow::exchange(http, &meta, &client, &retry, code).await?;
-            return Ok(LoginOutcome {
-                resource: prm.resource,
-                server: meta,
-                client,
-                requested: None,
-                tokens,
-            });
+            return Ok(LoginOutcome::new(prm.resource, meta, client, None, tokens));
         }
         other => other?,
     };
     let tokens = flow::exchange(http, &meta, &client, &attempt, code).await?;
-    Ok(LoginOutcome {
-        resource: prm.resource,
-        server: meta,
-        client,
-        requested: scope,
-        tokens,
-    })
+    Ok(LoginOutcome::new(prm.resource, meta, client, scope, tokens))
 }
 
 #[cfg(test)]
