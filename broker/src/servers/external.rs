@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, OnceLock};
 
-use reqwest::header::AUTHORIZATION;
-
 use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 use iteron_policy::zone::Zone;
 
@@ -46,19 +44,22 @@ pub(super) async fn connect_external(
         learned,
         external_tokens(),
     )?);
-    let var = source.var.clone();
     let mut opts = opts;
     opts.token = Some(source.clone());
-    let mut token = source.get(false).await.map_err(ConnectError::External)?;
+    // Checked (and renewed when it expires) before connecting, for a typed error; the
+    // transport asks the source again before every request, so no token rides in the fixed
+    // headers.
+    let token = source.get(false).await.map_err(ConnectError::External)?;
+    // A value that cannot be a header is refused naming its variable.
+    bearer_header(&token, &source.var)?;
     let mut refreshed = false;
     loop {
-        let mut headers = configured_headers(h, lookup)?;
-        headers.insert(AUTHORIZATION, bearer_header(&token, &var)?);
+        let headers = configured_headers(h, lookup)?;
         match connect_http_with(h, network, headers, opts.clone()).await {
             // A 401 is a refusal before anything ran: renew once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;
-                token = source.get(true).await.map_err(ConnectError::External)?;
+                source.get(true).await.map_err(ConnectError::External)?;
             }
             other => return other,
         }

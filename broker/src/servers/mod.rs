@@ -221,7 +221,7 @@ pub async fn connect_with_credentials(
     }));
     let mut refreshed = false;
     loop {
-        match connect_bearer(server, network, lookup, opts.clone(), &token, &ctx).await {
+        match connect_bearer(server, network, lookup, opts.clone(), &ctx).await {
             // A 401 is a refusal before anything ran: refresh once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;
