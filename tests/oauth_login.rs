@@ -1151,6 +1151,123 @@ fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_se
     );
 }
 
+#[test]
+fn a_logout_through_a_broker_that_never_used_the_server_keeps_it_from_sending_the_revoked_token() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!(
+        "iteron-oauth-ext-unused-log-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    // Tokens that stay good for the whole test: nothing expires, nothing is renewed.
+    let pair = start_pair_with(
+        &dir,
+        "600",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    let source = Home::new_tagged("ext-unused-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ci = Home::new_tagged("ext-unused-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let sock = ci.0.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let broker = Proc(
+        ci.cmd(&["broker", "serve", "--socket", &sock_s])
+            .env("CI_ACCESS", &access)
+            .env("CI_REFRESH", &refresh)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The broker has not used the server: it revokes the tokens its variables name.
+    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
+    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
+    assert!(
+        logout.status.success() && said.contains("the running broker revoked its tokens"),
+        "{said} {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    assert!(!active(&pair.issuer, &access) && !active(&pair.issuer, &refresh));
+    // Its first use of the server reads the same variables: the revoked tokens are refused
+    // before anything is sent (the access token to the MCP server, the refresh token to the AS).
+    let agent = |args: &[&str]| {
+        let mut full = vec!["agent", "--socket", sock_s.as_str()];
+        full.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(&full)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let tools = agent(&["tools", "--format", "json"]);
+    assert!(
+        !String::from_utf8_lossy(&tools.stdout).contains("whoami"),
+        "the revoked bearer was used"
+    );
+    let lines = log_lines(&log);
+    let carried: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
+        .collect();
+    assert!(
+        carried.is_empty(),
+        "a request carried the revoked token (sha256 {}): {carried:?}",
+        token_sha256(&access)
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["route"] == "token" && l["grant_type"] == "refresh_token"),
+        "the revoked refresh token was presented"
+    );
+    let status = ci.run(&["broker", "status", "--format", "json"]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    drop(broker);
+    assert_no_token(&[&logout, &tools, &status], &[&access, &refresh]);
+    let _ = std::fs::remove_file(&log);
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"authorization_server": "oidc-provider", "used_before_logout": false}),
+    );
+}
+
 /// A 0600 copy of the test-only P-256 key (the repository's copy has whatever mode git gave it).
 fn private_key_copy(home: &Home) -> PathBuf {
     let src = root().join("fixtures/keys/p256-test-only.pem");

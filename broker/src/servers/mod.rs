@@ -28,7 +28,8 @@ use http::{configured_headers, connect_bearer, connect_http_with};
 use stored::{access_of, load_stored, refresh_stored};
 
 pub use external::{
-    ExternalLogout, ExternalTokens, MAX_EXTERNAL_TOKENS, external_tokens, logout_external,
+    ExternalLogout, ExternalTokens, MAX_EXTERNAL_TOKENS, MAX_REVOKED_TOKENS, external_tokens,
+    logout_external,
 };
 pub use grant::{client_key, credential_of, grant_request, login_noninteractive};
 pub use scrubber::{KnownSecrets, LearnedSecrets, MAX_LEARNED_SECRETS};
