@@ -1494,6 +1494,133 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
     );
 }
 
+#[test]
+fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_the_environment() {
+    let dir = fixture();
+    let home = Home::new_tagged("cc-key-env");
+    let key = private_key_copy(&home);
+    let log = home.0.join("requests.log");
+    let log_s = log.to_str().unwrap().to_owned();
+    let pair = start_pair_with(
+        &dir,
+        "20",
+        &[("REQUEST_LOG", log_s.as_str())],
+        &[
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_AUTH_METHOD", "private_key_jwt"),
+            ("CC_CLIENT_KEY_FILE", key.to_str().unwrap()),
+            ("REQUEST_LOG", log_s.as_str()),
+        ],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &home,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "token_endpoint_auth": "private_key_jwt",
+            "client_key_env": "CI_KEY"}),
+    );
+    // The client's key in a systemd credentials directory; the environment holds another
+    // (valid) key the authorization server does not know for this client.
+    let right = std::fs::read_to_string(&key).unwrap();
+    let wrong =
+        std::fs::read_to_string(root().join("fixtures/keys/rsa-2048-test-only.pem")).unwrap();
+    let creds = home.0.join("credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(creds.join("CI_KEY"), &right).unwrap();
+    std::fs::set_permissions(creds.join("CI_KEY"), std::fs::Permissions::from_mode(0o400)).unwrap();
+    let grants = || -> Vec<serde_json::Value> {
+        log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token" && l["grant_type"] == "client_credentials")
+            .collect()
+    };
+    // The environment's key alone: the assertion it signs is refused, once; nothing is stored.
+    let env_only = home
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_KEY", &wrong)
+        .output()
+        .unwrap();
+    assert_eq!(
+        env_only.status.code(),
+        Some(8),
+        "{}",
+        String::from_utf8_lossy(&env_only.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&env_only.stderr).contains("invalid_client"),
+        "{}",
+        String::from_utf8_lossy(&env_only.stderr)
+    );
+    assert!(home.credential().is_none());
+    let refused = grants();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["client_auth"], "client_assertion");
+    assert_eq!(refused[0]["error"], "invalid_client", "{refused:?}");
+    // With the credentials directory, its key wins over the environment's.
+    let login = home
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_KEY", &wrong)
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .output()
+        .unwrap();
+    assert!(
+        login.status.success(),
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let cred = home.credential().unwrap();
+    assert_eq!(cred["binding"]["token_auth"], "private_key_jwt", "{cred}");
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(introspect(&pair.issuer, &access)["client_id"], "iteron-ci");
+    let accepted = grants();
+    assert_eq!(accepted.len(), 2, "{accepted:?}");
+    assert_eq!(accepted[1]["client_auth"], "client_assertion");
+    assert_eq!(accepted[1]["status"], 200, "{accepted:?}");
+    assert_eq!(accepted[1]["resource"], pair.mcp_url.as_str());
+    // A connection reads the key the same way: the 20 s token is inside the renewal margin, so
+    // it runs the grant again with the key from the directory and reaches the server.
+    let test = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_KEY", &wrong)
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let renewed = grants();
+    assert!(
+        renewed.len() >= 3 && renewed[2..].iter().all(|l| l["status"] == 200),
+        "{renewed:?}"
+    );
+    assert!(
+        log_lines(&log)
+            .iter()
+            .any(|l| l["who"] == "mcp" && l["has_authorization"] == true && l["status"] == 200),
+        "the server was not reached with the granted token"
+    );
+    let body = |pem: &str| pem.lines().nth(1).unwrap().to_owned();
+    assert_no_token(
+        &[&env_only, &login, &test],
+        &[&access, &body(&right), &body(&wrong)],
+    );
+    let config = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(&body(&right)));
+    assert!(cred["secrets"]["client_secret"].is_null());
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"authorization_server": "oidc-provider", "client_key": "credentials_directory"}),
+    );
+}
+
 /// POST a JSON-RPC `tools/list` to the MCP server with `authorization` (and no DPoP proof);
 /// returns the HTTP status.
 fn raw_mcp_status(url: &str, authorization: &str) -> u16 {
