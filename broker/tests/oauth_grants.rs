@@ -1141,3 +1141,193 @@ async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an
     assert!(auth.to("/token").is_empty());
     iteron_test_support::record!("P16", json!({"steps": ["token_exchange", "jwt_bearer"]}),);
 }
+
+const AS_SECRET: &str = "as-s3cret";
+
+/// `Authorization: Basic` of a client id and secret, form-encoded first (RFC 6749 §2.3.1).
+fn basic(id: &str, secret: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            scripted::enc(id),
+            scripted::enc(secret)
+        ))
+    )
+}
+
+/// An authorization server that is also the MCP server it protects: it issues `wl-access` for
+/// the ID-JAG alone and serves a stateless 2025-11-25 MCP endpoint to that token only.
+fn jag_as_and_mcp(base: &str) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": [JWT_BEARER]});
+    let challenge =
+        format!("Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\"");
+    Arc::new(move |req: &Seen| {
+        let rpc = req.json();
+        match (req.method.as_str(), req.path()) {
+            ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+            ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+            ("POST", "/token") if req.form()["assertion"] == ID_JAG => judge(),
+            ("POST", "/token") => Reply::status(400, json!({"error": "invalid_grant"})),
+            (_, "/mcp") if req.header("authorization") != Some("Bearer wl-access") => Reply {
+                status: 401,
+                headers: vec![("WWW-Authenticate".into(), challenge.clone())],
+                body: String::new(),
+            },
+            ("POST", "/mcp") => match rpc["method"].as_str() {
+                Some("initialize") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
+                    "result": {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                               "serverInfo": {"name": "jag-protected", "version": "1"}}})),
+                Some("tools/list") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
+                    "result": {"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}})),
+                _ => Reply {
+                    status: 202,
+                    headers: Vec::new(),
+                    body: String::new(),
+                },
+            },
+            _ => Reply {
+                status: 405,
+                headers: Vec::new(),
+                body: String::new(),
+            },
+        }
+    })
+}
+
+/// An `id_jag` server entry as the operator writes it, its secrets and ID token named by
+/// variables.
+fn jag_config(name: &str, as_base: &str, idp_base: &str) -> ServerConfig {
+    server(json!({
+        "name": name, "transport": "http", "url": format!("{as_base}/mcp"),
+        "oauth": {
+            "grant": "id_jag", "issuer": as_base,
+            "client_id": "mcp-client", "client_secret_env": "AS_SECRET",
+            "idp_issuer": idp_base, "idp_client_id": "idp-client",
+            "idp_client_secret_env": "IDP_SECRET", "identity_token_env": "USER_ID_TOKEN",
+        },
+    }))
+}
+
+#[tokio::test]
+async fn a_connect_configured_for_id_jag_exchanges_the_id_token_at_the_identity_provider_first() {
+    use iteron_broker::mcp::version::{Version, VersionPolicy};
+    let t = TempHome::new("id-jag-config");
+    let home = t.home();
+    let auth = Server::start(jag_as_and_mcp).await;
+    let idp = Server::start(|base| idp_script(base, jag_issued)).await;
+    let lookup = env(&[
+        ("AS_SECRET", AS_SECRET),
+        ("IDP_SECRET", IDP_SECRET),
+        ("USER_ID_TOKEN", ID_TOKEN),
+    ]);
+    let opts = Options {
+        version: VersionPolicy::Pin(Version::V2025_11_25),
+        ..Options::default()
+    };
+    let ctx = || servers::SpawnContext {
+        home: home.dir().to_path_buf(),
+        ceiling: Config::default().ceiling(),
+        egress: None,
+    };
+    // The broker's path: no login stored, so the connection runs the grant its configuration
+    // describes, stores the token and reaches the server with it.
+    let cfg = jag_config("id-jag", &auth.base(), &idp.base());
+    let client = servers::connect_with_credentials(
+        &cfg,
+        &Default::default(),
+        &lookup,
+        opts.clone(),
+        &home,
+        ctx(),
+        &LearnedSecrets::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tools = client.list_tools().await.unwrap();
+    assert_eq!(tools.len(), 1);
+    // At the identity provider: the user's ID token from its variable, exchanged for an ID-JAG
+    // addressed to the authorization server, with the provider's client secret in Basic.
+    let ex = idp.to("/token");
+    assert_eq!(ex.len(), 1, "{ex:?}");
+    let form = ex[0].form();
+    assert_eq!(
+        form["grant_type"],
+        "urn:ietf:params:oauth:grant-type:token-exchange"
+    );
+    assert_eq!(
+        form["requested_token_type"],
+        "urn:ietf:params:oauth:token-type:id-jag"
+    );
+    assert_eq!(form["subject_token"], ID_TOKEN);
+    assert_eq!(
+        form["subject_token_type"],
+        "urn:ietf:params:oauth:token-type:id_token"
+    );
+    assert_eq!(form["audience"], auth.base());
+    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert_eq!(
+        ex[0].header("authorization"),
+        Some(basic("idp-client", IDP_SECRET).as_str())
+    );
+    assert!(!ex[0].body.contains(AS_SECRET) && !ex[0].carries(AS_SECRET));
+    // At the authorization server: only the ID-JAG, with the MCP client's own secret.
+    let grant_req = auth.to("/token");
+    assert_eq!(grant_req.len(), 1, "{grant_req:?}");
+    let form = grant_req[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(form["assertion"], ID_JAG);
+    assert_eq!(
+        grant_req[0].header("authorization"),
+        Some(basic("mcp-client", AS_SECRET).as_str())
+    );
+    for leaked in [IDP_SECRET, ID_TOKEN] {
+        assert!(
+            !grant_req[0].body.contains(leaked)
+                && grant_req[0]
+                    .headers
+                    .iter()
+                    .all(|(_, v)| !v.contains(leaked)),
+            "the authorization server received what belongs to the identity provider"
+        );
+    }
+    assert!(
+        auth.to("/mcp")
+            .iter()
+            .all(|r| r.header("authorization") == Some("Bearer wl-access")),
+        "a request reached the server without the granted token"
+    );
+    // The identity provider refuses another server's ID token: a later connect of that server
+    // does not present it again.
+    let refusing = Server::start(|base| idp_script(base, jag_refused)).await;
+    let cfg = jag_config("id-jag-refused", &auth.base(), &refusing.base());
+    for said in ["invalid_grant", "is not presented again"] {
+        let e = servers::connect_with_credentials(
+            &cfg,
+            &Default::default(),
+            &lookup,
+            opts.clone(),
+            &home,
+            ctx(),
+            &LearnedSecrets::default(),
+        )
+        .await
+        .err()
+        .unwrap();
+        let line = e.to_string();
+        assert!(line.contains(said) && !line.contains(ID_TOKEN), "{line}");
+    }
+    assert_eq!(refusing.to("/token").len(), 1);
+    assert_eq!(
+        auth.to("/token").len(),
+        1,
+        "a refused exchange reached the AS"
+    );
+    iteron_test_support::record!(
+        "P16",
+        json!({"steps": ["token_exchange", "jwt_bearer"], "from": "configuration"}),
+    );
+}
