@@ -1151,6 +1151,123 @@ fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_se
     );
 }
 
+#[test]
+fn a_logout_through_a_broker_that_never_used_the_server_keeps_it_from_sending_the_revoked_token() {
+    let dir = fixture();
+    let log = std::env::temp_dir().join(format!(
+        "iteron-oauth-ext-unused-log-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    // Tokens that stay good for the whole test: nothing expires, nothing is renewed.
+    let pair = start_pair_with(
+        &dir,
+        "600",
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    let source = Home::new_tagged("ext-unused-source");
+    assert!(
+        source
+            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    login_via_cli(&source, &dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    let refresh = cred["secrets"]["refresh_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ci = Home::new_tagged("ext-unused-ci");
+    assert!(
+        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &ci,
+        "guarded",
+        serde_json::json!({
+            "access_token_env": "CI_ACCESS",
+            "refresh_url": format!("{}/token", pair.issuer),
+            "refresh_token_env": "CI_REFRESH",
+            "revoke_url": format!("{}/token/revocation", pair.issuer),
+            "client_id": cred["binding"]["client_id"],
+        }),
+    );
+    let sock = ci.0.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let broker = Proc(
+        ci.cmd(&["broker", "serve", "--socket", &sock_s])
+            .env("CI_ACCESS", &access)
+            .env("CI_REFRESH", &refresh)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The broker has not used the server: it revokes the tokens its variables name.
+    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
+    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
+    assert!(
+        logout.status.success() && said.contains("the running broker revoked its tokens"),
+        "{said} {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    assert!(!active(&pair.issuer, &access) && !active(&pair.issuer, &refresh));
+    // Its first use of the server reads the same variables: the revoked tokens are refused
+    // before anything is sent (the access token to the MCP server, the refresh token to the AS).
+    let agent = |args: &[&str]| {
+        let mut full = vec!["agent", "--socket", sock_s.as_str()];
+        full.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_iteron"))
+            .args(&full)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let tools = agent(&["tools", "--format", "json"]);
+    assert!(
+        !String::from_utf8_lossy(&tools.stdout).contains("whoami"),
+        "the revoked bearer was used"
+    );
+    let lines = log_lines(&log);
+    let carried: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
+        .collect();
+    assert!(
+        carried.is_empty(),
+        "a request carried the revoked token (sha256 {}): {carried:?}",
+        token_sha256(&access)
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["route"] == "token" && l["grant_type"] == "refresh_token"),
+        "the revoked refresh token was presented"
+    );
+    let status = ci.run(&["broker", "status", "--format", "json"]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    drop(broker);
+    assert_no_token(&[&logout, &tools, &status], &[&access, &refresh]);
+    let _ = std::fs::remove_file(&log);
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"authorization_server": "oidc-provider", "used_before_logout": false}),
+    );
+}
+
 /// A 0600 copy of the test-only P-256 key (the repository's copy has whatever mode git gave it).
 fn private_key_copy(home: &Home) -> PathBuf {
     let src = root().join("fixtures/keys/p256-test-only.pem");
@@ -1374,6 +1491,133 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
         "P16",
         serde_json::json!({"authorization_server": "oidc-provider",
             "methods": ["client_secret_basic", "client_secret_post", "private_key_jwt"]}),
+    );
+}
+
+#[test]
+fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_the_environment() {
+    let dir = fixture();
+    let home = Home::new_tagged("cc-key-env");
+    let key = private_key_copy(&home);
+    let log = home.0.join("requests.log");
+    let log_s = log.to_str().unwrap().to_owned();
+    let pair = start_pair_with(
+        &dir,
+        "20",
+        &[("REQUEST_LOG", log_s.as_str())],
+        &[
+            ("CC_CLIENT_ID", "iteron-ci"),
+            ("CC_CLIENT_AUTH_METHOD", "private_key_jwt"),
+            ("CC_CLIENT_KEY_FILE", key.to_str().unwrap()),
+            ("REQUEST_LOG", log_s.as_str()),
+        ],
+    );
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+    set_oauth(
+        &home,
+        "guarded",
+        serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
+            "issuer": pair.issuer, "token_endpoint_auth": "private_key_jwt",
+            "client_key_env": "CI_KEY"}),
+    );
+    // The client's key in a systemd credentials directory; the environment holds another
+    // (valid) key the authorization server does not know for this client.
+    let right = std::fs::read_to_string(&key).unwrap();
+    let wrong =
+        std::fs::read_to_string(root().join("fixtures/keys/rsa-2048-test-only.pem")).unwrap();
+    let creds = home.0.join("credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(creds.join("CI_KEY"), &right).unwrap();
+    std::fs::set_permissions(creds.join("CI_KEY"), std::fs::Permissions::from_mode(0o400)).unwrap();
+    let grants = || -> Vec<serde_json::Value> {
+        log_lines(&log)
+            .into_iter()
+            .filter(|l| l["route"] == "token" && l["grant_type"] == "client_credentials")
+            .collect()
+    };
+    // The environment's key alone: the assertion it signs is refused, once; nothing is stored.
+    let env_only = home
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_KEY", &wrong)
+        .output()
+        .unwrap();
+    assert_eq!(
+        env_only.status.code(),
+        Some(8),
+        "{}",
+        String::from_utf8_lossy(&env_only.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&env_only.stderr).contains("invalid_client"),
+        "{}",
+        String::from_utf8_lossy(&env_only.stderr)
+    );
+    assert!(home.credential().is_none());
+    let refused = grants();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["client_auth"], "client_assertion");
+    assert_eq!(refused[0]["error"], "invalid_client", "{refused:?}");
+    // With the credentials directory, its key wins over the environment's.
+    let login = home
+        .cmd(&["mcp", "auth", "login", "guarded"])
+        .env("CI_KEY", &wrong)
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .output()
+        .unwrap();
+    assert!(
+        login.status.success(),
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let cred = home.credential().unwrap();
+    assert_eq!(cred["binding"]["token_auth"], "private_key_jwt", "{cred}");
+    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(introspect(&pair.issuer, &access)["client_id"], "iteron-ci");
+    let accepted = grants();
+    assert_eq!(accepted.len(), 2, "{accepted:?}");
+    assert_eq!(accepted[1]["client_auth"], "client_assertion");
+    assert_eq!(accepted[1]["status"], 200, "{accepted:?}");
+    assert_eq!(accepted[1]["resource"], pair.mcp_url.as_str());
+    // A connection reads the key the same way: the 20 s token is inside the renewal margin, so
+    // it runs the grant again with the key from the directory and reaches the server.
+    let test = home
+        .cmd(&["mcp", "test", "guarded"])
+        .env("CI_KEY", &wrong)
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    let renewed = grants();
+    assert!(
+        renewed.len() >= 3 && renewed[2..].iter().all(|l| l["status"] == 200),
+        "{renewed:?}"
+    );
+    assert!(
+        log_lines(&log)
+            .iter()
+            .any(|l| l["who"] == "mcp" && l["has_authorization"] == true && l["status"] == 200),
+        "the server was not reached with the granted token"
+    );
+    let body = |pem: &str| pem.lines().nth(1).unwrap().to_owned();
+    assert_no_token(
+        &[&env_only, &login, &test],
+        &[&access, &body(&right), &body(&wrong)],
+    );
+    let config = std::fs::read_to_string(home.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(&body(&right)));
+    assert!(cred["secrets"]["client_secret"].is_null());
+    iteron_test_support::record!(
+        "P16",
+        serde_json::json!({"authorization_server": "oidc-provider", "client_key": "credentials_directory"}),
     );
 }
 

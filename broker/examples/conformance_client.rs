@@ -190,13 +190,27 @@ impl Login {
     }
 }
 
-/// The token a login gave, as the client's managed token: installed before the handshake (a
-/// DPoP-bound token needs its proof on every request); a 401 presents it once more.
-struct Fixed(AccessToken);
+/// The token the last login gave, as the client's managed token (a DPoP-bound token needs its
+/// proof on every request, so the transport asks for it before each one); a new login replaces
+/// it; a 401 presents it once more.
+struct Fixed(std::sync::Mutex<AccessToken>);
+
+impl Fixed {
+    fn replace(&self, token: &AccessToken) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = token.clone();
+    }
+}
 
 impl TokenSource for Fixed {
     fn current(&self) -> TokenFuture<'_> {
-        let t = self.0.clone();
+        let t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Box::pin(async move { Ok(t) })
     }
 
@@ -286,12 +300,18 @@ async fn run(
         attempts: 0,
     };
     let mut bearer: Option<AccessToken> = None;
+    // The managed token of a DPoP-bound login (its source, which later logins update).
+    let mut managed: Option<Arc<Fixed>> = None;
     let mcp = loop {
         let mut headers = HeaderMap::new();
         let mut opts = opts.clone();
         match &bearer {
             // A DPoP-bound token is installed by the client itself, with a proof per request.
-            Some(b) if b.dpop.is_some() => opts.token = Some(Arc::new(Fixed(b.clone()))),
+            Some(b) if b.dpop.is_some() => {
+                let fixed = Arc::new(Fixed(std::sync::Mutex::new(b.clone())));
+                managed = Some(Arc::clone(&fixed));
+                opts.token = Some(fixed);
+            }
             Some(b) => {
                 let mut v = HeaderValue::from_str(&format!("Bearer {}", b.token.expose_secret()))
                     .map_err(|e| e.to_string())?;
@@ -320,7 +340,11 @@ async fn run(
                     Err(e) => match unauthorized(&e) {
                         Some(challenge) => {
                             let token = login.login(challenge.as_ref()).await?;
-                            mcp.set_access(&token);
+                            // A managed token is asked of its source before every request.
+                            match &managed {
+                                Some(fixed) => fixed.replace(&token),
+                                None => mcp.set_access(&token),
+                            }
                         }
                         None => break Err(e),
                     },

@@ -205,6 +205,185 @@ async fn an_external_tokens_revoke_url_obeys_the_binding_zone_of_its_server() {
     );
 }
 
+/// The bearer a request to the MCP endpoint carried (`Bearer <token>`), if any.
+fn bearer_of(req: &Seen) -> Option<String> {
+    req.header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+}
+
+/// A stateful (2025-11-25) MCP server that is also the authorization server of its externally
+/// managed token: `/token` issues `at-<n>` (living 1 s, inside the 30 s renewal margin, so every
+/// request must be preceded by a renewal) with `rt-<n>`, `/revoke` accepts; at `/mcp` the
+/// standalone `GET` stream ends at once (so it is reopened every second), and the answer to a
+/// `tools/call` comes only on a resumption (`GET` with `Last-Event-ID`).
+fn stateful_external(_base: &str) -> scripted::Script {
+    let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let call_id = Arc::new(std::sync::Mutex::new(Value::Null));
+    let sse = |body: String| Reply {
+        status: 200,
+        headers: vec![("Content-Type".into(), "text/event-stream".into())],
+        body,
+    };
+    Arc::new(move |req: &Seen| {
+        let rpc = req.json();
+        match (req.method.as_str(), req.path(), rpc["method"].as_str()) {
+            ("POST", "/token", _) => {
+                let n = issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                Reply::json(
+                    json!({"access_token": format!("at-{n}"), "token_type": "Bearer",
+                    "expires_in": 1, "refresh_token": format!("rt-{n}")}),
+                )
+            }
+            ("POST", "/revoke", _) => Reply::json(json!({})),
+            ("POST", "/mcp", Some("initialize")) => {
+                let mut r = Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"], "result": {
+                    "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "stateful-external", "version": "1"}}}));
+                r.headers.push(("Mcp-Session-Id".into(), "s1".into()));
+                r
+            }
+            ("POST", "/mcp", Some("notifications/initialized")) => Reply {
+                status: 202,
+                headers: Vec::new(),
+                body: String::new(),
+            },
+            ("POST", "/mcp", Some("tools/call")) => {
+                *call_id.lock().unwrap() = rpc["id"].clone();
+                sse("id: ev-1\nretry: 100\ndata: \n\n".into())
+            }
+            ("GET", "/mcp", _) if req.header("last-event-id").is_some() => {
+                let answer = json!({"jsonrpc": "2.0", "id": *call_id.lock().unwrap(),
+                    "result": {"content": [{"type": "text", "text": "resumed"}]}});
+                sse(format!("event: message\nid: ev-2\ndata: {answer}\n\n"))
+            }
+            ("GET", "/mcp", _) => sse(": open\n\n".into()),
+            ("DELETE", "/mcp", _) => Reply::json(json!({})),
+            _ => Reply::not_found(),
+        }
+    })
+}
+
+#[tokio::test]
+async fn no_request_of_a_stateful_session_carries_an_expired_or_revoked_external_token() {
+    use iteron_broker::mcp::version::{Version, VersionPolicy};
+    let t = TempHome::new("ext-stateful");
+    let home = t.home();
+    let s = Server::start(stateful_external).await;
+    let cfg = server(json!({
+        "name": "ext-stateful", "transport": "http", "url": format!("{}/mcp", s.base()),
+        "oauth": {
+            "access_token_env": "T", "expires_at_env": "E",
+            "refresh_url": format!("{}/token", s.base()), "refresh_token_env": "R",
+            "revoke_url": format!("{}/revoke", s.base()), "client_id": "ci-client",
+        },
+    }));
+    let lookup = env(&[("T", "at-0"), ("E", &expired()), ("R", "rt-0")]);
+    let client = servers::connect_with_credentials(
+        &cfg,
+        &Default::default(),
+        &lookup,
+        Options {
+            version: VersionPolicy::Pin(Version::V2025_11_25),
+            ..Options::default()
+        },
+        &home,
+        servers::SpawnContext {
+            home: home.dir().to_path_buf(),
+            ceiling: Config::default().ceiling(),
+            egress: None,
+        },
+        &LearnedSecrets::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = client
+        .call_tool("echo", serde_json::Map::new())
+        .await
+        .unwrap();
+    assert_eq!(out.text, "resumed");
+    // The standalone stream ends at once and is reopened every second: wait for two reopenings,
+    // then log out right after one (the next is a second away).
+    let listener_gets = |s: &Server| {
+        s.to("/mcp")
+            .iter()
+            .filter(|r| r.method == "GET" && r.header("last-event-id").is_none())
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listener_gets(&s) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream was not reopened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let out = servers::logout_external(&cfg, &Default::default(), &lookup).await;
+    assert!(
+        matches!(
+            out,
+            Ok(servers::ExternalLogout::Revoked(
+                iteron_broker::oauth::Revoked::Revoked
+            ))
+        ),
+        "{:?}",
+        out.as_ref().err().map(|e| e.to_string())
+    );
+    let at_logout = s.to("/mcp").len();
+    // Long enough for another reopening of the stream, then the session's DELETE.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    client.close().await;
+    let mcp = s.to("/mcp");
+    let revoked: Vec<String> = s
+        .to("/revoke")
+        .iter()
+        .map(|r| r.form()["token"].clone())
+        .collect();
+    assert_eq!(revoked.len(), 2, "{revoked:?}");
+    // Every token lives 1 s, inside the renewal margin: each request must carry one renewed
+    // for it. A token seen before was reused at or past its expiry.
+    let mut used: Vec<String> = Vec::new();
+    for (i, req) in mcp.iter().enumerate() {
+        let what = format!(
+            "request {i} ({} {})",
+            req.method,
+            req.json()["method"]
+                .as_str()
+                .or(req.header("last-event-id").map(|_| "resumption"))
+                .unwrap_or("stream")
+        );
+        let token = bearer_of(req).unwrap_or_else(|| panic!("{what} carried no token"));
+        assert_ne!(token, "at-0", "{what} carried the expired token");
+        assert!(
+            !used.contains(&token),
+            "{what} carried {token} again, past its expiry: {used:?}"
+        );
+        used.push(token);
+    }
+    let kinds = |pred: &dyn Fn(&Seen) -> bool| mcp.iter().filter(|r| pred(r)).count();
+    assert!(kinds(&|r| r.method == "GET" && r.header("last-event-id").is_some()) >= 1);
+    assert!(kinds(&|r| r.method == "GET" && r.header("last-event-id").is_none()) >= 3);
+    // After the logout nothing carries a revoked token: the stream is not reopened with it,
+    // and the session's DELETE is not sent with it (it is not sent at all).
+    for req in &mcp[at_logout..] {
+        let token = bearer_of(req);
+        assert!(
+            token.as_ref().is_none_or(|t| !revoked.contains(t)),
+            "{} after the logout carried the revoked {token:?}",
+            req.method
+        );
+    }
+    assert!(
+        mcp.iter().all(|r| r.method != "DELETE"),
+        "the DELETE was sent without a token the source gives"
+    );
+    assert_eq!(mcp.len(), at_logout, "a request followed the logout");
+    iteron_test_support::record!(
+        "P16",
+        json!({"requests": mcp.len(), "revoked": revoked.len()}),
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The client-credentials grant
 // ---------------------------------------------------------------------------------------------
@@ -961,4 +1140,194 @@ async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an
     assert_eq!(idp.to("/token").len(), 1);
     assert!(auth.to("/token").is_empty());
     iteron_test_support::record!("P16", json!({"steps": ["token_exchange", "jwt_bearer"]}),);
+}
+
+const AS_SECRET: &str = "as-s3cret";
+
+/// `Authorization: Basic` of a client id and secret, form-encoded first (RFC 6749 §2.3.1).
+fn basic(id: &str, secret: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            scripted::enc(id),
+            scripted::enc(secret)
+        ))
+    )
+}
+
+/// An authorization server that is also the MCP server it protects: it issues `wl-access` for
+/// the ID-JAG alone and serves a stateless 2025-11-25 MCP endpoint to that token only.
+fn jag_as_and_mcp(base: &str) -> scripted::Script {
+    let prm = json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+    let meta = json!({"issuer": base, "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": [JWT_BEARER]});
+    let challenge =
+        format!("Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\"");
+    Arc::new(move |req: &Seen| {
+        let rpc = req.json();
+        match (req.method.as_str(), req.path()) {
+            ("GET", "/.well-known/oauth-protected-resource/mcp") => Reply::json(prm.clone()),
+            ("GET", "/.well-known/oauth-authorization-server") => Reply::json(meta.clone()),
+            ("POST", "/token") if req.form()["assertion"] == ID_JAG => judge(),
+            ("POST", "/token") => Reply::status(400, json!({"error": "invalid_grant"})),
+            (_, "/mcp") if req.header("authorization") != Some("Bearer wl-access") => Reply {
+                status: 401,
+                headers: vec![("WWW-Authenticate".into(), challenge.clone())],
+                body: String::new(),
+            },
+            ("POST", "/mcp") => match rpc["method"].as_str() {
+                Some("initialize") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
+                    "result": {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                               "serverInfo": {"name": "jag-protected", "version": "1"}}})),
+                Some("tools/list") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
+                    "result": {"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}})),
+                _ => Reply {
+                    status: 202,
+                    headers: Vec::new(),
+                    body: String::new(),
+                },
+            },
+            _ => Reply {
+                status: 405,
+                headers: Vec::new(),
+                body: String::new(),
+            },
+        }
+    })
+}
+
+/// An `id_jag` server entry as the operator writes it, its secrets and ID token named by
+/// variables.
+fn jag_config(name: &str, as_base: &str, idp_base: &str) -> ServerConfig {
+    server(json!({
+        "name": name, "transport": "http", "url": format!("{as_base}/mcp"),
+        "oauth": {
+            "grant": "id_jag", "issuer": as_base,
+            "client_id": "mcp-client", "client_secret_env": "AS_SECRET",
+            "idp_issuer": idp_base, "idp_client_id": "idp-client",
+            "idp_client_secret_env": "IDP_SECRET", "identity_token_env": "USER_ID_TOKEN",
+        },
+    }))
+}
+
+#[tokio::test]
+async fn a_connect_configured_for_id_jag_exchanges_the_id_token_at_the_identity_provider_first() {
+    use iteron_broker::mcp::version::{Version, VersionPolicy};
+    let t = TempHome::new("id-jag-config");
+    let home = t.home();
+    let auth = Server::start(jag_as_and_mcp).await;
+    let idp = Server::start(|base| idp_script(base, jag_issued)).await;
+    let lookup = env(&[
+        ("AS_SECRET", AS_SECRET),
+        ("IDP_SECRET", IDP_SECRET),
+        ("USER_ID_TOKEN", ID_TOKEN),
+    ]);
+    let opts = Options {
+        version: VersionPolicy::Pin(Version::V2025_11_25),
+        ..Options::default()
+    };
+    let ctx = || servers::SpawnContext {
+        home: home.dir().to_path_buf(),
+        ceiling: Config::default().ceiling(),
+        egress: None,
+    };
+    // The broker's path: no login stored, so the connection runs the grant its configuration
+    // describes, stores the token and reaches the server with it.
+    let cfg = jag_config("id-jag", &auth.base(), &idp.base());
+    let client = servers::connect_with_credentials(
+        &cfg,
+        &Default::default(),
+        &lookup,
+        opts.clone(),
+        &home,
+        ctx(),
+        &LearnedSecrets::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tools = client.list_tools().await.unwrap();
+    assert_eq!(tools.len(), 1);
+    // At the identity provider: the user's ID token from its variable, exchanged for an ID-JAG
+    // addressed to the authorization server, with the provider's client secret in Basic.
+    let ex = idp.to("/token");
+    assert_eq!(ex.len(), 1, "{ex:?}");
+    let form = ex[0].form();
+    assert_eq!(
+        form["grant_type"],
+        "urn:ietf:params:oauth:grant-type:token-exchange"
+    );
+    assert_eq!(
+        form["requested_token_type"],
+        "urn:ietf:params:oauth:token-type:id-jag"
+    );
+    assert_eq!(form["subject_token"], ID_TOKEN);
+    assert_eq!(
+        form["subject_token_type"],
+        "urn:ietf:params:oauth:token-type:id_token"
+    );
+    assert_eq!(form["audience"], auth.base());
+    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert_eq!(
+        ex[0].header("authorization"),
+        Some(basic("idp-client", IDP_SECRET).as_str())
+    );
+    assert!(!ex[0].body.contains(AS_SECRET) && !ex[0].carries(AS_SECRET));
+    // At the authorization server: only the ID-JAG, with the MCP client's own secret.
+    let grant_req = auth.to("/token");
+    assert_eq!(grant_req.len(), 1, "{grant_req:?}");
+    let form = grant_req[0].form();
+    assert_eq!(form["grant_type"], JWT_BEARER);
+    assert_eq!(form["assertion"], ID_JAG);
+    assert_eq!(
+        grant_req[0].header("authorization"),
+        Some(basic("mcp-client", AS_SECRET).as_str())
+    );
+    for leaked in [IDP_SECRET, ID_TOKEN] {
+        assert!(
+            !grant_req[0].body.contains(leaked)
+                && grant_req[0]
+                    .headers
+                    .iter()
+                    .all(|(_, v)| !v.contains(leaked)),
+            "the authorization server received what belongs to the identity provider"
+        );
+    }
+    assert!(
+        auth.to("/mcp")
+            .iter()
+            .all(|r| r.header("authorization") == Some("Bearer wl-access")),
+        "a request reached the server without the granted token"
+    );
+    // The identity provider refuses another server's ID token: a later connect of that server
+    // does not present it again.
+    let refusing = Server::start(|base| idp_script(base, jag_refused)).await;
+    let cfg = jag_config("id-jag-refused", &auth.base(), &refusing.base());
+    for said in ["invalid_grant", "is not presented again"] {
+        let e = servers::connect_with_credentials(
+            &cfg,
+            &Default::default(),
+            &lookup,
+            opts.clone(),
+            &home,
+            ctx(),
+            &LearnedSecrets::default(),
+        )
+        .await
+        .err()
+        .unwrap();
+        let line = e.to_string();
+        assert!(line.contains(said) && !line.contains(ID_TOKEN), "{line}");
+    }
+    assert_eq!(refusing.to("/token").len(), 1);
+    assert_eq!(
+        auth.to("/token").len(),
+        1,
+        "a refused exchange reached the AS"
+    );
+    iteron_test_support::record!(
+        "P16",
+        json!({"steps": ["token_exchange", "jwt_bearer"], "from": "configuration"}),
+    );
 }

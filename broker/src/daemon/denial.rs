@@ -547,7 +547,9 @@ pub(super) fn failure_reason(e: &McpError) -> Reason {
         McpError::Rpc { .. } => Reason::ServerError,
         McpError::Transport(t) => match t.kind {
             TransportErrorKind::Timeout => Reason::TimedOut,
-            TransportErrorKind::Unauthorized { .. } => Reason::Unauthorized,
+            TransportErrorKind::Unauthorized { .. } | TransportErrorKind::NoCredential(_) => {
+                Reason::Unauthorized
+            }
             _ => Reason::ConnectionFailed,
         },
         McpError::Protocol { .. } => Reason::ProtocolViolation,
@@ -574,6 +576,9 @@ pub(super) fn describe_failure(e: &McpError, secrets: &KnownSecrets) -> String {
         McpError::Transport(t) => match t.kind {
             K::Timeout => "the call did not complete in time".to_owned(),
             K::Unauthorized { .. } => "the server refused the broker's credentials".to_owned(),
+            K::NoCredential(_) => {
+                "the broker holds no usable credential for the server; nothing was sent".to_owned()
+            }
             _ => "the connection to the server failed".to_owned(),
         },
         McpError::Protocol { .. } => "the server broke the protocol".to_owned(),

@@ -9,6 +9,11 @@
 //! number of times. An unknown-session reply (400 or 404, JSON or text) is reported as
 //! [`TransportErrorKind::SessionLost`]; the caller decides about re-initializing, and no
 //! request is ever resent by this layer.
+//!
+//! A managed token ([`TokenSource`]) is asked for before **every** request that carries it —
+//! the POSTs, the standalone `GET` stream and each of its reopenings, a resumption and the
+//! session `DELETE` — so its expiry check (renewal first) and a logout's refusal hold for all of
+//! them: no request reuses an `Authorization` the source would no longer give.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +26,7 @@ use serde_json::Value;
 use iteron_policy::text;
 use iteron_policy::url::EndpointUrl;
 
+use super::client::{AccessToken, TokenSource};
 use super::jsonrpc::{self, Certainty, Id, Incoming, RpcError};
 use super::sse::{SseLimits, SseParser};
 use super::{Handler, TransportError, TransportErrorKind};
@@ -60,9 +66,12 @@ struct HttpInner {
     fixed_headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<String>>,
-    /// The `Authorization` of an OAuth login (sensitive; never shown): a Bearer token, or a
-    /// DPoP-bound token presented with a fresh proof on every request.
+    /// The `Authorization` set by the caller when no token source manages it (sensitive; never
+    /// shown): a Bearer token, or a DPoP-bound token presented with a fresh proof on every
+    /// request.
     auth: Mutex<Option<Auth>>,
+    /// The managed token, asked for before every request; when set, `auth` is not used.
+    token: Option<Arc<dyn TokenSource>>,
     /// The last DPoP nonce the server gave (RFC 9449 §9).
     dpop_nonce: Mutex<Option<String>>,
     list_changed: AtomicBool,
@@ -81,6 +90,36 @@ enum Auth {
         token: secrecy::SecretString,
         key: Arc<crate::oauth::dpop::DpopKey>,
     },
+}
+
+impl Auth {
+    /// `Authorization: Bearer <token>`, marked sensitive; `None` when the token cannot be a
+    /// header value.
+    fn bearer(token: &secrecy::SecretString) -> Option<Auth> {
+        use secrecy::ExposeSecret;
+        let mut v = HeaderValue::from_str(&format!("Bearer {}", token.expose_secret())).ok()?;
+        v.set_sensitive(true);
+        Some(Auth::Bearer(v))
+    }
+
+    /// `Authorization: DPoP <token>`, marked sensitive, with the key its proofs are made with.
+    fn dpop(token: &secrecy::SecretString, key: Arc<crate::oauth::dpop::DpopKey>) -> Option<Auth> {
+        use secrecy::ExposeSecret;
+        let mut header = HeaderValue::from_str(&format!("DPoP {}", token.expose_secret())).ok()?;
+        header.set_sensitive(true);
+        Some(Auth::Dpop {
+            header,
+            token: token.clone(),
+            key,
+        })
+    }
+
+    fn of(token: &AccessToken) -> Option<Auth> {
+        match &token.dpop {
+            Some(key) => Auth::dpop(&token.token, Arc::clone(key)),
+            None => Auth::bearer(&token.token),
+        }
+    }
 }
 
 /// One POST of a JSON-RPC message.
@@ -157,12 +196,14 @@ fn is_sse(resp: &Response) -> bool {
 
 impl HttpTransport {
     /// A transport to `url` through `client` (already bound to the server's zone), sending
-    /// `fixed_headers` on every request.
+    /// `fixed_headers` on every request, and the token of `token` (asked for before each
+    /// request) when there is one.
     pub fn new(
         client: ZoneClient,
         url: EndpointUrl,
         fixed_headers: HeaderMap,
         handler: Arc<dyn Handler>,
+        token: Option<Arc<dyn TokenSource>>,
     ) -> HttpTransport {
         HttpTransport {
             inner: Arc::new(HttpInner {
@@ -172,6 +213,7 @@ impl HttpTransport {
                 session: Mutex::new(None),
                 protocol: Mutex::new(None),
                 auth: Mutex::new(None),
+                token,
                 dpop_nonce: Mutex::new(None),
                 list_changed: AtomicBool::new(false),
                 handler,
@@ -181,34 +223,22 @@ impl HttpTransport {
         }
     }
 
-    /// Send this bearer token on every later request (or none). The value is marked sensitive.
+    /// Send this bearer token on every later request (or none) when no token source manages
+    /// the authorization. The value is marked sensitive.
     pub fn set_bearer(&self, token: Option<&secrecy::SecretString>) {
-        use secrecy::ExposeSecret;
-        let value = token.and_then(|t| {
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", t.expose_secret())).ok()?;
-            v.set_sensitive(true);
-            Some(v)
-        });
         if let Ok(mut a) = self.inner.auth.lock() {
-            *a = value.map(Auth::Bearer);
+            *a = token.and_then(Auth::bearer);
         }
     }
 
-    /// Present this DPoP-bound token on every later request, each with a fresh proof of
-    /// possession of `key` bound to the request's method and URL and to the token.
+    /// Present this DPoP-bound token on every later request (when no token source manages the
+    /// authorization), each with a fresh proof of possession of `key` bound to the request's
+    /// method and URL and to the token.
     pub fn set_dpop(&self, token: &secrecy::SecretString, key: Arc<crate::oauth::dpop::DpopKey>) {
-        use secrecy::ExposeSecret;
-        let Ok(mut header) = HeaderValue::from_str(&format!("DPoP {}", token.expose_secret()))
-        else {
-            return;
-        };
-        header.set_sensitive(true);
-        if let Ok(mut a) = self.inner.auth.lock() {
-            *a = Some(Auth::Dpop {
-                header,
-                token: token.clone(),
-                key,
-            });
+        if let Some(auth) = Auth::dpop(token, key)
+            && let Ok(mut a) = self.inner.auth.lock()
+        {
+            *a = Some(auth);
         }
     }
 
@@ -257,12 +287,19 @@ impl HttpTransport {
         let task = tokio::spawn(async move {
             let mut ready = Some(ready);
             // Reopened when it ends (servers close idle streams), a bounded number of times,
-            // with a pause; a 405 or any non-stream answer ends listening for good.
+            // with a pause; a 405 or any non-stream answer ends listening for good. Each
+            // opening asks the token source anew: a token at its expiry is renewed first, and
+            // one it no longer gives (logged out, nothing to renew it) ends listening.
             for attempt in 0..LISTENER_REOPENS {
                 if attempt > 0 {
                     tokio::time::sleep(DEFAULT_RETRY).await;
                 }
-                let Ok(mut headers) = inner.base_headers(&Method::GET, &HeaderMap::new()) else {
+                let Ok(auth) = inner.credential().await else {
+                    return;
+                };
+                let Ok(mut headers) =
+                    inner.base_headers(&Method::GET, &HeaderMap::new(), auth.as_ref())
+                else {
                     return;
                 };
                 headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
@@ -333,17 +370,33 @@ impl HttpInner {
         self.session.lock().is_ok_and(|s| s.is_some())
     }
 
-    /// The headers of a `method` request: the configured ones, the authorization (with a fresh
-    /// DPoP proof for this method and URL), the session and version, then `extra`. `Err` only
-    /// when a DPoP proof cannot be made (nothing is sent then).
+    /// The authorization of the next request: the token source's current token (renewed first
+    /// when it is about to expire), or what the caller set when there is no source. `Err` (one
+    /// operator-facing line) when the source has no token to give: the request is not sent.
+    async fn credential(&self) -> Result<Option<Auth>, String> {
+        let Some(source) = &self.token else {
+            return Ok(self.auth.lock().ok().and_then(|a| a.clone()));
+        };
+        let token = source
+            .current()
+            .await
+            .map_err(|why| text::single_line_capped(&why, 300))?;
+        Auth::of(&token)
+            .map(Some)
+            .ok_or_else(|| "the access token cannot be sent as an HTTP header value".to_owned())
+    }
+
+    /// The headers of a `method` request: the configured ones, `auth` (with a fresh DPoP proof
+    /// for this method and URL), the session and version, then `extra`. `Err` only when a DPoP
+    /// proof cannot be made (nothing is sent then).
     fn base_headers(
         &self,
         method: &Method,
         extra: &HeaderMap,
+        auth: Option<&Auth>,
     ) -> Result<HeaderMap, TransportError> {
         let mut h = self.fixed_headers.clone();
-        let auth = self.auth.lock().ok().and_then(|a| a.clone());
-        match auth {
+        match auth.cloned() {
             Some(Auth::Bearer(v)) => {
                 h.insert(reqwest::header::AUTHORIZATION, v);
             }
@@ -404,12 +457,6 @@ impl HttpInner {
         Some(n)
     }
 
-    fn uses_dpop(&self) -> bool {
-        self.auth
-            .lock()
-            .is_ok_and(|a| matches!(*a, Some(Auth::Dpop { .. })))
-    }
-
     /// POST one message. Returns the answer to `post.awaits` (a result, or a JSON-RPC error —
     /// also when it came with a 4xx status), or `None` for an accepted notification/response.
     async fn post(
@@ -419,8 +466,13 @@ impl HttpInner {
         let body = serde_json::to_vec(post.body)
             .map_err(|e| protocol(e.to_string(), Certainty::NotSent))?;
         let mut nonce_retried = false;
-        let (resp, sent_session) = loop {
-            let mut headers = self.base_headers(&Method::POST, &post.headers)?;
+        let (resp, sent_session, dpop) = loop {
+            let auth = self.credential().await.map_err(|why| TransportError {
+                kind: TransportErrorKind::NoCredential(why),
+                certainty: Certainty::NotSent,
+            })?;
+            let dpop = matches!(auth, Some(Auth::Dpop { .. }));
+            let mut headers = self.base_headers(&Method::POST, &post.headers, auth.as_ref())?;
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             let sent_session = headers.contains_key(SESSION_HEADER);
             let mut req = Request::new(Method::POST, self.url.clone());
@@ -437,7 +489,7 @@ impl HttpInner {
                 && !nonce_retried
                 && !post.effect
                 && offered.is_some()
-                && self.uses_dpop()
+                && dpop
                 && resp
                     .headers()
                     .get(reqwest::header::WWW_AUTHENTICATE)
@@ -449,7 +501,7 @@ impl HttpInner {
                 let _ = resp.body(MAX_ERROR_BODY).await;
                 continue;
             }
-            break (resp, sent_session);
+            break (resp, sent_session, dpop);
         };
         let status = resp.status();
         if status.is_success()
@@ -505,7 +557,7 @@ impl HttpInner {
                 .and_then(crate::oauth::parse_challenge);
             let detail = if post.effect
                 && code == 401
-                && self.uses_dpop()
+                && dpop
                 && challenge.as_ref().and_then(|c| c.error.as_deref())
                     == Some(crate::oauth::dpop::USE_DPOP_NONCE)
             {
@@ -635,12 +687,17 @@ impl HttpInner {
             resumptions += 1;
             let wait = parser.retry().unwrap_or(DEFAULT_RETRY).min(MAX_RETRY);
             tokio::time::sleep(wait).await;
-            let mut headers =
-                self.base_headers(&Method::GET, &HeaderMap::new())
-                    .map_err(|mut e| {
-                        e.certainty = Certainty::MaybeApplied;
-                        e
-                    })?;
+            // The request is on the wire: whatever stops the resumption leaves it maybe applied.
+            let auth = self.credential().await.map_err(|why| TransportError {
+                kind: TransportErrorKind::NoCredential(why),
+                certainty: Certainty::MaybeApplied,
+            })?;
+            let mut headers = self
+                .base_headers(&Method::GET, &HeaderMap::new(), auth.as_ref())
+                .map_err(|mut e| {
+                    e.certainty = Certainty::MaybeApplied;
+                    e
+                })?;
             headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
             if let Ok(v) = HeaderValue::from_str(&last_id) {
                 headers.insert(HeaderName::from_static("last-event-id"), v);
@@ -715,12 +772,20 @@ impl HttpInner {
         }
     }
 
+    /// End the session with `DELETE`. Without a token the source still gives (a logout revoked
+    /// it, or it expired with nothing to renew it) no `DELETE` is sent: the server ends the
+    /// session by itself, and a revoked or expired token never goes out.
     async fn close(&self) {
         if !self.has_session() {
             return;
         }
         let mut req = Request::new(Method::DELETE, self.url.clone());
-        let Ok(headers) = self.base_headers(&Method::DELETE, &HeaderMap::new()) else {
+        let Ok(auth) = self.credential().await else {
+            self.clear_session();
+            return;
+        };
+        let Ok(headers) = self.base_headers(&Method::DELETE, &HeaderMap::new(), auth.as_ref())
+        else {
             self.clear_session();
             return;
         };

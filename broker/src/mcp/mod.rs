@@ -79,6 +79,10 @@ pub enum TransportErrorKind {
         /// The parsed Bearer challenge (no secret in it), for the OAuth layer.
         challenge: Option<crate::oauth::Challenge>,
     },
+    /// The managed token could not be had for this request (expired with nothing to renew it,
+    /// its renewal failed, revoked by a logout): the request was not sent with it. One
+    /// operator-facing line, no secret.
+    NoCredential(String),
 }
 
 /// A transport failure, with what is known about the request's effect.
@@ -110,6 +114,7 @@ impl fmt::Display for TransportError {
                     "the server requires authorization (HTTP {status}): {detail}"
                 )
             }
+            TransportErrorKind::NoCredential(why) => f.write_str(why),
         }?;
         if self.certainty == Certainty::MaybeApplied {
             f.write_str(" (the request may have been applied; it was not retried)")?;

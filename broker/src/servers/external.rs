@@ -1,12 +1,12 @@
 //! Externally managed tokens (`oauth.access_token_env`): read from the variables once per
 //! process, renewed at `refresh_url` and held in memory only, revoked at `revoke_url` by
-//! `auth logout`.
+//! `auth logout`. What a logout revoked — the tokens the process held and the values the
+//! variables named — is remembered (as SHA-256 digests) for the life of the process, whatever
+//! server or configuration names it later: a revoked token is never presented again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::sync::{Arc, OnceLock};
-
-use reqwest::header::AUTHORIZATION;
 
 use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 use iteron_policy::zone::Zone;
@@ -46,19 +46,22 @@ pub(super) async fn connect_external(
         learned,
         external_tokens(),
     )?);
-    let var = source.var.clone();
     let mut opts = opts;
     opts.token = Some(source.clone());
-    let mut token = source.get(false).await.map_err(ConnectError::External)?;
+    // Checked (and renewed when it expires) before connecting, for a typed error; the
+    // transport asks the source again before every request, so no token rides in the fixed
+    // headers.
+    let token = source.get(false).await.map_err(ConnectError::External)?;
+    // A value that cannot be a header is refused naming its variable.
+    bearer_header(&token, &source.var)?;
     let mut refreshed = false;
     loop {
-        let mut headers = configured_headers(h, lookup)?;
-        headers.insert(AUTHORIZATION, bearer_header(&token, &var)?);
+        let headers = configured_headers(h, lookup)?;
         match connect_http_with(h, network, headers, opts.clone()).await {
             // A 401 is a refusal before anything ran: renew once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;
-                token = source.get(true).await.map_err(ConnectError::External)?;
+                source.get(true).await.map_err(ConnectError::External)?;
             }
             other => return other,
         }
@@ -69,6 +72,25 @@ pub(super) async fn connect_external(
 /// per server; a configuration holds at most [`iteron_policy::config::MAX_SERVERS`]).
 pub const MAX_EXTERNAL_TOKENS: usize = iteron_policy::config::MAX_SERVERS;
 
+/// Most revoked tokens one process remembers: a logout adds the access and refresh tokens held
+/// and the values the variables named (four; six when the server's configuration now names
+/// other variables than its tokens were read from), and the variables of a process do not
+/// change, so this is four per server a configuration may hold. Past it the process reads no
+/// variable anew (fail closed) until it is restarted.
+pub const MAX_REVOKED_TOKENS: usize = REVOKED_PER_SERVER * MAX_EXTERNAL_TOKENS;
+
+/// Most tokens one logout remembers as revoked.
+const REVOKED_PER_SERVER: usize = 4;
+
+/// The SHA-256 of a token: what is remembered of a revoked one.
+type Fingerprint = [u8; 32];
+
+fn fingerprint(token: &crate::oauth::SecretString) -> Fingerprint {
+    use secrecy::ExposeSecret;
+    use sha2::Digest;
+    sha2::Sha256::digest(token.expose_secret().as_bytes()).into()
+}
+
 /// What the broker holds of one server's externally managed token: the access token, its
 /// expiry and the refresh token, rotated in place. In memory only — read from the variables
 /// the first time the server (in this configuration) is used by this process, never written
@@ -76,6 +98,9 @@ pub const MAX_EXTERNAL_TOKENS: usize = iteron_policy::config::MAX_SERVERS;
 struct ExternalState {
     /// The configuration digest the state was read under; another configuration starts afresh.
     digest: String,
+    /// The values the variables named when the state was read (access, then refresh token):
+    /// a logout revokes what the state holds now and remembers these too.
+    read: Vec<Fingerprint>,
     access: crate::oauth::SecretString,
     expires_at: Option<u64>,
     refresh: Option<crate::oauth::SecretString>,
@@ -90,15 +115,58 @@ type ExternalSlot = Arc<tokio::sync::Mutex<ExternalState>>;
 pub struct ExternalTokens {
     max: usize,
     slots: std::sync::Mutex<HashMap<String, ExternalSlot>>,
+    revoked: std::sync::Mutex<Revoked>,
+}
+
+/// The tokens `auth logout` revoked in this process (at most `max`); `full` once one could not
+/// be remembered.
+struct Revoked {
+    max: usize,
+    tokens: HashSet<Fingerprint>,
+    full: bool,
 }
 
 impl ExternalTokens {
-    /// An empty set of at most `max` servers.
+    /// An empty set of at most `max` servers, remembering at most four revoked tokens per
+    /// server ([`MAX_REVOKED_TOKENS`] for the process's own).
     pub fn new(max: usize) -> ExternalTokens {
         ExternalTokens {
             max,
             slots: std::sync::Mutex::new(HashMap::new()),
+            revoked: std::sync::Mutex::new(Revoked {
+                max: max.saturating_mul(REVOKED_PER_SERVER),
+                tokens: HashSet::new(),
+                full: false,
+            }),
         }
+    }
+
+    fn revoked(&self) -> std::sync::MutexGuard<'_, Revoked> {
+        match self.revoked.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Remember tokens a logout revoked (or stopped using). One that cannot be remembered
+    /// makes the set full: then no variable is read anew by this process (fail closed).
+    fn remember(&self, tokens: impl IntoIterator<Item = Fingerprint>) {
+        let mut r = self.revoked();
+        for t in tokens {
+            if r.tokens.contains(&t) {
+                continue;
+            }
+            if r.tokens.len() >= r.max {
+                r.full = true;
+                continue;
+            }
+            r.tokens.insert(t);
+        }
+    }
+
+    /// Whether a logout of this process revoked the token.
+    fn is_revoked(&self, token: &crate::oauth::SecretString) -> bool {
+        self.revoked().tokens.contains(&fingerprint(token))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExternalSlot>> {
@@ -128,6 +196,12 @@ impl ExternalTokens {
             return Err(ConnectError::External(format!(
                 "the broker already holds the externally managed tokens of {} servers; restart it",
                 self.max
+            )));
+        }
+        if self.revoked().full {
+            return Err(ConnectError::External(format!(
+                "the broker cannot remember more than {} revoked externally managed tokens, so it reads no token variable anew; restart it",
+                self.revoked().max
             )));
         }
         let slot = Arc::new(tokio::sync::Mutex::new(init()?));
@@ -202,12 +276,21 @@ impl ExternalToken {
                 .as_ref()
                 .map(|n| secret_var(lookup, n))
                 .transpose()?;
+            let read = std::iter::once(&access)
+                .chain(refresh.as_ref())
+                .map(fingerprint)
+                .collect();
+            // A value a logout of this process revoked is never presented again: a revoked
+            // access token leaves the server logged out, a revoked refresh token is dropped.
+            let logged_out = tokens.is_revoked(&access);
+            let refresh = refresh.filter(|r| !tokens.is_revoked(r));
             Ok(ExternalState {
                 digest: digest.clone(),
+                read,
                 access,
                 expires_at,
                 refresh,
-                logged_out: false,
+                logged_out,
             })
         })?;
         Ok(ExternalToken {
@@ -325,8 +408,20 @@ pub enum ExternalLogout {
 
 /// Revoke `server`'s externally managed tokens at `revoke_url` (best effort): the ones this
 /// process holds (the rotated refresh token and the current access token) when it holds them,
-/// else the ones the variables name; then nothing is sent with them again by this process.
+/// else the ones the variables name. Whatever the revocation came to (and with no `revoke_url`
+/// too), this process never sends them again: they, and the values the variables named, are
+/// remembered as revoked, so a later connect of this server — or of any server whose variables
+/// name them — is refused.
 pub async fn logout_external(
+    server: &ServerConfig,
+    network: &NetworkConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+) -> Result<ExternalLogout, ConnectError> {
+    logout_external_in(external_tokens(), server, network, lookup).await
+}
+
+async fn logout_external_in(
+    tokens: &ExternalTokens,
     server: &ServerConfig,
     network: &NetworkConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
@@ -338,30 +433,37 @@ pub async fn logout_external(
         .oauth
         .as_ref()
         .ok_or(ConnectError::External("no oauth block".into()))?;
-    if o.revoke_url.is_none() {
-        return Ok(ExternalLogout::NoRevokeUrl);
-    }
-    let secret = o
-        .client_secret_env
-        .as_ref()
-        .map(|n| secret_var(lookup, n))
-        .transpose()?;
-    let Some(ep) = crate::oauth::external::Endpoints::of(h, secret) else {
-        return Ok(ExternalLogout::NoRevokeUrl);
+    let endpoints = match o.revoke_url {
+        None => None,
+        Some(_) => {
+            let secret = o
+                .client_secret_env
+                .as_ref()
+                .map(|n| secret_var(lookup, n))
+                .transpose()?;
+            crate::oauth::external::Endpoints::of(h, secret)
+        }
     };
-    let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
-    let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
-        .map_err(ConnectError::Net)?;
-    let http = net.client(zone).map_err(ConnectError::Net)?;
-    if let Some(slot) = external_tokens().existing(server.name.as_str()) {
-        let mut st = slot.lock().await;
-        let revoked = ep
-            .revoke(&http, Some(&st.access), st.refresh.as_ref())
-            .await;
-        st.logged_out = true;
-        st.refresh = None;
-        return Ok(ExternalLogout::Revoked(revoked));
-    }
+    let http = match &endpoints {
+        None => None,
+        Some(_) => {
+            let zone = endpoint_zone(&h.url).map_err(ConnectError::Net)?;
+            let net = Net::new(NetConfig::from_operator(network).map_err(ConnectError::Net)?)
+                .map_err(ConnectError::Net)?;
+            Some(net.client(zone).map_err(ConnectError::Net)?)
+        }
+    };
+    let revoke = async |access: Option<&crate::oauth::SecretString>,
+                        refresh: Option<&crate::oauth::SecretString>| {
+        match (&endpoints, &http) {
+            (Some(ep), Some(http)) => {
+                ExternalLogout::Revoked(ep.revoke(http, access, refresh).await)
+            }
+            _ => ExternalLogout::NoRevokeUrl,
+        }
+    };
+    // What the variables name now (the slot may have been read under another configuration
+    // of the server, naming other variables).
     let access = o
         .access_token_env
         .as_ref()
@@ -370,7 +472,124 @@ pub async fn logout_external(
         .refresh_token_env
         .as_ref()
         .and_then(|n| secret_var(lookup, n).ok());
-    Ok(ExternalLogout::Revoked(
-        ep.revoke(&http, access.as_ref(), refresh.as_ref()).await,
-    ))
+    let named: Vec<Fingerprint> = access
+        .iter()
+        .chain(refresh.iter())
+        .map(fingerprint)
+        .collect();
+    if let Some(slot) = tokens.existing(server.name.as_str()) {
+        let mut st = slot.lock().await;
+        let outcome = revoke(Some(&st.access), st.refresh.as_ref()).await;
+        st.logged_out = true;
+        let held =
+            std::iter::once(fingerprint(&st.access)).chain(st.refresh.as_ref().map(fingerprint));
+        tokens.remember(
+            held.chain(st.read.iter().copied())
+                .chain(named)
+                .collect::<Vec<_>>(),
+        );
+        st.refresh = None;
+        return Ok(outcome);
+    }
+    let outcome = revoke(access.as_ref(), refresh.as_ref()).await;
+    tokens.remember(named);
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::ExposeSecret;
+
+    fn server(name: &str, client_id: &str) -> ServerConfig {
+        let doc = serde_json::json!({"schema_version": 2, "mcp_servers": [{
+            "name": name, "transport": "http", "url": "https://mcp.example/mcp",
+            "oauth": {"access_token_env": "T", "refresh_token_env": "R",
+                      "refresh_url": "https://as.example/token", "client_id": client_id}}]});
+        let c = iteron_policy::config::Config::parse(doc.to_string().as_bytes()).unwrap();
+        c.mcp_servers.into_iter().next().unwrap()
+    }
+
+    fn vars(t: &str, r: &str) -> impl Fn(&str) -> Option<OsString> + Sync + use<> {
+        let (t, r) = (t.to_owned(), r.to_owned());
+        move |k: &str| match k {
+            "T" => Some(OsString::from(&t)),
+            "R" => Some(OsString::from(&r)),
+            _ => None,
+        }
+    }
+
+    fn source(
+        tokens: &ExternalTokens,
+        s: &ServerConfig,
+        lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    ) -> Result<ExternalToken, ConnectError> {
+        let Transport::Http(h) = &s.transport else {
+            unreachable!()
+        };
+        ExternalToken::new(
+            s,
+            h,
+            &NetworkConfig::default(),
+            lookup,
+            &LearnedSecrets::default(),
+            tokens,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_logout_before_any_use_is_remembered_and_the_memory_is_bounded_failing_closed() {
+        let tokens = ExternalTokens::new(2);
+        let net = NetworkConfig::default();
+        let a = server("a", "c");
+        // No slot yet (the process never used the server): the logout still remembers what the
+        // variables named, so a later connect never presents it.
+        let out = logout_external_in(&tokens, &a, &net, &vars("t1", "r1")).await;
+        assert!(matches!(out, Ok(ExternalLogout::NoRevokeUrl)));
+        let e = source(&tokens, &a, &vars("t1", "r1"))
+            .unwrap()
+            .get(false)
+            .await
+            .err()
+            .unwrap();
+        assert!(e.contains("revoked by iteron mcp auth logout"), "{e}");
+        // Another server whose variables name a new access token and the revoked refresh token:
+        // the access token is used, the refresh token never presented.
+        let b = source(&tokens, &server("b", "c"), &vars("t2", "r1")).unwrap();
+        assert_eq!(b.get(false).await.unwrap().expose_secret(), "t2");
+        let e = b.get(true).await.err().unwrap();
+        assert!(e.contains("there is no refresh token to renew it"), "{e}");
+        // A second logout of a server it holds adds nothing new (what it holds was read from
+        // the variables already remembered).
+        let _ = logout_external_in(&tokens, &a, &net, &vars("t1", "r1")).await;
+        assert_eq!(tokens.revoked().tokens.len(), 2);
+        // Four revoked tokens per server: logouts of servers never used fill the memory (8)…
+        for (name, t, r) in [("c", "t3", "r3"), ("d", "t4", "r4"), ("e", "t5", "r5")] {
+            let _ = logout_external_in(&tokens, &server(name, "c"), &net, &vars(t, r)).await;
+        }
+        assert_eq!(tokens.revoked().tokens.len(), 8);
+        assert!(!tokens.revoked().full);
+        // …and one over cannot be remembered: no variable is read anew by this process (a slot
+        // already held stays as it was: the logged-out one stays logged out).
+        let _ = logout_external_in(&tokens, &server("f", "c"), &net, &vars("t6", "r6")).await;
+        assert!(tokens.revoked().full);
+        let e = source(&tokens, &server("a", "other-client"), &vars("t7", "r7"))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("revoked externally managed tokens"),
+            "{e}"
+        );
+        assert!(
+            source(&tokens, &a, &vars("t1", "r1"))
+                .unwrap()
+                .get(false)
+                .await
+                .is_err()
+        );
+        iteron_test_support::record!(
+            "P16",
+            serde_json::json!({"revoked_per_server": REVOKED_PER_SERVER, "max": MAX_REVOKED_TOKENS, "full": "refused"}),
+        );
+    }
 }

@@ -3,12 +3,12 @@
 
 use std::ffi::OsString;
 
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use iteron_policy::config::{NetworkConfig, ServerConfig, Transport};
 
 use super::{ConnectError, SpawnContext, connect};
-use crate::mcp::client::{AccessToken, Client, Options};
+use crate::mcp::client::{Client, Options};
 use crate::net::{Net, NetConfig, endpoint_zone};
 
 fn secret_header(value: OsString, name: &str) -> Result<HeaderValue, ConnectError> {
@@ -66,25 +66,19 @@ pub(super) async fn connect_http_with(
         .map_err(ConnectError::Mcp)
 }
 
+/// Connect with the stored credential's token source in `opts`: the transport asks it for the
+/// token before every request (no token rides in the fixed headers, where it would outlive its
+/// expiry or a logout).
 pub(super) async fn connect_bearer(
     server: &ServerConfig,
     network: &NetworkConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
     opts: Options,
-    token: &AccessToken,
     ctx: &SpawnContext,
 ) -> Result<Client, ConnectError> {
     let Transport::Http(h) = &server.transport else {
         return connect(server, network, lookup, opts, ctx).await;
     };
-    let mut headers = configured_headers(h, lookup)?;
-    // A DPoP-bound token needs a proof per request: the client installs it from its token
-    // source before the first one; a Bearer token also rides in the fixed headers.
-    if token.dpop.is_none() {
-        headers.insert(
-            AUTHORIZATION,
-            bearer_header(&token.token, "the stored access token")?,
-        );
-    }
+    let headers = configured_headers(h, lookup)?;
     connect_http_with(h, network, headers, opts).await
 }

@@ -28,7 +28,8 @@ use http::{configured_headers, connect_bearer, connect_http_with};
 use stored::{access_of, load_stored, refresh_stored};
 
 pub use external::{
-    ExternalLogout, ExternalTokens, MAX_EXTERNAL_TOKENS, external_tokens, logout_external,
+    ExternalLogout, ExternalTokens, MAX_EXTERNAL_TOKENS, MAX_REVOKED_TOKENS, external_tokens,
+    logout_external,
 };
 pub use grant::{client_key, credential_of, grant_request, login_noninteractive};
 pub use scrubber::{KnownSecrets, LearnedSecrets, MAX_LEARNED_SECRETS};
@@ -221,7 +222,7 @@ pub async fn connect_with_credentials(
     }));
     let mut refreshed = false;
     loop {
-        match connect_bearer(server, network, lookup, opts.clone(), &token, &ctx).await {
+        match connect_bearer(server, network, lookup, opts.clone(), &ctx).await {
             // A 401 is a refusal before anything ran: refresh once and connect again.
             Err(ConnectError::Mcp(e)) if is_unauthorized(&e) && !refreshed => {
                 refreshed = true;

@@ -96,7 +96,7 @@ impl Client {
             elicitor: opts.elicitor.clone(),
             scrub: opts.scrub.clone(),
         });
-        let t = HttpTransport::new(client, url, fixed_headers, handler);
+        let t = HttpTransport::new(client, url, fixed_headers, handler, opts.token.clone());
         Client::connect(Transport::Http(t), opts, None).await
     }
 
@@ -129,11 +129,6 @@ impl Client {
             revive_lock: tokio::sync::Mutex::new(()),
             reviving: AtomicBool::new(false),
         };
-        // A managed token authorizes the handshake too (a DPoP-bound one cannot ride in the
-        // fixed headers: each request needs its own proof).
-        if http {
-            client.install_token(false).await?;
-        }
         match (client.opts.version, start) {
             (VersionPolicy::Pin(_), Era::Legacy(v)) => client.initialize(v).await?,
             (VersionPolicy::Pin(_), Era::Modern(_)) => {}
@@ -222,17 +217,13 @@ impl Client {
             .map_or(0, |r| r.done.load(Ordering::SeqCst).min(MAX_RESTARTS))
     }
 
-    /// Install the managed token (if any) as the bearer; `refresh` forces a new one.
-    pub(super) async fn install_token(&self, refresh: bool) -> Result<(), McpError> {
+    /// After the server refused the managed token: have its source renew it (the transport
+    /// asks the source before every request, so the next one carries the new token).
+    pub(super) async fn renew_token(&self) -> Result<(), McpError> {
         let Some(source) = &self.opts.token else {
             return Ok(());
         };
-        let token = if refresh {
-            source.refresh().await
-        } else {
-            source.current().await
-        }
-        .map_err(|why| {
+        source.refresh().await.map_err(|why| {
             McpError::Transport(TransportError {
                 kind: TransportErrorKind::Unauthorized {
                     status: 401,
@@ -242,19 +233,20 @@ impl Client {
                 certainty: Certainty::NotSent,
             })
         })?;
-        self.set_access(&token);
         Ok(())
     }
 
-    /// Authorize every later request with this bearer token (HTTP; no effect on stdio).
+    /// Authorize every later request with this bearer token when no token source manages the
+    /// authorization (HTTP; no effect on stdio).
     pub fn set_bearer(&self, token: Option<&crate::oauth::SecretString>) {
         if let Transport::Http(t) = &*self.transport() {
             t.set_bearer(token);
         }
     }
 
-    /// Authorize every later request with this access token: Bearer, or DPoP-bound with a
-    /// fresh proof per request (HTTP; no effect on stdio).
+    /// Authorize every later request with this access token when no token source manages the
+    /// authorization: Bearer, or DPoP-bound with a fresh proof per request (HTTP; no effect on
+    /// stdio).
     pub fn set_access(&self, token: &AccessToken) {
         if let Transport::Http(t) = &*self.transport() {
             match &token.dpop {

@@ -211,7 +211,6 @@ impl Client {
     ) -> Result<Value, McpError> {
         self.revive().await?;
         self.recover_session().await?;
-        self.install_token(false).await?;
         // An effect (an approved call) is sent once: whatever the server answers — a refused
         // token, an unsupported version, a header mismatch — the error is returned (with its
         // certainty) and what would make a new attempt work is fixed for the next request.
@@ -268,7 +267,7 @@ impl Client {
                         != Some(crate::oauth::dpop::USE_DPOP_NONCE) =>
                 {
                     token_refreshed = true;
-                    self.install_token(true).await?;
+                    self.renew_token().await?;
                     if effect {
                         return Err(McpError::Transport(TransportError {
                             kind: TransportErrorKind::Unauthorized {
