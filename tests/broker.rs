@@ -2419,6 +2419,68 @@ fn one_bad_server_does_not_break_or_serialize_discovery() {
     );
 }
 
+/// Issue 14.16 in the broker: a stdio server that never gets through its start is stopped at
+/// the broker's start deadline, which ends inside `list_tools`' own deadline for it, so
+/// `broker status` gives the reason with the server's last stderr lines and the confinement
+/// hint. A server whose start the listing gives up on (an HTTP server that accepts and never
+/// answers has no start deadline of its own) is `failed` with the reason, never left
+/// `starting`. The agent only learns that both are unavailable.
+#[test]
+fn a_server_that_times_out_at_start_in_the_broker_is_reported_with_its_stderr_and_the_hint() {
+    use iteron_broker::daemon::LIST_SERVER_DEADLINE;
+    use iteron_broker::registry::START_DEADLINE;
+    let area = Area::new("start-timeout");
+    // Accepted by the kernel, never read: the connection opens and no answer ever comes.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}/mcp", mute.local_addr().unwrap().port());
+    area.config(json!([
+        {"name": "stuck", "transport": "stdio", "command": "/bin/sh",
+         "args": ["-c", "echo 'waiting for the license server' >&2; exec sleep 60"]},
+        {"name": "mute", "transport": "http", "url": url},
+    ]));
+    let broker = area.broker(&[], &[]);
+    let t = Instant::now();
+    let out = wait_child(area.agent(&["tools", "--format", "json"]).spawn().unwrap());
+    let took = t.elapsed();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut unavailable: Vec<String> = serde_json::from_value(v["unavailable"].clone()).unwrap();
+    unavailable.sort();
+    assert_eq!(unavailable, ["mute", "stuck"]);
+    assert!(took < LIST_SERVER_DEADLINE * 2, "{took:?}");
+    // The reason is the operator's: nothing of it reaches the agent.
+    for shown in [text(&out.stdout), text(&out.stderr)] {
+        assert!(!shown.contains("license"), "{shown}");
+    }
+
+    let stuck = server_status(&area, "stuck");
+    assert_eq!(stuck["phase"], "failed", "{stuck}");
+    let why = stuck["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "no answer within {} s of starting",
+            START_DEADLINE.as_secs()
+        )),
+        "{stuck}"
+    );
+    assert!(
+        why.contains("its stderr ends: waiting for the license server"),
+        "{stuck}"
+    );
+    assert!(why.contains("the server runs confined"), "{stuck}");
+    let mute_status = server_status(&area, "mute");
+    assert_eq!(mute_status["phase"], "failed", "{mute_status}");
+    assert!(
+        mute_status["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("its start was given up after"),
+        "{mute_status}"
+    );
+    drop(mute);
+    drop(broker);
+}
+
 fn vm_rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status

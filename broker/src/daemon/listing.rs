@@ -73,6 +73,11 @@ pub(super) async fn session_catalog(
 /// asked at once, so a hung one costs this once, not once per server.
 pub const LIST_SERVER_DEADLINE: Duration = Duration::from_secs(15);
 
+// A stdio server's start ends (and is reported with its stderr lines) before the listing
+// gives up on it.
+const _: () =
+    assert!(crate::registry::START_DEADLINE.as_millis() < LIST_SERVER_DEADLINE.as_millis());
+
 /// Run `futures` concurrently on this task and collect their outputs in order.
 pub(super) async fn join_all<T>(
     mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>,
