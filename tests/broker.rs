@@ -2542,6 +2542,42 @@ fn list_tools_starts_at_most_its_bound_of_servers_at_once() {
     );
 }
 
+/// Issue 14.20: docs/cli.md's table of JSON shapes names every key that `mcp doctor` (its
+/// approval rules included) and `broker status` (each server's egress included) print, at
+/// every depth.
+#[test]
+fn every_key_of_doctor_and_broker_status_is_in_the_documented_shapes() {
+    let area = Area::new("shapes");
+    area.write_config(&json!({
+        "schema_version": 2,
+        "mcp_servers": [scripted("s", "legacy")],
+        "approvals": {"rules": [
+            {"id": "gone-echo", "effect": "allow", "server": "gone", "tool": "echo"}
+        ]}
+    }));
+    let doctor = area.run(&["mcp", "doctor", "--format", "json"]);
+    let v: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(
+        v["approval_rules"][0]["findings"][0]["code"], "unknown_server",
+        "{v}"
+    );
+    assert_eq!(
+        support::undocumented_json_keys("mcp doctor", &v),
+        Vec::<String>::new()
+    );
+    let broker = area.broker(&[], &[]);
+    let out = wait_child(area.agent(&["tools"]).spawn().unwrap());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = area.status();
+    assert_eq!(status["servers"][0]["phase"], "ready", "{status}");
+    assert!(status["servers"][0]["egress"].is_object(), "{status}");
+    assert_eq!(
+        support::undocumented_json_keys("broker status", &status),
+        Vec::<String>::new()
+    );
+    drop(broker);
+}
+
 fn vm_rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
