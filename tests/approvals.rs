@@ -199,12 +199,21 @@ fn a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them() {
     assert!(line.trim_end().ends_with(&notice), "{line}");
     // The broker's escapes are shown as they are, not escaped a second time.
     assert!(line.contains(r#""pad":"\u{202e}\u{202e}"#), "{line}");
-    assert!(
-        area.run(&["approvals", "deny", &id.to_string()])
-            .status
-            .success()
-    );
+    // `watch` asks about the call with the same notice, the last thing before its prompt.
+    let (mut watch, screen, mut keys) = watch_on_pty(&area);
+    screen.wait_for("approve? [y/N] ", 1);
+    let shown = screen.text();
+    let asked = shown
+        .lines()
+        .find(|l| l.starts_with(&format!("[{id}] call s/echo")))
+        .unwrap_or_else(|| panic!("the call is not shown: {shown}"));
+    assert!(asked.trim_end().ends_with(&notice), "{shown}");
+    assert!(!asked.contains("id_ed25519"), "{shown}");
+    std::thread::sleep(Duration::from_millis(300));
+    keys.write_all(b"n\n").unwrap();
     assert_eq!(wait_child(call).status.code(), Some(9));
+    let _ = watch.kill();
+    let _ = watch.wait();
 
     // Backslashes double in the preview; the CLI's line used to double them again and then
     // cut its own line, notice and all.
