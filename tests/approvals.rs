@@ -55,6 +55,25 @@ impl Area {
         self.base.join("home")
     }
 
+    /// Replace the configuration with the official everything server as `ev` (it asks for a
+    /// form with constrained fields in `trigger-elicitation-request`).
+    fn everything(&self) {
+        let js = repo().join(
+            "tests/interop/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+        );
+        assert!(
+            js.exists(),
+            "the official everything server is not installed: run tests/interop/setup (./scripts/test does)"
+        );
+        let config = json!({"schema_version": 2, "mcp_servers": [{
+            "name": "ev",
+            "transport": "stdio",
+            "command": support::node().to_str().unwrap(),
+            "args": [js.to_str().unwrap(), "stdio"],
+        }]});
+        support::write_private_json(&self.home().join("config.json"), &config);
+    }
+
     fn agent_socket(&self) -> PathBuf {
         self.base.join("run").join("agent.sock")
     }
@@ -180,12 +199,21 @@ fn a_cut_preview_says_how_many_bytes_it_hides_and_how_to_see_them() {
     assert!(line.trim_end().ends_with(&notice), "{line}");
     // The broker's escapes are shown as they are, not escaped a second time.
     assert!(line.contains(r#""pad":"\u{202e}\u{202e}"#), "{line}");
-    assert!(
-        area.run(&["approvals", "deny", &id.to_string()])
-            .status
-            .success()
-    );
+    // `watch` asks about the call with the same notice, the last thing before its prompt.
+    let (mut watch, screen, mut keys) = watch_on_pty(&area);
+    screen.wait_for("approve? [y/N] ", 1);
+    let shown = screen.text();
+    let asked = shown
+        .lines()
+        .find(|l| l.starts_with(&format!("[{id}] call s/echo")))
+        .unwrap_or_else(|| panic!("the call is not shown: {shown}"));
+    assert!(asked.trim_end().ends_with(&notice), "{shown}");
+    assert!(!asked.contains("id_ed25519"), "{shown}");
+    std::thread::sleep(Duration::from_millis(300));
+    keys.write_all(b"n\n").unwrap();
     assert_eq!(wait_child(call).status.code(), Some(9));
+    let _ = watch.kill();
+    let _ = watch.wait();
 
     // Backslashes double in the preview; the CLI's line used to double them again and then
     // cut its own line, notice and all.
@@ -594,6 +622,75 @@ fn watch_ends_promptly_at_end_of_input_and_leaves_nothing_half_decided() {
             .success()
     );
     assert_eq!(wait_child(call).status.code(), Some(9));
+}
+
+/// Issue 14.5: `watch` holds a form answer to the whole form, as `approvals answer` does: an
+/// answer that breaks one of its constraints is not sent, the field is named, and the same
+/// form is asked again; the fitting answer typed then reaches the server.
+#[test]
+fn watch_names_the_field_of_a_refused_form_answer_and_asks_again() {
+    const FORM_PROMPT: &str = "answer with a JSON object, or an empty line to decline: ";
+    let area = Area::new("watch-form", "legacy");
+    area.everything();
+    let _broker = area.broker();
+    let (mut watch, screen, mut keys) = watch_on_pty(&area);
+    screen.wait_for("waiting for calls and forms", 1);
+    let sock = area.agent_socket();
+    let call = Command::new(iteron())
+        .args(["agent", "--socket", sock.to_str().unwrap()])
+        .args(["call", "ev", "trigger-elicitation-request"])
+        .env_remove("ITERON_HOME")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Each answer is typed a moment after its prompt is on the screen: what arrives before
+    // `watch` has discarded the type-ahead would be dropped.
+    let settle = || std::thread::sleep(Duration::from_millis(300));
+    screen.wait_for("approve? [y/N] ", 1);
+    settle();
+    keys.write_all(b"y\n").unwrap();
+    screen.wait_for(FORM_PROMPT, 1);
+    let form = area.pending();
+    assert_eq!(form.len(), 1, "{form:?}");
+    assert_eq!(form[0]["kind"], "form");
+    assert_eq!(form[0]["schema"]["properties"]["integer"]["maximum"], 100);
+    let id = form[0]["id"].as_u64().unwrap();
+
+    // 500 is above the field's maximum: refused, named, asked again.
+    settle();
+    keys.write_all(b"{\"name\": \"Op Erator\", \"integer\": 500}\n")
+        .unwrap();
+    screen.wait_for("field integer: above the maximum 100", 1);
+    screen.wait_for(FORM_PROMPT, 2);
+    let shown = screen.text();
+    let refusal = shown
+        .lines()
+        .find(|l| l.contains("field integer"))
+        .unwrap_or_default();
+    assert!(refusal.starts_with("not sent: "), "{shown}");
+    assert!(refusal.contains("does not fit the form"), "{shown}");
+    let still = area.pending();
+    assert_eq!(still.len(), 1, "the form keeps waiting: {still:?}");
+    assert_eq!(still[0]["id"].as_u64(), Some(id));
+
+    // The fitting answer is sent and reaches the server.
+    settle();
+    keys.write_all(b"{\"name\": \"Op Erator\", \"integer\": 7}\n")
+        .unwrap();
+    let out = wait_child(call);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result = text(&out.stdout);
+    assert!(result.contains("Name: Op Erator"), "{result}");
+    assert!(result.contains("Favorite Integer: 7"), "{result}");
+    assert!(!result.contains("500"), "{result}");
+    // "sent" for the call, "not sent" for the refused answer, "sent" for the fitting one.
+    screen.wait_for("sent", 3);
+    assert_eq!(screen.text().matches(FORM_PROMPT).count(), 2);
+    assert!(area.pending().is_empty());
+    let _ = watch.kill();
+    let _ = watch.wait();
 }
 
 /// 17.10: a server's bidi controls, C1 controls and DEL reach `--format json` outputs only as

@@ -2374,8 +2374,8 @@ fn a_crashed_server_starts_a_new_generation_and_an_approved_call_never_crosses_t
     );
 }
 
-/// `list_tools` asks every server at once, each within its deadline: two hung servers cost
-/// one deadline, not two, for each of two agents asking at the same time; a catalog too big
+/// `list_tools` asks the servers at once (fewer than its bound), each within its deadline: two
+/// hung servers cost one deadline, not two, for each of two agents asking at the same time; a catalog too big
 /// for the answer is left out for its server only, with a note, and the answer is `ok`.
 #[test]
 fn one_bad_server_does_not_break_or_serialize_discovery() {
@@ -2417,6 +2417,165 @@ fn one_bad_server_does_not_break_or_serialize_discovery() {
         "P5",
         json!({"deadline_s": LIST_SERVER_DEADLINE.as_secs(), "took_ms": took.as_millis() as u64}),
     );
+}
+
+/// Issue 14.16 in the broker: a stdio server that never gets through its start is stopped at
+/// the broker's start deadline, which ends inside `list_tools`' own deadline for it, so
+/// `broker status` gives the reason with the server's last stderr lines and the confinement
+/// hint. A server whose start the listing gives up on (an HTTP server that accepts and never
+/// answers has no start deadline of its own) is `failed` with the reason, never left
+/// `starting`. The agent only learns that both are unavailable.
+#[test]
+fn a_server_that_times_out_at_start_in_the_broker_is_reported_with_its_stderr_and_the_hint() {
+    use iteron_broker::daemon::LIST_SERVER_DEADLINE;
+    use iteron_broker::registry::START_DEADLINE;
+    let area = Area::new("start-timeout");
+    // Accepted by the kernel, never read: the connection opens and no answer ever comes.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}/mcp", mute.local_addr().unwrap().port());
+    area.config(json!([
+        {"name": "stuck", "transport": "stdio", "command": "/bin/sh",
+         "args": ["-c", "echo 'waiting for the license server' >&2; exec sleep 60"]},
+        {"name": "mute", "transport": "http", "url": url},
+    ]));
+    let broker = area.broker(&[], &[]);
+    let t = Instant::now();
+    let out = wait_child(area.agent(&["tools", "--format", "json"]).spawn().unwrap());
+    let took = t.elapsed();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut unavailable: Vec<String> = serde_json::from_value(v["unavailable"].clone()).unwrap();
+    unavailable.sort();
+    assert_eq!(unavailable, ["mute", "stuck"]);
+    assert!(took < LIST_SERVER_DEADLINE * 2, "{took:?}");
+    // The reason is the operator's: nothing of it reaches the agent.
+    for shown in [text(&out.stdout), text(&out.stderr)] {
+        assert!(!shown.contains("license"), "{shown}");
+    }
+
+    let stuck = server_status(&area, "stuck");
+    assert_eq!(stuck["phase"], "failed", "{stuck}");
+    let why = stuck["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "no answer within {} s of starting",
+            START_DEADLINE.as_secs()
+        )),
+        "{stuck}"
+    );
+    assert!(
+        why.contains("its stderr ends: waiting for the license server"),
+        "{stuck}"
+    );
+    assert!(why.contains("the server runs confined"), "{stuck}");
+    let mute_status = server_status(&area, "mute");
+    assert_eq!(mute_status["phase"], "failed", "{mute_status}");
+    assert!(
+        mute_status["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("its start was given up after"),
+        "{mute_status}"
+    );
+    drop(mute);
+    drop(broker);
+}
+
+/// Issue 14.11 in the broker: `list_tools` starts at most `MAX_LIST_PARALLEL` servers at once.
+/// With one hanging server more than that, the listing costs two start deadlines (the last
+/// one waits for a place), not one per server, and at no moment do more than the bound of
+/// them run.
+#[test]
+fn list_tools_starts_at_most_its_bound_of_servers_at_once() {
+    use iteron_broker::daemon::{LIST_SERVER_DEADLINE, MAX_LIST_PARALLEL};
+    use iteron_broker::registry::START_DEADLINE;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let area = Area::new("bounded-listing");
+    // Each server is one process (it never forks) with the marker in its command line; a
+    // zombie's command line is empty, so a stopped one no longer counts.
+    let marker = format!("listed-server-marker-{}", std::process::id());
+    let n = MAX_LIST_PARALLEL + 1;
+    let servers: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"name": format!("hang{i}"), "transport": "stdio", "command": "/usr/bin/python3",
+                   "args": ["-c", "import time; time.sleep(60)", &marker]})
+        })
+        .collect();
+    area.config(Value::Array(servers));
+    let broker = area.broker(&[], &[]);
+    let (stop, most) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let watcher = {
+        let (stop, most, marker) = (Arc::clone(&stop), Arc::clone(&most), marker.clone());
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                most.fetch_max(processes_with(&marker), SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let t = Instant::now();
+    let out = wait_child(area.agent(&["tools", "--format", "json"]).spawn().unwrap());
+    let took = t.elapsed();
+    stop.store(true, SeqCst);
+    watcher.join().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["unavailable"].as_array().unwrap().len(), n, "{v}");
+    let most = most.load(SeqCst);
+    assert_eq!(most, MAX_LIST_PARALLEL, "servers started at once");
+    // Two rounds of start deadlines: the ninth had to wait; far below one per server.
+    assert!(took >= START_DEADLINE * 2, "{took:?}");
+    assert!(took < LIST_SERVER_DEADLINE * 3, "{took:?}");
+    let gone = Instant::now() + Duration::from_secs(5);
+    while processes_with(&marker) > 0 {
+        assert!(Instant::now() < gone, "a started server was left running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(broker);
+    iteron_test_support::record!(
+        "P5",
+        json!({"servers": n, "at_once": most, "start_deadline_s": START_DEADLINE.as_secs(), "took_ms": took.as_millis() as u64}),
+    );
+}
+
+/// Issue 14.20: docs/cli.md's table of JSON shapes names every key that `mcp doctor` (its
+/// approval rules included) and `broker status` (each server's egress included) print, at
+/// every depth.
+#[test]
+fn every_key_of_doctor_and_broker_status_is_in_the_documented_shapes() {
+    let area = Area::new("shapes");
+    area.write_config(&json!({
+        "schema_version": 2,
+        "mcp_servers": [scripted("s", "legacy")],
+        "approvals": {"rules": [
+            {"id": "gone-echo", "effect": "allow", "server": "gone", "tool": "echo"}
+        ]}
+    }));
+    let doctor = area.run(&["mcp", "doctor", "--format", "json"]);
+    let v: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(
+        v["approval_rules"][0]["findings"][0]["code"], "unknown_server",
+        "{v}"
+    );
+    assert_eq!(
+        support::undocumented_json_keys("mcp doctor", &v),
+        Vec::<String>::new()
+    );
+    let broker = area.broker(&[], &[]);
+    let out = wait_child(area.agent(&["tools"]).spawn().unwrap());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = area.status();
+    assert_eq!(status["servers"][0]["phase"], "ready", "{status}");
+    assert!(status["servers"][0]["egress"].is_object(), "{status}");
+    assert_eq!(
+        support::undocumented_json_keys("broker status", &status),
+        Vec::<String>::new()
+    );
+    drop(broker);
 }
 
 fn vm_rss_kib(pid: i32) -> u64 {

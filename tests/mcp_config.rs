@@ -1183,6 +1183,26 @@ fn completions_and_man_pages_are_generated_from_the_command_line_grammar() {
 fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
     let sb = Sandbox::new();
     sb.ok(&["mcp", "add", "keep", "--stdio", "/bin/true"]);
+    // Every import's output names variables, never a value: not the canary, nor any part of
+    // it long enough to be its random tail (`Sandbox::run` checks the prefix of every command).
+    let tail = &CANARY["CANARY".len()..];
+    let imported = |out: &Output| -> (String, String) {
+        let (text, err) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        for shown in [&text, &err] {
+            assert!(!shown.contains(CANARY), "a value was shown: {shown}");
+            for n in 0..=tail.len() - 6 {
+                let part = &tail[n..n + 6];
+                assert!(
+                    !shown.contains(part),
+                    "part of a value ({part}) was shown: {shown}"
+                );
+            }
+        }
+        (text, err)
+    };
     let claude = sb.root.join("mcp.json");
     fs::write(
         &claude,
@@ -1213,7 +1233,11 @@ fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
         "--dry-run",
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("would import stdio MCP server files"));
+    let (text, _) = imported(&out);
+    assert!(
+        text.contains("would import stdio MCP server files"),
+        "{text}"
+    );
     assert_eq!(fs::read(sb.config()).unwrap(), before);
 
     let out = sb.run(&[
@@ -1224,8 +1248,7 @@ fn import_turns_values_into_names_and_refuses_what_it_cannot_express() {
         claude.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2), "some entries were refused");
-    let text = String::from_utf8(out.stdout).unwrap();
-    let err = String::from_utf8(out.stderr).unwrap();
+    let (text, err) = imported(&out);
     assert!(err.contains("5 of 7 entries refused"), "{err}");
     for needle in [
         "imported stdio MCP server files",
@@ -1304,7 +1327,7 @@ cwd = "/srv"
     .unwrap();
     let out = sb.run(&["mcp", "import", "--from", "codex", codex.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (text, _) = imported(&out);
     for needle in [
         "imported stdio MCP server gh",
         "imported http MCP server docs",
@@ -1332,13 +1355,19 @@ cwd = "/srv"
         format!(r#"{{"mcpServers": {{"desk": {{"command": "/bin/true", "env": {{"K": "{CANARY}"}}}}}}}}"#),
     )
     .unwrap();
-    let text = sb.ok(&[
+    let out = sb.run(&[
         "mcp",
         "import",
         "--from",
         "claude-desktop",
         desktop.to_str().unwrap(),
     ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (text, _) = imported(&out);
     assert!(text.contains("imported stdio MCP server desk"), "{text}");
     assert!(text.contains("  K  for desk"), "{text}");
     fs::write(
@@ -1353,7 +1382,8 @@ cwd = "/srv"
         "claude-desktop",
         desktop.to_str().unwrap(),
     ]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("refused web: unknown key url"));
+    let (text, _) = imported(&out);
+    assert!(text.contains("refused web: unknown key url"), "{text}");
 
     // A broken file: one line, by position, no value; nothing changes.
     let before = fs::read(sb.config()).unwrap();
@@ -1362,27 +1392,25 @@ cwd = "/srv"
         format!(r#"{{"mcpServers": {{"a": {{"env": {{"K": "{CANARY}"#),
     )
     .unwrap();
-    let err = sb.fails(
-        &[
-            "mcp",
-            "import",
-            "--from",
-            "claude",
-            claude.to_str().unwrap(),
-        ],
-        2,
-    );
+    let broken = &[
+        "mcp",
+        "import",
+        "--from",
+        "claude",
+        claude.to_str().unwrap(),
+    ];
+    let err = sb.fails(broken, 2);
     assert!(err.contains("is not valid JSON (line 1"), "{err}");
+    imported(&sb.run(broken));
     fs::write(
         &codex,
         format!("[mcp_servers.a]\nenv = {{ K = \"{CANARY}\" \n"),
     )
     .unwrap();
-    let err = sb.fails(
-        &["mcp", "import", "--from", "codex", codex.to_str().unwrap()],
-        2,
-    );
+    let broken = &["mcp", "import", "--from", "codex", codex.to_str().unwrap()];
+    let err = sb.fails(broken, 2);
     assert!(err.contains("is not valid TOML"), "{err}");
+    imported(&sb.run(broken));
     assert_eq!(fs::read(sb.config()).unwrap(), before);
     assert!(!fs::read_to_string(sb.config()).unwrap().contains("CANARY"));
 }

@@ -27,6 +27,16 @@ pub type Lookup = Arc<dyn Fn(&str) -> Option<OsString> + Send + Sync>;
 /// Deadline of connecting and negotiating with a server.
 pub const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a stdio server started by the broker has from its start to a negotiated version.
+/// It ends before `list_tools`' own deadline for the server
+/// ([`crate::daemon::LIST_SERVER_DEADLINE`]), so the start's report — the server's last stderr
+/// lines and the confinement hint — is the one the operator sees in `broker status`.
+pub const START_DEADLINE: Duration = Duration::from_secs(14);
+
+/// The longest `last_error` kept for `broker status`: room for a start's reason, three stderr
+/// lines of at most 300 bytes each and the confinement hint.
+const MAX_LAST_ERROR: usize = 1280;
+
 /// A server's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -160,6 +170,28 @@ pub struct Slot {
     egress: Arc<crate::egress::Observer>,
     /// The approved calls running on it (what a form it asks for names).
     calls: Arc<crate::approvals::CallsInFlight>,
+}
+
+/// Held while a slot is `starting`: if the start is abandoned before it ends (the request
+/// that needed the server ended, or a listing's deadline ran out and dropped it), the slot is
+/// marked `failed` with the reason instead of staying `starting`. A start that ended has
+/// already left `starting`, so dropping the guard then changes nothing.
+struct StartGuard<'a> {
+    slot: &'a Slot,
+    began: std::time::Instant,
+}
+
+impl Drop for StartGuard<'_> {
+    fn drop(&mut self) {
+        let mut s = self.slot.lock();
+        if s.phase == Phase::Starting {
+            s.phase = Phase::Failed;
+            s.last_error = Some(format!(
+                "its start was given up after {:.1} s, before the server answered (the request that needed it ended or ran out of time); the next request starts it again",
+                self.began.elapsed().as_secs_f64()
+            ));
+        }
+    }
 }
 
 /// A call in flight on a slot (counted; cancellable).
@@ -518,6 +550,11 @@ impl Registry {
                 }
             }
         };
+        // From here until the outcome is stored, the slot says `starting`.
+        let _abandoned = StartGuard {
+            slot: &slot,
+            began: std::time::Instant::now(),
+        };
         if let Some(old) = stale_client {
             slot.cancel.send_modify(|n| *n += 1);
             old.close().await;
@@ -535,6 +572,7 @@ impl Registry {
             scrub: Some(Arc::clone(&secrets) as Arc<dyn crate::mcp::Scrub>),
             // A dead process is replaced by the registry (a new generation), never behind it.
             auto_restart: false,
+            start_deadline: START_DEADLINE,
             ..Options::default()
         };
         let lookup = Arc::clone(&self.lookup);
@@ -736,5 +774,5 @@ fn s_line(t: &str) -> String {
 /// A connect failure (already scrubbed: a secret cut in half would no longer be recognised)
 /// as one line.
 fn describe(scrubbed: &str) -> String {
-    iteron_policy::text::single_line_capped(scrubbed, 300)
+    iteron_policy::text::single_line_capped(scrubbed, MAX_LAST_ERROR)
 }

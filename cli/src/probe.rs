@@ -30,9 +30,9 @@ pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(30);
 /// Default bound of a whole `status --connect` or `doctor --connect` run; `--run-timeout`
 /// sets another. Probes still running then are stopped and reported as not finished.
 pub(crate) const RUN_DEADLINE: Duration = Duration::from_secs(120);
-/// Most servers probed at once; the others wait for a free slot (their own deadline starts
-/// when they get one).
-pub(crate) const MAX_PARALLEL_PROBES: usize = 8;
+/// Most servers probed at once (the broker's `list_tools` uses the same bound); the others
+/// wait for a free slot (their own deadline starts when they get one).
+pub(crate) const MAX_PARALLEL_PROBES: usize = servers::MAX_PARALLEL_CONNECTS;
 /// Of a probe's deadline, the part kept back from the stdio start, so the start reports its
 /// own timeout (with the server's last stderr lines) before the probe's bound ends it.
 const START_MARGIN: Duration = Duration::from_millis(500);

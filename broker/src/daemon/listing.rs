@@ -1,5 +1,6 @@
 //! What a session may see: the configuration as it is now, the exposure rule, and the listings
-//! (tools of every exposed server at once; resources and prompts of one server).
+//! (tools of every exposed server, a bounded number at once; resources and prompts of one
+//! server).
 
 use super::denial::{Denial, describe_failure, slot_denial};
 use super::project::field;
@@ -69,33 +70,67 @@ pub(super) async fn session_catalog(
     Ok((slot, client, tools))
 }
 
-/// How long `list_tools` waits for one server's catalog (connecting included). Servers are
-/// asked at once, so a hung one costs this once, not once per server.
+/// How long `list_tools` waits for one server's catalog (connecting included), counted from
+/// when the server's turn comes. Servers are asked [`MAX_LIST_PARALLEL`] at a time, so hung
+/// ones cost this once per round, not once per server.
 pub const LIST_SERVER_DEADLINE: Duration = Duration::from_secs(15);
 
-/// Run `futures` concurrently on this task and collect their outputs in order.
-pub(super) async fn join_all<T>(
+/// Most servers one `list_tools` asks at once (the operator's probes use the same bound); the
+/// others wait for a free place.
+pub const MAX_LIST_PARALLEL: usize = crate::servers::MAX_PARALLEL_CONNECTS;
+
+/// Bound of a whole `list_tools`: a server not answered by then (still asked, or still waiting
+/// for its turn) is `unavailable`, with a note saying how many were cut off.
+pub const LIST_DEADLINE: Duration = Duration::from_secs(60);
+
+// A stdio server's start ends (and is reported with its stderr lines) before the listing
+// gives up on it.
+const _: () =
+    assert!(crate::registry::START_DEADLINE.as_millis() < LIST_SERVER_DEADLINE.as_millis());
+
+/// Run `futures` on this task, at most `limit` at a time, in order: a future is first polled
+/// when its turn comes, so a deadline it sets starts then. Stops when all are done or `whole`
+/// has passed; the outputs come back in order, `None` for each future not done then (it is
+/// dropped, with whatever it was starting).
+pub(super) async fn join_bounded<T>(
     mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>,
-) -> Vec<T> {
+    limit: usize,
+    whole: Duration,
+) -> Vec<Option<T>> {
+    let limit = limit.max(1);
     let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    let mut started = 0usize;
+    let mut done = 0usize;
+    let mut end = std::pin::pin!(tokio::time::sleep(whole));
     std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futures.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
+        loop {
+            // Admit the next ones while there is room.
+            while started < futures.len() && started - done < limit {
+                started += 1;
+            }
+            let mut finished = false;
+            for (f, slot) in futures.iter_mut().zip(out.iter_mut()).take(started) {
+                if slot.is_none()
+                    && let std::task::Poll::Ready(v) = f.as_mut().poll(cx)
+                {
+                    *slot = Some(v);
+                    done += 1;
+                    finished = true;
                 }
             }
+            if done == futures.len() {
+                return std::task::Poll::Ready(());
+            }
+            // A place came free and someone waits: start it now (its first poll registers
+            // its waker), else sleep until something wakes this task.
+            if !(finished && started < futures.len()) {
+                break;
+            }
         }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
+        end.as_mut().poll(cx)
     })
     .await;
-    out.into_iter().flatten().collect()
+    out
 }
 
 /// What one server contributed to a `list_tools` answer.
@@ -167,14 +202,19 @@ pub(super) async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Re
             Box::pin(ask) as Pin<Box<dyn Future<Output = Listed> + Send + '_>>
         })
         .collect();
-    let listed = join_all(asks).await;
+    let listed = join_bounded(asks, MAX_LIST_PARALLEL, LIST_DEADLINE).await;
     let mut tools = Vec::new();
     let mut unavailable = Vec::new();
     let mut notes = Vec::new();
     let mut used = 0usize;
+    let mut cut_off = 0usize;
     for (server, got) in servers.iter().zip(listed) {
         match got {
-            Listed::Tools(entries) => {
+            None => {
+                cut_off += 1;
+                unavailable.push(server.name.as_str().to_owned());
+            }
+            Some(Listed::Tools(entries)) => {
                 // A catalog that does not fit in what is left of the answer is left out whole,
                 // for that server only, with a note (the answer itself always fits a frame).
                 let size: usize = entries
@@ -192,8 +232,14 @@ pub(super) async fn list_tools(broker: &Broker, s: &Session) -> Result<Value, Re
                 used += size;
                 tools.extend(entries);
             }
-            Listed::Unavailable => unavailable.push(server.name.as_str().to_owned()),
+            Some(Listed::Unavailable) => unavailable.push(server.name.as_str().to_owned()),
         }
+    }
+    if cut_off > 0 {
+        notes.push(format!(
+            "{cut_off} server(s) had not answered when the listing's bound of {} s ran out and are listed as unavailable",
+            LIST_DEADLINE.as_secs()
+        ));
     }
     broker.audit(Event {
         session: Some(s.id.clone()),

@@ -40,7 +40,10 @@ pub use self::arguments::{
     ARGUMENT_NODE_WEIGHT, MAX_ARGUMENT_WEIGHT, MAX_ARGUMENT_WEIGHT_PER_UID, json_nodes,
 };
 use self::listen::{accept_loop, bind, refused_step};
-pub use self::listing::{LIST_SERVER_DEADLINE, MAX_LISTED, MAX_PROMPT_ARGUMENTS, MAX_PROMPT_NAME};
+pub use self::listing::{
+    LIST_DEADLINE, LIST_SERVER_DEADLINE, MAX_LIST_PARALLEL, MAX_LISTED, MAX_PROMPT_ARGUMENTS,
+    MAX_PROMPT_NAME,
+};
 use crate::approvals::Approvals;
 use crate::audit::{self, AuditLog, Event};
 use crate::audit::{Decision, Kind, Outcome};

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::arguments::{ArgumentBudget, charge_step, json_nodes};
 use super::connection::write_answers;
 use super::listen::refused_step;
-use super::listing::{exact, valid_name, valid_uri};
+use super::listing::{exact, join_bounded, valid_name, valid_uri};
 use super::project::{cut_escaped, project_contents, project_prompt};
 use super::*;
 use crate::ipc::{frame, proto};
@@ -282,4 +282,106 @@ fn refused_peer_records_are_bounded_per_second_one_over() {
     assert_eq!(refused_step(&mut w, 8), (true, 2));
     assert_eq!(refused_step(&mut w, 8), (true, 0));
     iteron_test_support::record!("P5", serde_json::json!({}),);
+}
+
+/// One of the listing scheduler's test futures while it is alive: counts how many are alive
+/// now and the most ever alive at once.
+struct Alive {
+    now: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Alive {
+    fn enter(
+        now: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        most: &std::sync::atomic::AtomicUsize,
+    ) -> Alive {
+        use std::sync::atomic::Ordering::SeqCst;
+        most.fetch_max(now.fetch_add(1, SeqCst) + 1, SeqCst);
+        Alive {
+            now: std::sync::Arc::clone(now),
+        }
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 14.11: `list_tools` asks at most `MAX_LIST_PARALLEL` servers at once, in order, each
+/// deadline starting with its turn: at the limit one round, one over two rounds (not one per
+/// server); its whole bound answers with what is done and drops what is not, so whatever those
+/// were starting is stopped.
+#[test]
+fn a_listing_asks_at_most_its_bound_at_once_and_stops_at_its_whole_bound() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    type Ask = Pin<Box<dyn Future<Output = usize> + Send>>;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let each = Duration::from_secs(10);
+    rt.block_on(async {
+        let now = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let asks = |n: usize| -> Vec<Ask> {
+            (0..n)
+                .map(|i| {
+                    let (now, most) = (Arc::clone(&now), Arc::clone(&most));
+                    Box::pin(async move {
+                        let _alive = Alive::enter(&now, &most);
+                        tokio::time::sleep(each).await;
+                        i
+                    }) as Ask
+                })
+                .collect()
+        };
+        let rounds = |took: Duration| took.as_secs_f64() / each.as_secs_f64();
+        let whole = Duration::from_secs(600);
+
+        // At the limit: one round.
+        let t = tokio::time::Instant::now();
+        let out = join_bounded(asks(MAX_LIST_PARALLEL), MAX_LIST_PARALLEL, whole).await;
+        let took = rounds(t.elapsed());
+        assert!((1.0..1.1).contains(&took), "{took}");
+        assert_eq!(out, (0..MAX_LIST_PARALLEL).map(Some).collect::<Vec<_>>());
+        assert_eq!(most.load(SeqCst), MAX_LIST_PARALLEL);
+
+        // One over: the last waits for a place, two rounds; never more than the bound at once.
+        most.store(0, SeqCst);
+        let t = tokio::time::Instant::now();
+        let out = join_bounded(asks(MAX_LIST_PARALLEL + 1), MAX_LIST_PARALLEL, whole).await;
+        let took = rounds(t.elapsed());
+        assert!((2.0..2.1).contains(&took), "{took}");
+        assert_eq!(out, (0..=MAX_LIST_PARALLEL).map(Some).collect::<Vec<_>>());
+        assert_eq!(most.load(SeqCst), MAX_LIST_PARALLEL);
+
+        // The whole bound ends the third round halfway: two rounds answered, the rest not,
+        // and every future still running is dropped.
+        let n = 2 * MAX_LIST_PARALLEL + 3;
+        let t = tokio::time::Instant::now();
+        let out = join_bounded(asks(n), MAX_LIST_PARALLEL, each * 5 / 2).await;
+        let took = rounds(t.elapsed());
+        assert!((2.5..2.6).contains(&took), "{took}");
+        let answered: Vec<Option<usize>> = (0..2 * MAX_LIST_PARALLEL).map(Some).collect();
+        assert_eq!(out[..2 * MAX_LIST_PARALLEL], answered[..]);
+        assert!(
+            out[2 * MAX_LIST_PARALLEL..].iter().all(Option::is_none),
+            "{out:?}"
+        );
+        assert_eq!(now.load(SeqCst), 0, "a cut future is dropped");
+        assert_eq!(most.load(SeqCst), MAX_LIST_PARALLEL);
+
+        // Nothing to ask: done at once.
+        assert!(
+            join_bounded(asks(0), MAX_LIST_PARALLEL, whole)
+                .await
+                .is_empty()
+        );
+    });
 }

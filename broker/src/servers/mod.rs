@@ -148,6 +148,11 @@ pub async fn connect(
 /// Refresh when the access token expires within this margin.
 pub const REFRESH_MARGIN_SECS: u64 = 30;
 
+/// Most servers one run connects to at once: a broker's `list_tools`, an operator's
+/// `iteron mcp status|doctor --connect`. The others wait for a free place, and each one's
+/// deadline starts when it gets one.
+pub const MAX_PARALLEL_CONNECTS: usize = 8;
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -8,10 +8,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![forbid(unsafe_code)]
 
+mod docs;
 mod files;
 mod procs;
 mod report;
 
+pub use docs::{documented_json_keys, undocumented_json_keys};
 pub use files::{audit_records, copy_tree, give_to_children, private_area, write_private_json};
 pub use procs::{
     CHILD_UID, is_root, node, process_exists, text, wait_child, wait_listening, wait_pending,
