@@ -17,7 +17,11 @@
 //! Before each measured start (of every side alike) the benchmark waits until the broker's
 //! pool of ready namespaces is full again ([`iteron_broker::sys::ready_namespaces_full`]), as
 //! it is when a broker starts a server that is not the latest of a burst; one more row
-//! measures starts back to back, the pool refilling under the starts that follow.
+//! measures starts back to back, the pool refilling under the starts that follow. The four
+//! starts are measured a second time, each [`PAUSE`] after the pool is full: in the first set,
+//! a start that follows one with a network namespace of its own shares the two cores with the
+//! kernel's teardown of that namespace (which begins when its child ends); after the pause it
+//! does not, on every side alike.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -46,6 +50,9 @@ mod docs;
 
 const SPAWNS: usize = 40;
 const CONNECTS: usize = 400;
+/// The pause before each start of the "after a pause" rows: long enough for the kernel to have
+/// torn down the network namespace of the start before (it does so after the child ends).
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(15);
 const START: &str = "<!-- bench:egress:start -->";
 const END: &str = "<!-- bench:egress:end -->";
 
@@ -216,6 +223,8 @@ fn main() {
         .unwrap();
     let (mut plain, mut own_ns, mut with_proxy) = (Vec::new(), Vec::new(), Vec::new());
     let mut no_ns = Vec::new();
+    let (mut plain_p, mut own_ns_p, mut with_proxy_p, mut no_ns_p) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_b2b, mut own_ns_b2b) = (Vec::new(), Vec::new());
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
     let (mut direct_slow, mut proxied_slow) = (Vec::new(), Vec::new());
@@ -237,6 +246,20 @@ fn main() {
             settle().await;
             no_ns.push(start_once(&me, Some(host.clone())).await);
         }
+        // The same four, each after a pause once the pool is full: the start before (a
+        // namespace of its own, when it had one) is torn down by then.
+        for _ in 0..SPAWNS {
+            for (v, spec) in [
+                (&mut plain_p, None),
+                (&mut own_ns_p, Some(isolated.clone())),
+                (&mut with_proxy_p, Some(egress.clone())),
+                (&mut no_ns_p, Some(host.clone())),
+            ] {
+                settle().await;
+                tokio::time::sleep(PAUSE).await;
+                v.push(start_once(&me, spec).await);
+            }
+        }
         // Back to back: more starts than the pool holds, so it refills under the starts.
         for _ in 0..SPAWNS {
             plain_b2b.push(start_once(&me, None).await);
@@ -254,17 +277,27 @@ fn main() {
     let _ = std::fs::remove_dir_all(&home);
     let (sp, sn, se) = (median(plain), median(own_ns), median(with_proxy));
     let sh = median(no_ns);
+    let (pp, pn, pe, ph) = (
+        median(plain_p),
+        median(own_ns_p),
+        median(with_proxy_p),
+        median(no_ns_p),
+    );
+    let pause = PAUSE.as_millis();
     let (bp, bn) = (median(plain_b2b), median(own_ns_b2b));
     let (cd, cp) = (median(direct), median(proxied));
     let (sd, spx) = (median(direct_slow), median(proxied_slow));
     let (fd, fpx) = (median(direct_far), median(proxied_far));
     let table = format!(
-        "{SPAWNS} starts per side, each with the namespace pool full unless said; {CONNECTS} connections per run, 3 runs per side (median of \
+        "{SPAWNS} starts per side, each with the namespace pool full unless said (the rows with a pause: every side alike); {CONNECTS} connections per run, 3 runs per side (median of \
          the run medians); loopback target.\n\n\
          | what | unconfined | confined | ratio |\n|---|---|---|---|\n\
          | start, `web_egress` with `sandbox.network: \"host\"` (every other confinement, no namespace) | {sp:.2} ms | {sh:.2} ms | {:.2}× |\n\
          | start, no `web_egress` (own network namespace, loopback down) | {sp:.2} ms | {sn:.2} ms | {:.2}× |\n\
          | start, `web_egress` (namespace, loopback up, proxy listener handed over and served) | {sp:.2} ms | {se:.2} ms | {:.2}× |\n\
+         | start, `web_egress` with `sandbox.network: \"host\"`, {pause} ms after the pool is full | {pp:.2} ms | {ph:.2} ms | {:.2}× |\n\
+         | start, no `web_egress`, {pause} ms after the pool is full | {pp:.2} ms | {pn:.2} ms | {:.2}× |\n\
+         | start, `web_egress`, {pause} ms after the pool is full | {pp:.2} ms | {pe:.2} ms | {:.2}× |\n\
          | start, no `web_egress`, back to back (the pool refilling under the starts that follow) | {bp:.2} ms | {bn:.2} ms | {:.2}× |\n\
          | connect + first byte, loopback target: direct (`sandbox.network: \"host\"`) vs through the egress path (`CONNECT`, judged) | {cd:.1} µs | {cp:.1} µs | {:.2}× (+{:.1} µs) |\n\
          | connect + first byte, a target answering after 1 ms: direct vs through the egress path | {sd:.1} µs | {spx:.1} µs | {:.2}× (+{:.1} µs) |\n\
@@ -273,6 +306,9 @@ fn main() {
         sh / sp,
         sn / sp,
         se / sp,
+        ph / pp,
+        pn / pp,
+        pe / pp,
         bn / bp,
         cp / cd,
         cp - cd,
