@@ -18,6 +18,14 @@ use iteron_broker::ipc::client::Connection;
 use iteron_test_support::{self as support, is_root, node, text, wait_child};
 use serde_json::{Value, json};
 
+/// A one-thread runtime for a test's agent and operator side.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 const NOBODY: u32 = 65534;
 
 fn iteron() -> &'static str {
@@ -854,10 +862,7 @@ fn protocol_violations_get_one_error_frame_and_the_connection_closes() {
     let area = Area::new("frames");
     area.config(json!([]));
     let broker = area.broker(&["--noninteractive"], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let sock = area.agent_socket();
     rt.block_on(async {
         // Out of state: a call before hello.
@@ -1360,10 +1365,7 @@ fn child_turn_and_wall_clock_budgets_are_enforced() {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     let broker = area.broker(&["--noninteractive"], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let sock = area.agent_socket();
     rt.block_on(async {
         let child = |agent_type: &'static str| {
@@ -1440,10 +1442,7 @@ fn agent_socket_bounds_hold_at_the_limit_and_one_over() {
     let broker = area.broker(&["--noninteractive"], &[]);
     let sock = area.agent_socket();
     let op = area.operator_socket();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         // Client label: 64 bytes open a session, 65 are refused.
         let mut c = Connection::connect(&sock).await.unwrap();
@@ -1672,10 +1671,7 @@ fn requests_in_flight_are_bounded_per_socket_at_the_limit_and_one_over() {
     let area = Area::new("inflight");
     area.config(json!([]));
     let broker = area.broker(&[], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let op = area.operator_socket();
     let full = MAX_BROKER_IN_FLIGHT / MAX_IN_FLIGHT - 1;
     rt.block_on(async {
@@ -1788,10 +1784,7 @@ fn no_frame_sent_to_the_agent_carries_a_secret() {
             }
         })
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let mut frames: Vec<String> = Vec::new();
     rt.block_on(async {
         let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
@@ -2046,10 +2039,7 @@ sys.stdin.read()
     std::thread::sleep(Duration::from_millis(300));
     // Idle: a session with nothing in flight is closed at the deadline; one waiting for an
     // approval is not.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut idle = Connection::connect(&sock).await.unwrap();
         idle.hello("idle").await.unwrap();
@@ -2150,10 +2140,7 @@ fn configuration_changes_reach_open_sessions_and_removed_servers_stop() {
     };
     area.config(servers(Value::Null));
     let broker = area.broker(&[], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
         c.hello("reconfig").await.unwrap();
@@ -2222,10 +2209,7 @@ fn a_removed_server_is_stopped_without_any_agent_traffic() {
     let stays = scripted("stays", "legacy");
     area.config(json!([gone, stays.clone()]));
     let broker = area.broker(&[], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
         c.hello("reconfig-idle").await.unwrap();
@@ -2600,10 +2584,7 @@ fn calls_in_flight_keep_bytes_and_their_weight_is_bounded_per_uid() {
     // As many nodes as a frame may carry (the decoder refuses more before building anything).
     let pad = vec![json!({}); iteron_broker::ipc::proto::MAX_NODES - 16];
     let args = json!({"message": "m", "pad": pad});
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     // One after the other (a debug build decodes such a frame slowly, and the frames of the
     // others must not miss their deadline meanwhile); every call stays open until the end.
     let (busy, answered) = rt.block_on(async {
@@ -2799,10 +2780,7 @@ fn skills_agents_hooks_and_child_sessions_through_the_broker() {
         text(&out.stderr)
     );
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         // A parent session: the prompt reaches the UserPromptSubmit hook, end_session Stop.
         let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
@@ -2959,10 +2937,7 @@ mod fuzz {
         }]));
         let broker = area.broker(&["--noninteractive"], &[("ITERON_FUZZ_SECRET", CANARY)]);
         let sock = area.agent_socket();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
             cases: 300,
             failure_persistence: None,
@@ -3427,10 +3402,7 @@ mod audit_log {
         let area = Area::new("flood");
         area.config(json!([]));
         let broker = area.broker(&["--noninteractive"], &[]);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut c = Connection::connect(&area.agent_socket()).await.unwrap();
             c.hello("flood").await.unwrap();
@@ -3507,10 +3479,7 @@ mod audit_log {
             sock.to_str().unwrap(),
         ]);
         let broker = start(&area, cmd);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let cancels = rt.block_on(async {
             let mut c = Connection::connect(&area.operator_socket()).await.unwrap();
             c.hello("filler").await.unwrap();
@@ -3803,10 +3772,7 @@ fn golden_ipc_exchanges_are_what_the_broker_answers() {
     let area = Area::new("golden");
     area.config(json!([scripted("s", "legacy")]));
     let broker = area.broker(&["--noninteractive"], &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let exchanges = doc["exchanges"].as_array_mut().unwrap();
     rt.block_on(async {
         let mut open: Option<(String, Connection)> = None;
