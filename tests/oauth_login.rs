@@ -260,6 +260,17 @@ fn active(issuer: &str, token: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "True"
 }
 
+/// Run `cmd`, which must succeed (its stderr is the failure's message).
+fn succeeds(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn assert_no_token(outputs: &[&Output], tokens: &[&str]) {
     for o in outputs {
         for stream in [&o.stdout, &o.stderr] {
@@ -482,11 +493,7 @@ fn a_pre_registered_confidential_client_logs_in_and_the_resource_is_the_token_au
         ],
     );
     let home = Home::new_tagged("pre");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     let printed = login_via_cli(
         &home,
         &dir,
@@ -560,11 +567,7 @@ fn insufficient_scope_is_its_own_diagnostic_asking_for_an_explicit_relogin() {
         &[("MCP_SCOPES", "mcp:tools mcp:admin")],
     );
     let home = Home::new_tagged("scope");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     login_via_cli(&home, &dir, &pair, &[], &[]);
     let test = home.run(&["mcp", "test", "guarded"]);
     assert_eq!(test.status.code(), Some(8));
@@ -702,11 +705,7 @@ fn tokens_that_cannot_be_stored_are_revoked_not_left_live() {
     let dir = fixture();
     let pair = start_pair(&dir, "60");
     let home = Home::new_tagged("unstorable");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     // A directory where the credential file must go: the login completes at the AS, then
     // storing fails.
     let creds = home.0.join("home/mcp-credentials");
@@ -748,11 +747,7 @@ fn a_refresh_token_the_real_authorization_server_refuses_shows_as_refresh_failed
     let dir = fixture();
     let pair = start_pair(&dir, "2");
     let home = Home::new_tagged("refused");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     login_via_cli(&home, &dir, &pair, &[], &[]);
     let cred = home.credential().unwrap();
     let refresh = cred["secrets"]["refresh_token"]
@@ -836,76 +831,160 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// Add the server `guarded` at the pair's MCP endpoint to the home.
+fn add_guarded(home: &Home, pair: &Pair) {
+    assert!(
+        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
+            .status
+            .success()
+    );
+}
+
+/// The access and refresh tokens of a stored credential.
+fn token_pair(cred: &serde_json::Value) -> (String, String) {
+    let secret = |name: &str| cred["secrets"][name].as_str().unwrap().to_owned();
+    (secret("access_token"), secret("refresh_token"))
+}
+
+/// The `oauth` block of an externally managed token: the access token (and, with `expiry`, its
+/// expiry) and the refresh token named by variables, renewed and revoked at the pair's AS as
+/// `client_id`.
+fn external_oauth(pair: &Pair, client_id: &str, expiry: bool) -> serde_json::Value {
+    let mut oauth = serde_json::json!({
+        "access_token_env": "CI_ACCESS",
+        "refresh_url": format!("{}/token", pair.issuer),
+        "refresh_token_env": "CI_REFRESH",
+        "revoke_url": format!("{}/token/revocation", pair.issuer),
+        "client_id": client_id,
+    });
+    if expiry {
+        oauth["expires_at_env"] = "CI_EXPIRES".into();
+    }
+    oauth
+}
+
+/// The set-up of an externally managed token against the real AS.
+struct External {
+    /// The `REQUEST_LOG` both servers append to (removed first).
+    log: PathBuf,
+    pair: Pair,
+    /// The home whose login gave the token pair.
+    source: Home,
+    /// The CI home: the same server, its tokens named by variables, nothing stored.
+    ci: Home,
+    /// The client the source's login registered (dynamically, a public client).
+    client_id: String,
+    access: String,
+    refresh: String,
+}
+
+/// The pair (access tokens living `access_ttl` seconds) logging to `iteron-oauth-<tag>-log-*`;
+/// a real token pair from a login in the home `<tag>-source`; the home `<tag>-ci` configured
+/// with [`external_oauth`].
+fn external(dir: &Path, tag: &str, access_ttl: &str, expiry: bool) -> External {
+    let log = std::env::temp_dir().join(format!("iteron-oauth-{tag}-log-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let log_s = log.to_str().unwrap();
+    let pair = start_pair_with(
+        dir,
+        access_ttl,
+        &[("REQUEST_LOG", log_s)],
+        &[("REQUEST_LOG", log_s)],
+    );
+    let source = Home::new_tagged(&format!("{tag}-source"));
+    add_guarded(&source, &pair);
+    login_via_cli(&source, dir, &pair, &[], &[]);
+    let cred = source.credential().unwrap();
+    let (access, refresh) = token_pair(&cred);
+    let client_id = cred["binding"]["client_id"].as_str().unwrap().to_owned();
+    let ci = Home::new_tagged(&format!("{tag}-ci"));
+    add_guarded(&ci, &pair);
+    set_oauth(&ci, "guarded", external_oauth(&pair, &client_id, expiry));
+    External {
+        log,
+        pair,
+        source,
+        ci,
+        client_id,
+        access,
+        refresh,
+    }
+}
+
+/// `iteron broker serve` for the home on `<home>/agent.sock` with `env`, once it accepts
+/// connections; the socket's path.
+fn serve_broker(home: &Home, env: &[(&str, &str)]) -> (Proc, String) {
+    let sock = home.0.join("agent.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let broker = Proc(
+        home.cmd(&["broker", "serve", "--socket", &sock_s])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        iteron_test_support::wait_listening(&[&sock], Duration::from_secs(15)),
+        "the broker did not start"
+    );
+    (broker, sock_s)
+}
+
+/// `iteron agent` through the broker's socket, with nothing of the operator's environment.
+fn agent(sock: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iteron"))
+        .args(["agent", "--socket", sock])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap()
+}
+
+/// `mcp auth logout guarded` without the variables: the running broker revokes the tokens it
+/// holds and says so.
+fn logout_through_the_broker(ci: &Home) -> Output {
+    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
+    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
+    assert!(
+        logout.status.success() && said.contains("the running broker revoked its tokens"),
+        "{said} {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    logout
+}
+
+/// `broker status`, which must say the server's tokens were revoked by the logout.
+fn broker_status_says_revoked(ci: &Home) -> Output {
+    let status = ci.run(&["broker", "status", "--format", "json"]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    status
+}
+
 #[test]
 fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_revoked_at_logout() {
     let dir = fixture();
-    let log = std::env::temp_dir().join(format!("iteron-oauth-ext-log-{}", std::process::id()));
-    let _ = std::fs::remove_file(&log);
-    let log_s = log.to_str().unwrap();
     // Access tokens live 20 s: inside the 30 s margin, so every use renews (rotation is used).
-    let pair = start_pair_with(
-        &dir,
-        "20",
-        &[("REQUEST_LOG", log_s)],
-        &[("REQUEST_LOG", log_s)],
-    );
-    // A real token pair, from a login in another home (a public, dynamically registered client).
-    let source = Home::new_tagged("ext-source");
-    assert!(
-        source
-            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    login_via_cli(&source, &dir, &pair, &[], &[]);
-    let cred = source.credential().unwrap();
-    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
-    let refresh = cred["secrets"]["refresh_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let client_id = cred["binding"]["client_id"].as_str().unwrap().to_owned();
-    // The CI home: the same server, its token named by variables, nothing stored.
-    let ci = Home::new_tagged("ext-ci");
-    assert!(
-        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    set_oauth(
-        &ci,
-        "guarded",
-        serde_json::json!({
-            "access_token_env": "CI_ACCESS",
-            "expires_at_env": "CI_EXPIRES",
-            "refresh_url": format!("{}/token", pair.issuer),
-            "refresh_token_env": "CI_REFRESH",
-            "revoke_url": format!("{}/token/revocation", pair.issuer),
-            "client_id": client_id,
-        }),
-    );
-    let status = ci.run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
+    // A real token pair, from a login in another home (a public, dynamically registered client);
+    // the CI home: the same server, its token named by variables, nothing stored.
+    let ext = external(&dir, "ext", "20", true);
+    let status = ext
+        .ci
+        .run(&["mcp", "auth", "status", "guarded", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(v["state"], "external", "{v}");
     // Expired by its variable (the token itself is still good at the AS): never sent, renewed
     // first, and renewed again with the rotated refresh token the broker kept in memory.
     let expired = (unix_now() - 10).to_string();
     let env = [
-        ("CI_ACCESS", access.as_str()),
+        ("CI_ACCESS", ext.access.as_str()),
         ("CI_EXPIRES", expired.as_str()),
-        ("CI_REFRESH", refresh.as_str()),
+        ("CI_REFRESH", ext.refresh.as_str()),
     ];
-    let test = ci
-        .cmd(&["mcp", "test", "guarded"])
-        .envs(env)
-        .output()
-        .unwrap();
-    assert!(
-        test.status.success(),
-        "{}",
-        String::from_utf8_lossy(&test.stderr)
-    );
-    let lines = log_lines(&log);
+    let test = succeeds(ext.ci.cmd(&["mcp", "test", "guarded"]).envs(env));
+    let lines = log_lines(&ext.log);
     let refreshes: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|l| l["route"] == "token" && l["grant_type"] == "refresh_token")
@@ -917,7 +996,8 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
     assert!(
         refreshes
             .iter()
-            .all(|l| l["client_id"] == client_id.as_str() && l["resource"] == pair.mcp_url.as_str()),
+            .all(|l| l["client_id"] == ext.client_id.as_str()
+                && l["resource"] == ext.pair.mcp_url.as_str()),
         "{refreshes:?}"
     );
     let presented: Vec<&str> = lines
@@ -927,25 +1007,20 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
         .collect();
     assert!(!presented.is_empty());
     assert!(
-        !presented.contains(&token_sha256(&access).as_str()),
+        !presented.contains(&token_sha256(&ext.access).as_str()),
         "the expired token was sent"
     );
     // The variable's refresh token was rotated away: the AS refuses it now.
-    assert!(!active(&pair.issuer, &refresh));
+    assert!(!active(&ext.pair.issuer, &ext.refresh));
     // Expired, and nothing to renew it with: nothing is sent at all.
     let plain = Home::new_tagged("ext-plain");
-    assert!(
-        plain
-            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&plain, &ext.pair);
     set_oauth(
         &plain,
         "guarded",
         serde_json::json!({"access_token_env": "CI_ACCESS", "expires_at_env": "CI_EXPIRES"}),
     );
-    let before = log_lines(&log).len();
+    let before = log_lines(&ext.log).len();
     let refused = plain
         .cmd(&["mcp", "test", "guarded"])
         .envs(env)
@@ -958,7 +1033,7 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
         "{err}"
     );
     assert!(
-        log_lines(&log)[before..]
+        log_lines(&ext.log)[before..]
             .iter()
             .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
         "a request carried the expired token"
@@ -975,44 +1050,30 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
         String::from_utf8_lossy(&bad.stderr).contains("CI_EXPIRES (the access token's expiry)")
     );
     // Logout revokes at revoke_url: a fresh pair, still valid, is dead at the AS afterwards.
-    login_via_cli(&source, &dir, &pair, &[], &[]);
-    let cred = source.credential().unwrap();
-    let access2 = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
-    let refresh2 = cred["secrets"]["refresh_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(active(&pair.issuer, &refresh2));
+    login_via_cli(&ext.source, &dir, &ext.pair, &[], &[]);
+    let cred = ext.source.credential().unwrap();
+    let (access2, refresh2) = token_pair(&cred);
+    assert!(active(&ext.pair.issuer, &refresh2));
     // (The second login registered another client: the AS revokes a client's own tokens only.)
+    let client_id2 = cred["binding"]["client_id"].as_str().unwrap();
     set_oauth(
-        &ci,
+        &ext.ci,
         "guarded",
-        serde_json::json!({
-            "access_token_env": "CI_ACCESS",
-            "refresh_url": format!("{}/token", pair.issuer),
-            "refresh_token_env": "CI_REFRESH",
-            "revoke_url": format!("{}/token/revocation", pair.issuer),
-            "client_id": cred["binding"]["client_id"],
-        }),
+        external_oauth(&ext.pair, client_id2, false),
     );
-    let logout = ci
-        .cmd(&["mcp", "auth", "logout", "guarded"])
-        .env("CI_ACCESS", &access2)
-        .env("CI_REFRESH", &refresh2)
-        .output()
-        .unwrap();
-    assert!(
-        logout.status.success(),
-        "{}",
-        String::from_utf8_lossy(&logout.stderr)
+    let logout = succeeds(
+        ext.ci
+            .cmd(&["mcp", "auth", "logout", "guarded"])
+            .env("CI_ACCESS", &access2)
+            .env("CI_REFRESH", &refresh2),
     );
     assert!(
         String::from_utf8_lossy(&logout.stdout).contains("revoked at revoke_url"),
         "{}",
         String::from_utf8_lossy(&logout.stdout)
     );
-    assert!(!active(&pair.issuer, &refresh2) && !active(&pair.issuer, &access2));
-    let revocations = log_lines(&log)
+    assert!(!active(&ext.pair.issuer, &refresh2) && !active(&ext.pair.issuer, &access2));
+    let revocations = log_lines(&ext.log)
         .into_iter()
         .filter(|l| l["route"] == "revocation" && l["status"] == 200)
         .count();
@@ -1022,12 +1083,15 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
     );
     assert_no_token(
         &[&status, &test, &refused, &bad, &logout],
-        &[&access, &refresh, &access2, &refresh2],
+        &[&ext.access, &ext.refresh, &access2, &refresh2],
     );
-    let config = std::fs::read_to_string(ci.0.join("home/config.json")).unwrap();
-    assert!(!config.contains(&access) && !config.contains(&refresh));
-    assert!(ci.credential().is_none(), "a token was written to the home");
-    let _ = std::fs::remove_file(&log);
+    let config = std::fs::read_to_string(ext.ci.0.join("home/config.json")).unwrap();
+    assert!(!config.contains(&ext.access) && !config.contains(&ext.refresh));
+    assert!(
+        ext.ci.credential().is_none(),
+        "a token was written to the home"
+    );
+    let _ = std::fs::remove_file(&ext.log);
     iteron_test_support::record!(
         "P16",
         serde_json::json!({"authorization_server": "oidc-provider", "refreshes": refreshes.len(), "revocations": revocations}),
@@ -1037,114 +1101,50 @@ fn an_externally_managed_token_is_renewed_before_expiry_rotated_in_memory_and_re
 #[test]
 fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_sends_them_again() {
     let dir = fixture();
-    let log = std::env::temp_dir().join(format!(
-        "iteron-oauth-ext-broker-log-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&log);
-    let log_s = log.to_str().unwrap();
-    let pair = start_pair_with(
-        &dir,
-        "20",
-        &[("REQUEST_LOG", log_s)],
-        &[("REQUEST_LOG", log_s)],
-    );
-    let source = Home::new_tagged("ext-broker-source");
-    assert!(
-        source
-            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    login_via_cli(&source, &dir, &pair, &[], &[]);
-    let cred = source.credential().unwrap();
-    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
-    let refresh = cred["secrets"]["refresh_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let ci = Home::new_tagged("ext-broker-ci");
-    assert!(
-        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    set_oauth(
-        &ci,
-        "guarded",
-        serde_json::json!({
-            "access_token_env": "CI_ACCESS",
-            "expires_at_env": "CI_EXPIRES",
-            "refresh_url": format!("{}/token", pair.issuer),
-            "refresh_token_env": "CI_REFRESH",
-            "revoke_url": format!("{}/token/revocation", pair.issuer),
-            "client_id": cred["binding"]["client_id"],
-        }),
-    );
-    let sock = ci.0.join("agent.sock");
-    let sock_s = sock.to_str().unwrap().to_owned();
+    let ext = external(&dir, "ext-broker", "20", true);
     let expired = (unix_now() - 10).to_string();
-    let broker = Proc(
-        ci.cmd(&["broker", "serve", "--socket", &sock_s])
-            .env("CI_ACCESS", &access)
-            .env("CI_EXPIRES", &expired)
-            .env("CI_REFRESH", &refresh)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (broker, sock) = serve_broker(
+        &ext.ci,
+        &[
+            ("CI_ACCESS", ext.access.as_str()),
+            ("CI_EXPIRES", expired.as_str()),
+            ("CI_REFRESH", ext.refresh.as_str()),
+        ],
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "the broker did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let agent = |args: &[&str]| {
-        let mut full = vec!["agent", "--socket", sock_s.as_str()];
-        full.extend_from_slice(args);
-        Command::new(env!("CARGO_BIN_EXE_iteron"))
-            .args(&full)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .output()
-            .unwrap()
-    };
     // The broker renews (the variable says the token expired) and lists the server's tools.
-    let tools = agent(&["tools", "--format", "json"]);
+    let tools = agent(&sock, &["tools", "--format", "json"]);
     let listed = String::from_utf8_lossy(&tools.stdout).into_owned();
     assert!(
         tools.status.success() && listed.contains("whoami"),
         "{listed} {}",
         String::from_utf8_lossy(&tools.stderr)
     );
-    assert!(!active(&pair.issuer, &refresh), "the broker did not rotate");
-    // Logout without the variables: only the broker knows the tokens it holds now.
-    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
-    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
     assert!(
-        logout.status.success() && said.contains("the running broker revoked its tokens"),
-        "{said} {}",
-        String::from_utf8_lossy(&logout.stderr)
+        !active(&ext.pair.issuer, &ext.refresh),
+        "the broker did not rotate"
     );
-    let after = log_lines(&log).len();
+    // Logout without the variables: only the broker knows the tokens it holds now.
+    let logout = logout_through_the_broker(&ext.ci);
+    let after = log_lines(&ext.log).len();
     // The server was restarted; reconnecting finds the tokens revoked and sends nothing.
-    let again = agent(&["tools", "--format", "json"]);
+    let again = agent(&sock, &["tools", "--format", "json"]);
     assert!(
         !String::from_utf8_lossy(&again.stdout).contains("whoami"),
         "the revoked bearer was used again"
     );
     assert!(
-        log_lines(&log)[after..]
+        log_lines(&ext.log)[after..]
             .iter()
             .all(|l| l["who"] != "mcp" || l["has_authorization"] == false),
         "a request carried a revoked token after logout"
     );
-    let status = ci.run(&["broker", "status", "--format", "json"]);
-    let text = String::from_utf8_lossy(&status.stdout).into_owned();
-    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    let status = broker_status_says_revoked(&ext.ci);
     drop(broker);
-    assert_no_token(&[&tools, &logout, &again, &status], &[&access, &refresh]);
-    let _ = std::fs::remove_file(&log);
+    assert_no_token(
+        &[&tools, &logout, &again, &status],
+        &[&ext.access, &ext.refresh],
+    );
+    let _ = std::fs::remove_file(&ext.log);
     iteron_test_support::record!(
         "P16",
         serde_json::json!({"authorization_server": "oidc-provider"}),
@@ -1154,93 +1154,26 @@ fn logout_through_a_running_broker_revokes_the_tokens_it_rotated_and_it_never_se
 #[test]
 fn a_logout_through_a_broker_that_never_used_the_server_keeps_it_from_sending_the_revoked_token() {
     let dir = fixture();
-    let log = std::env::temp_dir().join(format!(
-        "iteron-oauth-ext-unused-log-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&log);
-    let log_s = log.to_str().unwrap();
     // Tokens that stay good for the whole test: nothing expires, nothing is renewed.
-    let pair = start_pair_with(
-        &dir,
-        "600",
-        &[("REQUEST_LOG", log_s)],
-        &[("REQUEST_LOG", log_s)],
+    let ext = external(&dir, "ext-unused", "600", false);
+    let (broker, sock) = serve_broker(
+        &ext.ci,
+        &[
+            ("CI_ACCESS", ext.access.as_str()),
+            ("CI_REFRESH", ext.refresh.as_str()),
+        ],
     );
-    let source = Home::new_tagged("ext-unused-source");
-    assert!(
-        source
-            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    login_via_cli(&source, &dir, &pair, &[], &[]);
-    let cred = source.credential().unwrap();
-    let access = cred["secrets"]["access_token"].as_str().unwrap().to_owned();
-    let refresh = cred["secrets"]["refresh_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let ci = Home::new_tagged("ext-unused-ci");
-    assert!(
-        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
-    set_oauth(
-        &ci,
-        "guarded",
-        serde_json::json!({
-            "access_token_env": "CI_ACCESS",
-            "refresh_url": format!("{}/token", pair.issuer),
-            "refresh_token_env": "CI_REFRESH",
-            "revoke_url": format!("{}/token/revocation", pair.issuer),
-            "client_id": cred["binding"]["client_id"],
-        }),
-    );
-    let sock = ci.0.join("agent.sock");
-    let sock_s = sock.to_str().unwrap().to_owned();
-    let broker = Proc(
-        ci.cmd(&["broker", "serve", "--socket", &sock_s])
-            .env("CI_ACCESS", &access)
-            .env("CI_REFRESH", &refresh)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "the broker did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // The broker has not used the server: it revokes the tokens its variables name.
-    let logout = ci.run(&["mcp", "auth", "logout", "guarded"]);
-    let said = String::from_utf8_lossy(&logout.stdout).into_owned();
-    assert!(
-        logout.status.success() && said.contains("the running broker revoked its tokens"),
-        "{said} {}",
-        String::from_utf8_lossy(&logout.stderr)
-    );
-    assert!(!active(&pair.issuer, &access) && !active(&pair.issuer, &refresh));
+    let logout = logout_through_the_broker(&ext.ci);
+    assert!(!active(&ext.pair.issuer, &ext.access) && !active(&ext.pair.issuer, &ext.refresh));
     // Its first use of the server reads the same variables: the revoked tokens are refused
     // before anything is sent (the access token to the MCP server, the refresh token to the AS).
-    let agent = |args: &[&str]| {
-        let mut full = vec!["agent", "--socket", sock_s.as_str()];
-        full.extend_from_slice(args);
-        Command::new(env!("CARGO_BIN_EXE_iteron"))
-            .args(&full)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .output()
-            .unwrap()
-    };
-    let tools = agent(&["tools", "--format", "json"]);
+    let tools = agent(&sock, &["tools", "--format", "json"]);
     assert!(
         !String::from_utf8_lossy(&tools.stdout).contains("whoami"),
         "the revoked bearer was used"
     );
-    let lines = log_lines(&log);
+    let lines = log_lines(&ext.log);
     let carried: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|l| l["who"] == "mcp" && l["has_authorization"] == true)
@@ -1248,7 +1181,7 @@ fn a_logout_through_a_broker_that_never_used_the_server_keeps_it_from_sending_th
     assert!(
         carried.is_empty(),
         "a request carried the revoked token (sha256 {}): {carried:?}",
-        token_sha256(&access)
+        token_sha256(&ext.access)
     );
     assert!(
         !lines
@@ -1256,12 +1189,10 @@ fn a_logout_through_a_broker_that_never_used_the_server_keeps_it_from_sending_th
             .any(|l| l["route"] == "token" && l["grant_type"] == "refresh_token"),
         "the revoked refresh token was presented"
     );
-    let status = ci.run(&["broker", "status", "--format", "json"]);
-    let text = String::from_utf8_lossy(&status.stdout).into_owned();
-    assert!(text.contains("revoked by iteron mcp auth logout"), "{text}");
+    let status = broker_status_says_revoked(&ext.ci);
     drop(broker);
-    assert_no_token(&[&logout, &tools, &status], &[&access, &refresh]);
-    let _ = std::fs::remove_file(&log);
+    assert_no_token(&[&logout, &tools, &status], &[&ext.access, &ext.refresh]);
+    let _ = std::fs::remove_file(&ext.log);
     iteron_test_support::record!(
         "P16",
         serde_json::json!({"authorization_server": "oidc-provider", "used_before_logout": false}),
@@ -1275,6 +1206,16 @@ fn private_key_copy(home: &Home) -> PathBuf {
     std::fs::write(&dst, std::fs::read(src).unwrap()).unwrap();
     std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600)).unwrap();
     dst
+}
+
+/// A systemd credentials directory (0700) in the home holding the credential `name` (0400).
+fn credentials_directory(home: &Home, name: &str, content: &str) -> PathBuf {
+    let creds = home.0.join("credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(creds.join(name), content).unwrap();
+    std::fs::set_permissions(creds.join(name), std::fs::Permissions::from_mode(0o400)).unwrap();
+    creds
 }
 
 #[test]
@@ -1298,11 +1239,7 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
             ("REQUEST_LOG", log_s.as_str()),
         ];
         let pair = start_pair_with(&dir, "20", &[("REQUEST_LOG", log_s.as_str())], &as_env);
-        assert!(
-            home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-                .status
-                .success()
-        );
+        add_guarded(&home, &pair);
         let mut oauth = serde_json::json!({
             "grant": "client_credentials",
             "client_id": "iteron-ci",
@@ -1317,15 +1254,7 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
         set_oauth(&home, "guarded", oauth);
         // The secret comes from the environment, or (client_secret_post) from a systemd
         // credentials directory, read by login, test and logout as the broker reads it.
-        let creds = home.0.join("credentials");
-        std::fs::create_dir_all(&creds).unwrap();
-        std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
-        std::fs::write(creds.join("CI_SECRET"), secret).unwrap();
-        std::fs::set_permissions(
-            creds.join("CI_SECRET"),
-            std::fs::Permissions::from_mode(0o400),
-        )
-        .unwrap();
+        let creds = credentials_directory(&home, "CI_SECRET", secret);
         let secret_from = |creds: &Path| -> Vec<(String, String)> {
             if method == "client_secret_post" {
                 vec![(
@@ -1439,36 +1368,21 @@ fn the_client_credentials_grant_logs_in_without_a_browser_with_each_client_authe
         &[],
         &[("CC_CLIENT_ID", "iteron-ci"), ("CC_CLIENT_SECRET", secret)],
     );
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     set_oauth(
         &home,
         "guarded",
         serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
             "issuer": pair.issuer, "client_secret_env": "CI_SECRET"}),
     );
-    let test = home
-        .cmd(&["mcp", "test", "guarded"])
-        .env("CI_SECRET", secret)
-        .output()
-        .unwrap();
-    assert!(
-        test.status.success(),
-        "{}",
-        String::from_utf8_lossy(&test.stderr)
+    let test = succeeds(
+        home.cmd(&["mcp", "test", "guarded"])
+            .env("CI_SECRET", secret),
     );
     assert_no_token(&[&test], &[secret]);
     // A wrong secret is refused by the AS, once, and nothing is stored.
     let other = Home::new_tagged("cc-wrong");
-    assert!(
-        other
-            .run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&other, &pair);
     set_oauth(
         &other,
         "guarded",
@@ -1512,11 +1426,7 @@ fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_th
             ("REQUEST_LOG", log_s.as_str()),
         ],
     );
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     set_oauth(
         &home,
         "guarded",
@@ -1529,11 +1439,7 @@ fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_th
     let right = std::fs::read_to_string(&key).unwrap();
     let wrong =
         std::fs::read_to_string(root().join("fixtures/keys/rsa-2048-test-only.pem")).unwrap();
-    let creds = home.0.join("credentials");
-    std::fs::create_dir_all(&creds).unwrap();
-    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::fs::write(creds.join("CI_KEY"), &right).unwrap();
-    std::fs::set_permissions(creds.join("CI_KEY"), std::fs::Permissions::from_mode(0o400)).unwrap();
+    let creds = credentials_directory(&home, "CI_KEY", &right);
     let grants = || -> Vec<serde_json::Value> {
         log_lines(&log)
             .into_iter()
@@ -1563,16 +1469,10 @@ fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_th
     assert_eq!(refused[0]["client_auth"], "client_assertion");
     assert_eq!(refused[0]["error"], "invalid_client", "{refused:?}");
     // With the credentials directory, its key wins over the environment's.
-    let login = home
-        .cmd(&["mcp", "auth", "login", "guarded"])
-        .env("CI_KEY", &wrong)
-        .env("CREDENTIALS_DIRECTORY", &creds)
-        .output()
-        .unwrap();
-    assert!(
-        login.status.success(),
-        "{}",
-        String::from_utf8_lossy(&login.stderr)
+    let login = succeeds(
+        home.cmd(&["mcp", "auth", "login", "guarded"])
+            .env("CI_KEY", &wrong)
+            .env("CREDENTIALS_DIRECTORY", &creds),
     );
     let cred = home.credential().unwrap();
     assert_eq!(cred["binding"]["token_auth"], "private_key_jwt", "{cred}");
@@ -1585,16 +1485,10 @@ fn a_private_key_jwt_client_takes_its_key_from_a_credentials_directory_before_th
     assert_eq!(accepted[1]["resource"], pair.mcp_url.as_str());
     // A connection reads the key the same way: the 20 s token is inside the renewal margin, so
     // it runs the grant again with the key from the directory and reaches the server.
-    let test = home
-        .cmd(&["mcp", "test", "guarded"])
-        .env("CI_KEY", &wrong)
-        .env("CREDENTIALS_DIRECTORY", &creds)
-        .output()
-        .unwrap();
-    assert!(
-        test.status.success(),
-        "{}",
-        String::from_utf8_lossy(&test.stderr)
+    let test = succeeds(
+        home.cmd(&["mcp", "test", "guarded"])
+            .env("CI_KEY", &wrong)
+            .env("CREDENTIALS_DIRECTORY", &creds),
     );
     let renewed = grants();
     assert!(
@@ -1658,11 +1552,7 @@ fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server
             ("CC_CLIENT_SECRET", secret),
         ],
     );
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     set_oauth(&home, "guarded", serde_json::json!({"dpop": true}));
     // The browser login: the code is exchanged with a proof, once refused for a nonce and then
     // sent with it.
@@ -1742,26 +1632,16 @@ fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server
     assert_eq!(info["token_type"], "DPoP", "{info}");
     // A client-credentials grant asks for a DPoP-bound token just the same.
     let ci = Home::new_tagged("dpop-cc");
-    assert!(
-        ci.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&ci, &pair);
     set_oauth(
         &ci,
         "guarded",
         serde_json::json!({"grant": "client_credentials", "client_id": "iteron-ci",
             "issuer": pair.issuer, "client_secret_env": "CI_SECRET", "dpop": true}),
     );
-    let login = ci
-        .cmd(&["mcp", "auth", "login", "guarded"])
-        .env("CI_SECRET", secret)
-        .output()
-        .unwrap();
-    assert!(
-        login.status.success(),
-        "{}",
-        String::from_utf8_lossy(&login.stderr)
+    let login = succeeds(
+        ci.cmd(&["mcp", "auth", "login", "guarded"])
+            .env("CI_SECRET", secret),
     );
     let cc = ci.credential().unwrap();
     let cc_access = cc["secrets"]["access_token"].as_str().unwrap().to_owned();
@@ -1773,16 +1653,7 @@ fn dpop_bound_logins_refresh_and_grants_work_against_a_real_authorization_server
     );
     let info = introspect(&pair.issuer, &cc_access);
     assert_eq!(info["token_type"], "DPoP", "{info}");
-    let test_cc = ci
-        .cmd(&["mcp", "test", "guarded"])
-        .env("CI_SECRET", secret)
-        .output()
-        .unwrap();
-    assert!(
-        test_cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&test_cc.stderr)
-    );
+    let test_cc = succeeds(ci.cmd(&["mcp", "test", "guarded"]).env("CI_SECRET", secret));
     assert!(!printed.contains(&access) && !printed.contains(&key));
     assert_no_token(
         &[&test, &login, &test_cc],
@@ -2018,15 +1889,9 @@ fn an_issuer_and_a_resource_without_a_path_are_kept_as_written_and_a_pinned_clie
                 .is_some_and(|a| a.contains(&serde_json::json!(pair.resource))),
         "{info}"
     );
-    let test = home
-        .cmd(&["mcp", "test", "guarded"])
-        .env("PRE_SECRET", secret)
-        .output()
-        .unwrap();
-    assert!(
-        test.status.success(),
-        "{}",
-        String::from_utf8_lossy(&test.stderr)
+    let test = succeeds(
+        home.cmd(&["mcp", "test", "guarded"])
+            .env("PRE_SECRET", secret),
     );
     // Read back and written again (an unrelated change), the spelling stays.
     assert!(
@@ -2054,11 +1919,7 @@ fn a_relogin_stays_on_its_issuer_until_the_operator_names_the_new_one() {
     let dir = fixture();
     let mut pair = start_pair(&dir, "60");
     let home = Home::new_tagged("moved");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     login_via_cli(&home, &dir, &pair, &[], &[]);
     let first = home.credential().unwrap();
     let old_issuer = pair.issuer.clone();
@@ -2128,11 +1989,7 @@ fn a_relogin_with_scopes_asks_for_them_together_with_the_granted_ones() {
     let dir = fixture();
     let pair = start_pair_with(&dir, "60", &[], &[("MCP_SCOPES", "mcp:tools mcp:admin")]);
     let home = Home::new_tagged("union");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     let first = login_via_cli(&home, &dir, &pair, &[], &[]);
     assert_eq!(url_scopes(&first), ["mcp:tools"]);
     assert_eq!(
@@ -2169,11 +2026,7 @@ fn logout_says_revocation_failed_with_the_status_the_authorization_server_answer
     let dir = fixture();
     let pair = start_pair_with(&dir, "60", &[], &[("REVOCATION_STATUS", "500")]);
     let home = Home::new_tagged("revfail");
-    assert!(
-        home.run(&["mcp", "add", "guarded", "--url", &pair.mcp_url])
-            .status
-            .success()
-    );
+    add_guarded(&home, &pair);
     login_via_cli(&home, &dir, &pair, &[], &[]);
     let access = home.credential().unwrap()["secrets"]["access_token"]
         .as_str()

@@ -61,11 +61,21 @@ async fn connect(
     s: &ServerConfig,
     lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
 ) -> Result<iteron_broker::mcp::client::Client, ConnectError> {
+    connect_with(home, s, lookup, Options::default()).await
+}
+
+/// [`connect`] with the client `options`.
+async fn connect_with(
+    home: &Home,
+    s: &ServerConfig,
+    lookup: &(dyn Fn(&str) -> Option<OsString> + Sync),
+    options: Options,
+) -> Result<iteron_broker::mcp::client::Client, ConnectError> {
     servers::connect_with_credentials(
         s,
         &Default::default(),
         lookup,
-        Options::default(),
+        options,
         home,
         servers::SpawnContext {
             home: home.dir().to_path_buf(),
@@ -75,6 +85,43 @@ async fn connect(
         &LearnedSecrets::default(),
     )
     .await
+}
+
+/// Client options that speak MCP 2025-11-25 only.
+fn pinned_2025_11_25() -> Options {
+    use iteron_broker::mcp::version::{Version, VersionPolicy};
+    Options {
+        version: VersionPolicy::Pin(Version::V2025_11_25),
+        ..Options::default()
+    }
+}
+
+/// A reply with `status` and nothing else.
+fn empty(status: u16) -> Reply {
+    Reply {
+        status,
+        headers: Vec::new(),
+        body: String::new(),
+    }
+}
+
+/// The answer to the JSON-RPC `initialize` request `rpc` of a 2025-11-25 server with tools.
+fn initialized(rpc: &Value, name: &str) -> Reply {
+    Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"], "result": {
+        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+        "serverInfo": {"name": name, "version": "1"}}}))
+}
+
+/// Require a logout of an externally managed token to have come to `want` at `revoke_url`.
+fn assert_revoked(
+    out: &Result<servers::ExternalLogout, ConnectError>,
+    want: iteron_broker::oauth::Revoked,
+) {
+    assert!(
+        matches!(out, Ok(servers::ExternalLogout::Revoked(r)) if *r == want),
+        "{:?}",
+        out.as_ref().err().map(|e| e.to_string())
+    );
 }
 
 fn expired() -> String {
@@ -169,31 +216,13 @@ async fn an_external_tokens_revoke_url_obeys_the_binding_zone_of_its_server() {
     // says the revocation failed (not that there is nothing to revoke).
     let public = block("https://mcp.example/mcp");
     let out = servers::logout_external(&public, &Default::default(), &lookup).await;
-    assert!(
-        matches!(
-            out,
-            Ok(servers::ExternalLogout::Revoked(
-                iteron_broker::oauth::Revoked::Failed
-            ))
-        ),
-        "{:?}",
-        out.as_ref().err().map(|e| e.to_string())
-    );
+    assert_revoked(&out, iteron_broker::oauth::Revoked::Failed);
     auth.assert_untouched("a public server's revoke_url on loopback")
         .await;
     // The control: the same block for a loopback server revokes both tokens there.
     let local = block("http://127.0.0.1:9/mcp");
     let out = servers::logout_external(&local, &Default::default(), &lookup).await;
-    assert!(
-        matches!(
-            out,
-            Ok(servers::ExternalLogout::Revoked(
-                iteron_broker::oauth::Revoked::Revoked
-            ))
-        ),
-        "{:?}",
-        out.as_ref().err().map(|e| e.to_string())
-    );
+    assert_revoked(&out, iteron_broker::oauth::Revoked::Revoked);
     let seen = auth.to("/revoke");
     assert_eq!(seen.len(), 2, "{seen:?}");
     let tokens: Vec<String> = seen.iter().map(|r| r.form()["token"].clone()).collect();
@@ -237,17 +266,11 @@ fn stateful_external(_base: &str) -> scripted::Script {
             }
             ("POST", "/revoke", _) => Reply::json(json!({})),
             ("POST", "/mcp", Some("initialize")) => {
-                let mut r = Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"], "result": {
-                    "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                    "serverInfo": {"name": "stateful-external", "version": "1"}}}));
+                let mut r = initialized(&rpc, "stateful-external");
                 r.headers.push(("Mcp-Session-Id".into(), "s1".into()));
                 r
             }
-            ("POST", "/mcp", Some("notifications/initialized")) => Reply {
-                status: 202,
-                headers: Vec::new(),
-                body: String::new(),
-            },
+            ("POST", "/mcp", Some("notifications/initialized")) => empty(202),
             ("POST", "/mcp", Some("tools/call")) => {
                 *call_id.lock().unwrap() = rpc["id"].clone();
                 sse("id: ev-1\nretry: 100\ndata: \n\n".into())
@@ -266,7 +289,6 @@ fn stateful_external(_base: &str) -> scripted::Script {
 
 #[tokio::test]
 async fn no_request_of_a_stateful_session_carries_an_expired_or_revoked_external_token() {
-    use iteron_broker::mcp::version::{Version, VersionPolicy};
     let t = TempHome::new("ext-stateful");
     let home = t.home();
     let s = Server::start(stateful_external).await;
@@ -279,24 +301,9 @@ async fn no_request_of_a_stateful_session_carries_an_expired_or_revoked_external
         },
     }));
     let lookup = env(&[("T", "at-0"), ("E", &expired()), ("R", "rt-0")]);
-    let client = servers::connect_with_credentials(
-        &cfg,
-        &Default::default(),
-        &lookup,
-        Options {
-            version: VersionPolicy::Pin(Version::V2025_11_25),
-            ..Options::default()
-        },
-        &home,
-        servers::SpawnContext {
-            home: home.dir().to_path_buf(),
-            ceiling: Config::default().ceiling(),
-            egress: None,
-        },
-        &LearnedSecrets::default(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let client = connect_with(&home, &cfg, &lookup, pinned_2025_11_25())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let out = client
         .call_tool("echo", serde_json::Map::new())
         .await
@@ -319,16 +326,7 @@ async fn no_request_of_a_stateful_session_carries_an_expired_or_revoked_external
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let out = servers::logout_external(&cfg, &Default::default(), &lookup).await;
-    assert!(
-        matches!(
-            out,
-            Ok(servers::ExternalLogout::Revoked(
-                iteron_broker::oauth::Revoked::Revoked
-            ))
-        ),
-        "{:?}",
-        out.as_ref().err().map(|e| e.to_string())
-    );
+    assert_revoked(&out, iteron_broker::oauth::Revoked::Revoked);
     let at_logout = s.to("/mcp").len();
     // Long enough for another reopening of the stream, then the session's DELETE.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
@@ -1054,6 +1052,30 @@ fn jag_request(as_base: &str, idp_base: &str, identity: IdentityToken) -> GrantR
     }
 }
 
+/// Require `ex` to be the exchange of the ID token for an ID-JAG addressed to the authorization
+/// server `as_base`, for its resource `<as_base>/mcp`.
+fn assert_id_jag_exchange(ex: &Seen, as_base: &str) {
+    let form = ex.form();
+    assert_eq!(
+        form["grant_type"],
+        "urn:ietf:params:oauth:grant-type:token-exchange"
+    );
+    assert_eq!(
+        form["requested_token_type"],
+        "urn:ietf:params:oauth:token-type:id-jag"
+    );
+    assert_eq!(form["subject_token"], ID_TOKEN);
+    assert_eq!(
+        form["subject_token_type"],
+        "urn:ietf:params:oauth:token-type:id_token"
+    );
+    assert_eq!(
+        form["audience"], as_base,
+        "the ID-JAG is addressed to the AS issuer"
+    );
+    assert_eq!(form["resource"], format!("{as_base}/mcp"));
+}
+
 #[tokio::test]
 async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an_access_token() {
     let auth = Server::start(jb_provider).await;
@@ -1072,26 +1094,7 @@ async fn an_id_token_becomes_an_id_jag_at_the_identity_provider_and_only_then_an
     assert_eq!(out.tokens.access.expose_secret(), "wl-access");
     let ex = idp.to("/token");
     assert_eq!(ex.len(), 1);
-    let form = ex[0].form();
-    assert_eq!(
-        form["grant_type"],
-        "urn:ietf:params:oauth:grant-type:token-exchange"
-    );
-    assert_eq!(
-        form["requested_token_type"],
-        "urn:ietf:params:oauth:token-type:id-jag"
-    );
-    assert_eq!(form["subject_token"], ID_TOKEN);
-    assert_eq!(
-        form["subject_token_type"],
-        "urn:ietf:params:oauth:token-type:id_token"
-    );
-    assert_eq!(
-        form["audience"],
-        auth.base(),
-        "the ID-JAG is addressed to the AS issuer"
-    );
-    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert_id_jag_exchange(&ex[0], &auth.base());
     assert!(
         ex[0]
             .header("authorization")
@@ -1178,22 +1181,12 @@ fn jag_as_and_mcp(base: &str) -> scripted::Script {
                 body: String::new(),
             },
             ("POST", "/mcp") => match rpc["method"].as_str() {
-                Some("initialize") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
-                    "result": {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                               "serverInfo": {"name": "jag-protected", "version": "1"}}})),
+                Some("initialize") => initialized(&rpc, "jag-protected"),
                 Some("tools/list") => Reply::json(json!({"jsonrpc": "2.0", "id": rpc["id"],
                     "result": {"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}})),
-                _ => Reply {
-                    status: 202,
-                    headers: Vec::new(),
-                    body: String::new(),
-                },
+                _ => empty(202),
             },
-            _ => Reply {
-                status: 405,
-                headers: Vec::new(),
-                body: String::new(),
-            },
+            _ => empty(405),
         }
     })
 }
@@ -1214,7 +1207,6 @@ fn jag_config(name: &str, as_base: &str, idp_base: &str) -> ServerConfig {
 
 #[tokio::test]
 async fn a_connect_configured_for_id_jag_exchanges_the_id_token_at_the_identity_provider_first() {
-    use iteron_broker::mcp::version::{Version, VersionPolicy};
     let t = TempHome::new("id-jag-config");
     let home = t.home();
     let auth = Server::start(jag_as_and_mcp).await;
@@ -1224,51 +1216,19 @@ async fn a_connect_configured_for_id_jag_exchanges_the_id_token_at_the_identity_
         ("IDP_SECRET", IDP_SECRET),
         ("USER_ID_TOKEN", ID_TOKEN),
     ]);
-    let opts = Options {
-        version: VersionPolicy::Pin(Version::V2025_11_25),
-        ..Options::default()
-    };
-    let ctx = || servers::SpawnContext {
-        home: home.dir().to_path_buf(),
-        ceiling: Config::default().ceiling(),
-        egress: None,
-    };
     // The broker's path: no login stored, so the connection runs the grant its configuration
     // describes, stores the token and reaches the server with it.
     let cfg = jag_config("id-jag", &auth.base(), &idp.base());
-    let client = servers::connect_with_credentials(
-        &cfg,
-        &Default::default(),
-        &lookup,
-        opts.clone(),
-        &home,
-        ctx(),
-        &LearnedSecrets::default(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let client = connect_with(&home, &cfg, &lookup, pinned_2025_11_25())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let tools = client.list_tools().await.unwrap();
     assert_eq!(tools.len(), 1);
     // At the identity provider: the user's ID token from its variable, exchanged for an ID-JAG
     // addressed to the authorization server, with the provider's client secret in Basic.
     let ex = idp.to("/token");
     assert_eq!(ex.len(), 1, "{ex:?}");
-    let form = ex[0].form();
-    assert_eq!(
-        form["grant_type"],
-        "urn:ietf:params:oauth:grant-type:token-exchange"
-    );
-    assert_eq!(
-        form["requested_token_type"],
-        "urn:ietf:params:oauth:token-type:id-jag"
-    );
-    assert_eq!(form["subject_token"], ID_TOKEN);
-    assert_eq!(
-        form["subject_token_type"],
-        "urn:ietf:params:oauth:token-type:id_token"
-    );
-    assert_eq!(form["audience"], auth.base());
-    assert_eq!(form["resource"], format!("{}/mcp", auth.base()));
+    assert_id_jag_exchange(&ex[0], &auth.base());
     assert_eq!(
         ex[0].header("authorization"),
         Some(basic("idp-client", IDP_SECRET).as_str())
@@ -1305,18 +1265,10 @@ async fn a_connect_configured_for_id_jag_exchanges_the_id_token_at_the_identity_
     let refusing = Server::start(|base| idp_script(base, jag_refused)).await;
     let cfg = jag_config("id-jag-refused", &auth.base(), &refusing.base());
     for said in ["invalid_grant", "is not presented again"] {
-        let e = servers::connect_with_credentials(
-            &cfg,
-            &Default::default(),
-            &lookup,
-            opts.clone(),
-            &home,
-            ctx(),
-            &LearnedSecrets::default(),
-        )
-        .await
-        .err()
-        .unwrap();
+        let e = connect_with(&home, &cfg, &lookup, pinned_2025_11_25())
+            .await
+            .err()
+            .unwrap();
         let line = e.to_string();
         assert!(line.contains(said) && !line.contains(ID_TOKEN), "{line}");
     }
