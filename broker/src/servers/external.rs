@@ -115,7 +115,8 @@ type ExternalSlot = Arc<tokio::sync::Mutex<ExternalState>>;
 pub struct ExternalTokens {
     max: usize,
     slots: std::sync::Mutex<HashMap<String, ExternalSlot>>,
-    revoked: std::sync::Mutex<Revoked>,
+    /// Shared with every [`ExternalToken`] made from this set, which looks here before each use.
+    revoked: Arc<std::sync::Mutex<Revoked>>,
 }
 
 /// The tokens `auth logout` revoked in this process (at most `max`); `full` once one could not
@@ -133,19 +134,16 @@ impl ExternalTokens {
         ExternalTokens {
             max,
             slots: std::sync::Mutex::new(HashMap::new()),
-            revoked: std::sync::Mutex::new(Revoked {
+            revoked: Arc::new(std::sync::Mutex::new(Revoked {
                 max: max.saturating_mul(REVOKED_PER_SERVER),
                 tokens: HashSet::new(),
                 full: false,
-            }),
+            })),
         }
     }
 
     fn revoked(&self) -> std::sync::MutexGuard<'_, Revoked> {
-        match self.revoked.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        lock_revoked(&self.revoked)
     }
 
     /// Remember tokens a logout revoked (or stopped using). One that cannot be remembered
@@ -168,7 +166,16 @@ impl ExternalTokens {
     fn is_revoked(&self, token: &crate::oauth::SecretString) -> bool {
         self.revoked().tokens.contains(&fingerprint(token))
     }
+}
 
+fn lock_revoked(m: &std::sync::Mutex<Revoked>) -> std::sync::MutexGuard<'_, Revoked> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl ExternalTokens {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExternalSlot>> {
         match self.slots.lock() {
             Ok(g) => g,
@@ -233,6 +240,10 @@ pub(crate) struct ExternalToken {
     /// `access_token_env`, for messages.
     var: String,
     learned: LearnedSecrets,
+    /// What logouts of this process revoked ([`ExternalTokens`]): looked at before every use,
+    /// since a logout may revoke these tokens after this source was made (through another
+    /// server naming the same variables, or while this one was connecting).
+    revoked: Arc<std::sync::Mutex<Revoked>>,
 }
 
 impl ExternalToken {
@@ -300,6 +311,7 @@ impl ExternalToken {
             zone: endpoint_zone(&h.url).map_err(ConnectError::Net)?,
             var: var.to_string(),
             learned: learned.clone(),
+            revoked: Arc::clone(&tokens.revoked),
         })
     }
 
@@ -314,6 +326,19 @@ impl ExternalToken {
     async fn get(&self, force: bool) -> Result<crate::oauth::SecretString, String> {
         use secrecy::ExposeSecret;
         let mut st = self.slot.lock().await;
+        {
+            let revoked = lock_revoked(&self.revoked);
+            if revoked.tokens.contains(&fingerprint(&st.access)) {
+                st.logged_out = true;
+            }
+            if st
+                .refresh
+                .as_ref()
+                .is_some_and(|r| revoked.tokens.contains(&fingerprint(r)))
+            {
+                st.refresh = None;
+            }
+        }
         if st.logged_out {
             return Err(format!(
                 "the externally managed token named by {} was revoked by iteron mcp auth logout; restart the broker with a new token",
@@ -591,5 +616,29 @@ mod tests {
             "P16",
             serde_json::json!({"revoked_per_server": REVOKED_PER_SERVER, "max": MAX_REVOKED_TOKENS, "full": "refused"}),
         );
+    }
+
+    #[tokio::test]
+    async fn a_logout_stops_a_source_already_in_use_that_names_the_same_tokens() {
+        let tokens = ExternalTokens::new(4);
+        let net = NetworkConfig::default();
+        // Server b names the same variables as a and is in use before a's logout.
+        let b = source(&tokens, &server("b", "c"), &vars("t1", "r1")).unwrap();
+        assert_eq!(b.get(false).await.unwrap().expose_secret(), "t1");
+        let _ = logout_external_in(&tokens, &server("a", "c"), &net, &vars("t1", "r1")).await;
+        // b never sends the revoked access token again, nor presents the revoked refresh token.
+        let e = b.get(false).await.err().unwrap();
+        assert!(e.contains("revoked by iteron mcp auth logout"), "{e}");
+        let e = b.get(true).await.err().unwrap();
+        assert!(e.contains("revoked by iteron mcp auth logout"), "{e}");
+        // A source in use whose access token is its own but whose refresh token was revoked
+        // keeps its access token and drops the refresh token.
+        let c = source(&tokens, &server("c", "c"), &vars("t2", "r2")).unwrap();
+        assert_eq!(c.get(false).await.unwrap().expose_secret(), "t2");
+        let _ = logout_external_in(&tokens, &server("d", "c"), &net, &vars("t9", "r2")).await;
+        assert_eq!(c.get(false).await.unwrap().expose_secret(), "t2");
+        let e = c.get(true).await.err().unwrap();
+        assert!(e.contains("there is no refresh token to renew it"), "{e}");
+        iteron_test_support::record!("P16", serde_json::json!({"in_use": "stopped"}),);
     }
 }
