@@ -845,8 +845,9 @@ mod tests {
         let me = std::process::id() as i32;
         let listed = thread_children().expect("this kernel lists each thread's children");
         assert!(listed.contains(&orphan), "{listed:?} lacks {orphan}");
-        let fast = adopted();
+        let fast = adopted(false);
         assert!(fast.iter().any(|(p, _)| *p == orphan), "{fast:?}");
+        assert!(adopted(true).iter().any(|(p, _)| *p == orphan));
         let slow: Vec<i32> = all_pids()
             .into_iter()
             .filter(|p| parent_and_session(*p).is_some_and(|(pp, _)| pp == me))
@@ -859,7 +860,8 @@ mod tests {
         );
         nix::sys::signal::kill(Pid::from_raw(orphan), Signal::SIGKILL).unwrap();
         nix::sys::wait::waitpid(Pid::from_raw(orphan), None).unwrap();
-        assert!(!adopted().iter().any(|(p, _)| *p == orphan));
+        assert!(!adopted(false).iter().any(|(p, _)| *p == orphan));
+        assert!(!adopted(true).iter().any(|(p, _)| *p == orphan));
     }
 
     #[test]

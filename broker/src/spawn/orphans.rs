@@ -45,22 +45,26 @@ pub fn settle(within: Duration) -> bool {
     }
 }
 
-/// The processes whose parent is this process, with their session ids.
-///
-/// A process re-parented to this one (a child subreaper) becomes the child of one of its
-/// threads, so the candidates are read from each thread's `children` list
-/// (`/proc/self/task/*/children`): a read per thread and one `stat` per child, instead of one
-/// per process on the machine. That scan ran after every child's exit, on the reaper's thread
-/// and under the lock every fork takes, so on a host with a few hundred processes it held the
-/// next start for milliseconds. Each candidate's parent is read again from its `stat` (a
-/// `children` list is a snapshot and may be out of date by the time it is read). Where the
-/// kernel offers no such list (built without `CONFIG_PROC_CHILDREN`), every process's `stat`
-/// is read as before.
-pub(super) fn adopted() -> Vec<(i32, i32)> {
+/// The processes whose parent is this process, with their session ids: every process's
+/// `stat` read (`full`), or only those of the children each of this process's threads lists
+/// (`/proc/self/task/*/children`; a process re-parented to this one, a child subreaper,
+/// becomes the child of one of its threads): a read per thread and one `stat` per child
+/// instead of one per process on the machine. Each candidate's parent is read from its
+/// `stat`. Where the kernel offers no such lists (built without `CONFIG_PROC_CHILDREN`),
+/// every process is read.
+pub(super) fn adopted(full: bool) -> Vec<(i32, i32)> {
+    let candidates = if full {
+        all_pids()
+    } else {
+        thread_children().unwrap_or_else(all_pids)
+    };
+    parents_are_me(candidates)
+}
+
+/// Those of `pids` whose parent is this process now, with their session ids.
+fn parents_are_me(pids: Vec<i32>) -> Vec<(i32, i32)> {
     let me = std::process::id() as i32;
-    let candidates = thread_children().unwrap_or_else(all_pids);
-    candidates
-        .into_iter()
+    pids.into_iter()
         .filter_map(|pid| match parent_and_session(pid) {
             Some((ppid, sid)) if ppid == me => Some((pid, sid)),
             _ => None,
@@ -124,29 +128,42 @@ pub fn sweep() -> (usize, bool) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let own_session = nix::unistd::getsid(None).map_or(-1, Pid::as_raw);
     rounds_until_none(MAX_SWEEP_ROUNDS, || {
-        let victims: Vec<i32> = {
-            let owners = lock_owners();
-            let v: Vec<i32> = adopted()
-                .into_iter()
-                .filter(|(pid, sid)| {
-                    !owners.contains(pid) && !owners.contains(sid) && *sid != own_session
-                })
-                .map(|(pid, _)| pid)
-                .collect();
-            // Our unreaped children: their pids cannot be reused until they are waited for,
-            // and only this (serialized) sweep waits for them.
-            for p in &v {
-                let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
-            }
-            v
-        };
-        for p in &victims {
-            while let Err(nix::errno::Errno::EINTR) =
-                nix::sys::wait::waitpid(Pid::from_raw(*p), None)
-            {}
+        match end_adopted(adopted(false), own_session) {
+            // A `children` list may leave out a live child while another one exits (proc(5)):
+            // a round that found none there is confirmed by reading every process — outside
+            // the lock every fork takes, which the children lists were brought in to spare.
+            0 => end_adopted(adopted(true), own_session),
+            n => n,
         }
-        victims.len()
     })
+}
+
+/// End and reap those of `found` (read without the lock) that are still this process's
+/// children, not supervised, not in a supervised child's session and not in this process's
+/// own; how many. Each is checked again under the lock every fork takes: while it is held no
+/// supervised child is reaped and no new child is started, and an orphan, once re-parented
+/// here, is reaped only by this (serialized) sweep, so a pid checked here cannot have been
+/// reused by another process.
+fn end_adopted(found: Vec<(i32, i32)>, own_session: i32) -> usize {
+    let victims: Vec<i32> = {
+        let owners = lock_owners();
+        let v: Vec<i32> = parents_are_me(found.into_iter().map(|(pid, _)| pid).collect())
+            .into_iter()
+            .filter(|(pid, sid)| {
+                !owners.contains(pid) && !owners.contains(sid) && *sid != own_session
+            })
+            .map(|(pid, _)| pid)
+            .collect();
+        for p in &v {
+            let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+        v
+    };
+    for p in &victims {
+        while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(Pid::from_raw(*p), None) {
+        }
+    }
+    victims.len()
 }
 
 /// Run `round` (which ends what it finds and says how many) until it finds none, at most `max`
