@@ -2237,6 +2237,55 @@ fn a_removed_server_is_stopped_without_any_agent_traffic() {
     );
 }
 
+/// A server removed from the configuration while it is starting is not brought back: when
+/// its start completes, the new process is closed and the server stays `removed`.
+#[test]
+fn a_server_removed_while_it_starts_stays_removed() {
+    let area = Area::new("reconfig-starting");
+    let marker = format!("iteron-removed-starting-{}", std::process::id());
+    let mut slow = scripted("slow", "slow-start");
+    slow["args"].as_array_mut().unwrap().push(json!("3"));
+    slow["args"].as_array_mut().unwrap().push(json!(marker));
+    let stays = scripted("stays", "legacy");
+    area.config(json!([slow, stays.clone()]));
+    let broker = area.broker(&[], &[]);
+    let socket = area.agent_socket();
+    let lister = std::thread::spawn(move || {
+        runtime().block_on(async {
+            let mut c = Connection::connect(&socket).await.unwrap();
+            c.hello("reconfig-starting").await.unwrap();
+            c.request("list_tools", json!({})).await.unwrap()
+        })
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while processes_with(&marker) == 0 {
+        assert!(Instant::now() < deadline, "the slow server never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server_status(&area, "slow")["phase"], "starting");
+    // Removed while it starts: broker status looks at the file and marks it removed.
+    area.config(json!([stays]));
+    assert_eq!(server_status(&area, "slow")["phase"], "removed");
+    let listed = lister.join().unwrap();
+    assert!(
+        !tool_names(&listed).iter().any(|t| t.starts_with("slow/")),
+        "{listed}"
+    );
+    // Its start completed after the removal: the process is closed, the phase stays removed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while processes_with(&marker) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a removed server's new process still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server_status(&area, "slow")["phase"], "removed");
+    let (code, _) = broker.finish();
+    assert_eq!(code, Some(0));
+    iteron_test_support::record!("P13", json!({"removed_while_starting": "stays removed"}),);
+}
+
 fn zombies_of(pid: i32) -> usize {
     let mut n = 0;
     for e in std::fs::read_dir("/proc").unwrap().flatten() {

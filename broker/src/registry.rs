@@ -617,8 +617,44 @@ impl Registry {
                 }
             }
         }
-        let mut s = slot.lock();
-        s.secrets = secrets;
+        // Stopped by the operator or removed from the configuration while it started (judged
+        // under the same lock as the outcome is stored): the new process is not used, and the
+        // slot keeps saying so.
+        let stored = {
+            let mut s = slot.lock();
+            s.secrets = secrets;
+            let ended = match s.phase {
+                Phase::Stopped => Some(SlotError::Stopped),
+                Phase::Removed => Some(SlotError::Removed),
+                _ => None,
+            };
+            match ended {
+                Some(why) => Err((why, connected.ok().and_then(Result::ok))),
+                None => Ok(Self::store_outcome(
+                    &mut s, &slot, connected, digest, snap.epoch,
+                )),
+            }
+        };
+        match stored {
+            Ok(outcome) => outcome,
+            Err((why, unused)) => {
+                if let Some(client) = unused {
+                    client.close().await;
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// Store what a start came to in the slot (locked by the caller): the client as the next
+    /// generation, or why it failed.
+    fn store_outcome(
+        s: &mut SlotState,
+        slot: &Arc<Slot>,
+        connected: Result<Result<Client, ConnectError>, tokio::time::error::Elapsed>,
+        digest: String,
+        epoch: u64,
+    ) -> Result<(Arc<Slot>, Arc<Client>), SlotError> {
         match connected {
             Ok(Ok(client)) => {
                 let client = Arc::new(client);
@@ -629,8 +665,8 @@ impl Registry {
                 s.catalog = None;
                 s.last_error = None;
                 s.digest = digest;
-                s.epoch = snap.epoch;
-                Ok((Arc::clone(&slot), client))
+                s.epoch = epoch;
+                Ok((Arc::clone(slot), client))
             }
             Ok(Err(e)) => {
                 let why = describe(&s.secrets.scrub(&e.to_string()));
