@@ -21,6 +21,13 @@ use std::time::Instant;
 
 const CANARY: &str = "CANARY-5ecr3t-9f1c";
 
+#[allow(
+    dead_code,
+    reason = "the scripted server's helpers this file does not use"
+)]
+#[path = "../../tests/support/scripted.rs"]
+mod scripted;
+
 fn temp_home() -> (PathBuf, Home) {
     static N: AtomicU64 = AtomicU64::new(0);
     let base = std::env::temp_dir().join(format!(
@@ -812,4 +819,140 @@ proptest! {
         let cut = cut.min(bytes.len() - 1);
         prop_assert!(decode(&bytes[..cut]).is_err());
     }
+}
+
+/// Two requests of one connection that find the stored token expired at the same moment (a
+/// tool call and the standalone stream's reopening, say) renew it once: the second waits, reads
+/// the credential again and uses what the first stored, so a refresh token is never presented
+/// twice (an authorization server that detects reuse may revoke the whole grant).
+#[test]
+fn requests_that_find_the_token_expired_together_renew_it_once() {
+    use crate::mcp::client::TokenSource;
+    use scripted::{Reply, Seen, Server};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_base, home) = temp_home();
+    rt.block_on(async {
+        let issued = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&issued);
+        let auth = Server::start(move |base| {
+            let base = base.to_owned();
+            Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+                ("GET", "/.well-known/oauth-authorization-server") => {
+                    Reply::json(serde_json::json!({
+                        "issuer": base,
+                        "token_endpoint": format!("{base}/token"),
+                    }))
+                }
+                ("POST", "/token") => {
+                    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                    Reply::json(serde_json::json!({
+                        "access_token": format!("at-renewed-{n}"),
+                        "token_type": "Bearer",
+                        "expires_in": 3600,
+                        "refresh_token": format!("rt-renewed-{n}"),
+                    }))
+                }
+                _ => Reply::not_found(),
+            })
+        })
+        .await;
+        let mut cred = credential("srv", "first");
+        cred.binding.issuer = auth.base();
+        cred.binding.zone = Zone::Loopback;
+        cred.binding.token_auth = TokenAuth::None;
+        cred.secrets.client_secret = None;
+        cred.secrets.expires_at = Some(1);
+        let store = CredentialStore::new(&home);
+        store.save(&cred).unwrap();
+        let source = Arc::new(crate::servers::StoredToken::new(
+            CredentialStore::new(&home),
+            "srv",
+            crate::servers::LearnedSecrets::default(),
+        ));
+        let (a, b) = (Arc::clone(&source), Arc::clone(&source));
+        let (x, y) = tokio::join!(
+            tokio::spawn(async move { a.current().await }),
+            tokio::spawn(async move { b.current().await }),
+        );
+        let (x, y) = (x.unwrap().unwrap(), y.unwrap().unwrap());
+        assert_eq!(x.token.expose_secret(), "at-renewed-1");
+        assert_eq!(y.token.expose_secret(), "at-renewed-1");
+        let refreshes = auth.to("/token");
+        assert_eq!(refreshes.len(), 1, "{refreshes:?}");
+        assert_eq!(refreshes[0].form()["refresh_token"], "rt-first");
+        let kept = store.load("srv").unwrap().unwrap();
+        assert_eq!(
+            kept.secrets.refresh_token.unwrap().expose_secret(),
+            "rt-renewed-1"
+        );
+    });
+}
+
+/// A refresh token the authorization server refuses is forgotten only if it is still the one
+/// stored: one another process stored meanwhile (it refreshed first) is kept.
+#[test]
+fn a_refused_refresh_token_is_forgotten_only_if_it_is_still_the_stored_one() {
+    use crate::mcp::client::TokenSource;
+    use scripted::{Reply, Seen, Server};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_base, home) = temp_home();
+    let other_process = CredentialStore::new(&home);
+    rt.block_on(async {
+        let auth = Server::start(move |base| {
+            let base = base.to_owned();
+            Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+                ("GET", "/.well-known/oauth-authorization-server") => {
+                    Reply::json(serde_json::json!({
+                        "issuer": base,
+                        "token_endpoint": format!("{base}/token"),
+                    }))
+                }
+                ("POST", "/token") => {
+                    // Another process refreshed first: it stored its rotation, and the token
+                    // presented here is refused as already used.
+                    other_process
+                        .update_secrets("srv", |s| {
+                            s.access_token = SecretString::from("at-theirs");
+                            s.refresh_token = Some(SecretString::from("rt-theirs"));
+                            s.expires_at = Some(4_000_000_000);
+                        })
+                        .unwrap();
+                    Reply::status(400, serde_json::json!({"error": "invalid_grant"}))
+                }
+                _ => Reply::not_found(),
+            })
+        })
+        .await;
+        let mut cred = credential("srv", "first");
+        cred.binding.issuer = auth.base();
+        cred.binding.zone = Zone::Loopback;
+        cred.binding.token_auth = TokenAuth::None;
+        cred.secrets.client_secret = None;
+        cred.secrets.expires_at = Some(1);
+        let store = CredentialStore::new(&home);
+        store.save(&cred).unwrap();
+        let source = crate::servers::StoredToken::new(
+            CredentialStore::new(&home),
+            "srv",
+            crate::servers::LearnedSecrets::default(),
+        );
+        assert!(source.current().await.is_err());
+        let kept = store.load("srv").unwrap().unwrap();
+        assert_eq!(
+            kept.secrets.refresh_token.unwrap().expose_secret(),
+            "rt-theirs"
+        );
+        assert!(!kept.secrets.refresh_failed);
+        // The next use finds the other process's token fresh and uses it.
+        let next = source.current().await.unwrap();
+        assert_eq!(next.token.expose_secret(), "at-theirs");
+    });
 }

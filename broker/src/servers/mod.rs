@@ -224,6 +224,7 @@ pub async fn connect_with_credentials(
         network: network.clone(),
         learned: learned.clone(),
         grant: grant.clone(),
+        renewing: tokio::sync::Mutex::new(()),
     }));
     let mut refreshed = false;
     loop {

@@ -96,11 +96,21 @@ pub(super) async fn refresh_stored(
                     return Err(ConnectError::OAuth(e));
                 };
                 let (store, server) = (store.clone(), server.clone());
-                // Best effort: the refusal is reported whether or not the mark is written.
+                let presented = refresh_token.clone();
+                // Best effort: the refusal is reported whether or not the mark is written. Only
+                // the refresh token that was refused is forgotten: one another process stored
+                // meanwhile (it refreshed first) is kept.
                 let _ = tokio::task::spawn_blocking(move || {
                     store.update_secrets(&server, |s| {
-                        s.refresh_token = None;
-                        s.refresh_failed = true;
+                        use secrecy::ExposeSecret;
+                        let same = s
+                            .refresh_token
+                            .as_ref()
+                            .is_some_and(|r| r.expose_secret() == presented.expose_secret());
+                        if same {
+                            s.refresh_token = None;
+                            s.refresh_failed = true;
+                        }
                     })
                 })
                 .await;
@@ -186,6 +196,10 @@ pub(crate) struct StoredToken {
     pub(super) learned: LearnedSecrets,
     /// The noninteractive grant that renews the credential when it has no refresh token.
     pub(super) grant: Option<crate::oauth::grant::GrantRequest>,
+    /// Held while the credential is renewed: requests of one connection that find it expiring
+    /// together (a call and the standalone stream's reopening, say) renew it once, so a
+    /// refresh token is never presented twice.
+    pub(super) renewing: tokio::sync::Mutex<()>,
 }
 
 impl StoredToken {
@@ -201,17 +215,32 @@ impl StoredToken {
             network: NetworkConfig::default(),
             learned,
             grant: None,
+            renewing: tokio::sync::Mutex::new(()),
         }
     }
 
     async fn get(&self, force: bool) -> Result<AccessToken, String> {
-        let cred = load_stored(&self.store, &self.server)
-            .await?
-            .ok_or("the credential was removed; log in again")?;
-        let expiring = cred
-            .secrets
-            .expires_at
-            .is_some_and(|t| t <= unix_now() + REFRESH_MARGIN_SECS);
+        let load = || async {
+            load_stored(&self.store, &self.server)
+                .await?
+                .ok_or("the credential was removed; log in again".to_owned())
+        };
+        let expiring = |c: &crate::credentials::Credential| {
+            c.secrets
+                .expires_at
+                .is_some_and(|t| t <= unix_now() + REFRESH_MARGIN_SECS)
+        };
+        let mut cred = load().await?;
+        // Renewals are one at a time; the one that waited reads the credential again and
+        // renews only if it still needs to (after a 401 it always does, with what is stored).
+        let _renewing = if force || expiring(&cred) {
+            let held = self.renewing.lock().await;
+            cred = load().await?;
+            Some(held)
+        } else {
+            None
+        };
+        let expiring = expiring(&cred);
         let too_many = || {
             format!(
                 "this server was handed more than {MAX_LEARNED_SECRETS} distinct secrets since it started; restart it (iteron broker restart)"
