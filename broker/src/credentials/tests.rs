@@ -821,6 +821,52 @@ proptest! {
     }
 }
 
+/// A two-worker runtime (the renewals under test race on separate threads).
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A scripted authorization server on loopback: its metadata, and `token` answering the
+/// token endpoint.
+async fn scripted_issuer(
+    token: impl Fn() -> scripted::Reply + Send + Sync + 'static,
+) -> scripted::Server {
+    use scripted::{Reply, Seen, Server};
+    Server::start(move |base| {
+        let base = base.to_owned();
+        Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
+            ("GET", "/.well-known/oauth-authorization-server") => Reply::json(serde_json::json!({
+                "issuer": base,
+                "token_endpoint": format!("{base}/token"),
+            })),
+            ("POST", "/token") => token(),
+            _ => Reply::not_found(),
+        })
+    })
+    .await
+}
+
+/// `srv`'s login at `issuer` (a public client on loopback), stored already expired, and a
+/// token source over it.
+fn expired_login(home: &Home, issuer: String) -> crate::servers::StoredToken {
+    let mut cred = credential("srv", "first");
+    cred.binding.issuer = issuer;
+    cred.binding.zone = Zone::Loopback;
+    cred.binding.token_auth = TokenAuth::None;
+    cred.secrets.client_secret = None;
+    cred.secrets.expires_at = Some(1);
+    CredentialStore::new(home).save(&cred).unwrap();
+    crate::servers::StoredToken::new(
+        CredentialStore::new(home),
+        "srv",
+        crate::servers::LearnedSecrets::default(),
+    )
+}
+
 /// Two requests of one connection that find the stored token expired at the same moment (a
 /// tool call and the standalone stream's reopening, say) renew it once: the second waits, reads
 /// the credential again and uses what the first stored, so a refresh token is never presented
@@ -828,51 +874,20 @@ proptest! {
 #[test]
 fn requests_that_find_the_token_expired_together_renew_it_once() {
     use crate::mcp::client::TokenSource;
-    use scripted::{Reply, Seen, Server};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let (_base, home) = temp_home();
-    rt.block_on(async {
+    two_workers().block_on(async {
         let issued = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&issued);
-        let auth = Server::start(move |base| {
-            let base = base.to_owned();
-            Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
-                ("GET", "/.well-known/oauth-authorization-server") => {
-                    Reply::json(serde_json::json!({
-                        "issuer": base,
-                        "token_endpoint": format!("{base}/token"),
-                    }))
-                }
-                ("POST", "/token") => {
-                    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-                    Reply::json(serde_json::json!({
-                        "access_token": format!("at-renewed-{n}"),
-                        "token_type": "Bearer",
-                        "expires_in": 3600,
-                        "refresh_token": format!("rt-renewed-{n}"),
-                    }))
-                }
-                _ => Reply::not_found(),
-            })
+        let auth = scripted_issuer(move || {
+            let n = issued.fetch_add(1, Ordering::SeqCst) + 1;
+            scripted::Reply::json(serde_json::json!({
+                "access_token": format!("at-renewed-{n}"),
+                "token_type": "Bearer",
+                "expires_in": 3600,
+                "refresh_token": format!("rt-renewed-{n}"),
+            }))
         })
         .await;
-        let mut cred = credential("srv", "first");
-        cred.binding.issuer = auth.base();
-        cred.binding.zone = Zone::Loopback;
-        cred.binding.token_auth = TokenAuth::None;
-        cred.secrets.client_secret = None;
-        cred.secrets.expires_at = Some(1);
-        let store = CredentialStore::new(&home);
-        store.save(&cred).unwrap();
-        let source = Arc::new(crate::servers::StoredToken::new(
-            CredentialStore::new(&home),
-            "srv",
-            crate::servers::LearnedSecrets::default(),
-        ));
+        let source = Arc::new(expired_login(&home, auth.base()));
         let (a, b) = (Arc::clone(&source), Arc::clone(&source));
         let (x, y) = tokio::join!(
             tokio::spawn(async move { a.current().await }),
@@ -884,7 +899,7 @@ fn requests_that_find_the_token_expired_together_renew_it_once() {
         let refreshes = auth.to("/token");
         assert_eq!(refreshes.len(), 1, "{refreshes:?}");
         assert_eq!(refreshes[0].form()["refresh_token"], "rt-first");
-        let kept = store.load("srv").unwrap().unwrap();
+        let kept = CredentialStore::new(&home).load("srv").unwrap().unwrap();
         assert_eq!(
             kept.secrets.refresh_token.unwrap().expose_secret(),
             "rt-renewed-1"
@@ -897,55 +912,25 @@ fn requests_that_find_the_token_expired_together_renew_it_once() {
 #[test]
 fn a_refused_refresh_token_is_forgotten_only_if_it_is_still_the_stored_one() {
     use crate::mcp::client::TokenSource;
-    use scripted::{Reply, Seen, Server};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let (_base, home) = temp_home();
     let other_process = CredentialStore::new(&home);
-    rt.block_on(async {
-        let auth = Server::start(move |base| {
-            let base = base.to_owned();
-            Arc::new(move |req: &Seen| match (req.method.as_str(), req.path()) {
-                ("GET", "/.well-known/oauth-authorization-server") => {
-                    Reply::json(serde_json::json!({
-                        "issuer": base,
-                        "token_endpoint": format!("{base}/token"),
-                    }))
-                }
-                ("POST", "/token") => {
-                    // Another process refreshed first: it stored its rotation, and the token
-                    // presented here is refused as already used.
-                    other_process
-                        .update_secrets("srv", |s| {
-                            s.access_token = SecretString::from("at-theirs");
-                            s.refresh_token = Some(SecretString::from("rt-theirs"));
-                            s.expires_at = Some(4_000_000_000);
-                        })
-                        .unwrap();
-                    Reply::status(400, serde_json::json!({"error": "invalid_grant"}))
-                }
-                _ => Reply::not_found(),
-            })
+    two_workers().block_on(async {
+        let auth = scripted_issuer(move || {
+            // Another process refreshed first: it stored its rotation, and the token presented
+            // here is refused as already used.
+            other_process
+                .update_secrets("srv", |s| {
+                    s.access_token = SecretString::from("at-theirs");
+                    s.refresh_token = Some(SecretString::from("rt-theirs"));
+                    s.expires_at = Some(4_000_000_000);
+                })
+                .unwrap();
+            scripted::Reply::status(400, serde_json::json!({"error": "invalid_grant"}))
         })
         .await;
-        let mut cred = credential("srv", "first");
-        cred.binding.issuer = auth.base();
-        cred.binding.zone = Zone::Loopback;
-        cred.binding.token_auth = TokenAuth::None;
-        cred.secrets.client_secret = None;
-        cred.secrets.expires_at = Some(1);
-        let store = CredentialStore::new(&home);
-        store.save(&cred).unwrap();
-        let source = crate::servers::StoredToken::new(
-            CredentialStore::new(&home),
-            "srv",
-            crate::servers::LearnedSecrets::default(),
-        );
+        let source = expired_login(&home, auth.base());
         assert!(source.current().await.is_err());
-        let kept = store.load("srv").unwrap().unwrap();
+        let kept = CredentialStore::new(&home).load("srv").unwrap().unwrap();
         assert_eq!(
             kept.secrets.refresh_token.unwrap().expose_secret(),
             "rt-theirs"
