@@ -910,13 +910,26 @@ pub(crate) fn landlock_allow(
     access: u64,
     forbidden: &[(u64, u64)],
 ) -> std::io::Result<()> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
     use std::os::unix::fs::MetadataExt;
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags_path()
-        .open(path)?;
-    // What was opened is checked, not what was planned: if the path was swapped for a link to
-    // the operator home (or one of its ancestors) since planning, nothing is granted.
+    // Every planned path is canonical (its links resolved when it was planned), so a link met
+    // now on the way to it was swapped in since: the open fails (ELOOP) and nothing is
+    // granted, wherever the link leads — below the operator home as well as to it.
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let dir = std::fs::File::from(nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how).map_err(
+        |e| match e {
+            nix::errno::Errno::ELOOP => std::io::Error::other(format!(
+                "{} holds a symbolic link that was not there when it was planned: not granted",
+                iteron_policy::text::single_line_capped(&path.to_string_lossy(), 200)
+            )),
+            other => std::io::Error::from(other),
+        },
+    )?);
+    // What was opened is checked, not what was planned: if the path was swapped (by a rename,
+    // not a link) for the operator home or one of its ancestors since planning, nothing is
+    // granted.
     let m = dir.metadata()?;
     if forbidden.contains(&(m.dev(), m.ino())) {
         return Err(std::io::Error::other(
@@ -942,17 +955,6 @@ pub(crate) fn landlock_allow(
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-trait PathOpen {
-    fn custom_flags_path(&mut self) -> &mut Self;
-}
-
-impl PathOpen for std::fs::OpenOptions {
-    fn custom_flags_path(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(nix::libc::O_PATH | nix::libc::O_CLOEXEC)
-    }
 }
 
 /// Empty the capability bounding set of the calling thread where allowed (it needs

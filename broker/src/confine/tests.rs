@@ -189,6 +189,15 @@ fn a_rule_never_lands_on_a_forbidden_inode_whatever_the_path() {
     let read = landlock::READ_FILE | landlock::READ_DIR;
     // Through a symlink (as if swapped in after planning): refused.
     assert!(sys::landlock_allow(&rs, &t.join("link"), read, &[(m.dev(), m.ino())]).is_err());
+    // Through a symlink that leads below the home (a directory that is not itself forbidden):
+    // refused too, since a planned path never holds a link.
+    std::fs::create_dir_all(home.join("secret")).unwrap();
+    std::os::unix::fs::symlink(home.join("secret"), t.join("below")).unwrap();
+    let e = sys::landlock_allow(&rs, &t.join("below"), read, &[(m.dev(), m.ino())]).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    // A link above the granted directory, not only its last component, is refused as well.
+    std::os::unix::fs::symlink(&home, t.join("via")).unwrap();
+    assert!(sys::landlock_allow(&rs, &t.join("via/secret"), read, &[(m.dev(), m.ino())]).is_err());
     // A sibling: granted.
     assert!(sys::landlock_allow(&rs, &t.join("d"), read, &[(m.dev(), m.ino())]).is_ok());
     // And a grant planned through the symlink is dropped as inside the home.
@@ -336,4 +345,20 @@ fn the_memoized_canonical_path_is_what_realpath_answers() {
         }
     });
     std::fs::remove_dir_all(&t).unwrap();
+}
+
+#[test]
+fn a_path_beneath_a_directory_granted_as_much_gets_no_rule_of_its_own() {
+    let p = |s: &str| PathBuf::from(s);
+    let readable = vec![p("/opt/tool"), p("/usr"), p("/usr/bin"), p("/usr/lib"), p("/usrx"), p("/w/r")];
+    let writable = vec![p("/usr/tmp"), p("/w"), p("/w/scratch"), p("/x")];
+    let (r, w) = rule_paths(&readable, &writable);
+    // `/usr/bin` and `/usr/lib` lie under `/usr` (read), `/w/r` under `/w` (write covers read);
+    // `/usrx` is a sibling with a common prefix, not a descendant.
+    assert_eq!(r, [&p("/opt/tool"), &p("/usr"), &p("/usrx")]);
+    // A writable path under a readable one keeps its rule (it grants more); one under a
+    // writable directory does not.
+    assert_eq!(w, [&p("/usr/tmp"), &p("/w"), &p("/x")]);
+    let alone = [p("/usr/bin")];
+    assert_eq!(rule_paths(&alone, &[]).0, [&alone[0]]);
 }
