@@ -41,8 +41,10 @@ use tokio::sync::watch;
 
 mod env;
 mod orphans;
+mod scratch;
 pub use env::*;
 pub use orphans::*;
+use scratch::scratch_dir;
 
 /// `PATH` given to children unless the operator configures one.
 pub const SAFE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -433,6 +435,8 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             sweep();
             if let Some(d) = scratch {
                 let _ = std::fs::remove_dir_all(d);
+                // The next confined start's directory, made here rather than on its way.
+                scratch::refill();
             }
             let _ = reaped_tx.send(true);
             reaper_count(-1);
@@ -463,25 +467,6 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         confinement,
         _egress: egress,
     })
-}
-
-/// A new private scratch directory for one child (0700, under the system temp directory).
-fn scratch_dir() -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut salt = [0u8; 4];
-    let _ = getrandom::fill(&mut salt);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!(
-        "iteron-scratch-{}-{n}-{:02x}{:02x}{:02x}{:02x}",
-        std::process::id(),
-        salt[0],
-        salt[1],
-        salt[2],
-        salt[3]
-    ));
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
 }
 
 /// A handle on a child's stderr ring that outlives the child's transport (for diagnostics

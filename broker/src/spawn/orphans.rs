@@ -36,13 +36,16 @@ pub(super) fn reaper_count(delta: isize) {
 /// swept ([`sweep`]) — a child whose handle was dropped is killed by its reaper in the
 /// background. A command calls this before exiting, so no adopted descendant is left to init.
 /// `true` when nothing is left.
+/// The scratch directories made ahead of time are removed then too.
 pub fn settle(within: Duration) -> bool {
     let (m, cv) = reapers();
     let n = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match cv.wait_timeout_while(n, within, |n| *n > 0) {
+    let done = match cv.wait_timeout_while(n, within, |n| *n > 0) {
         Ok((n, _)) => *n == 0,
         Err(_) => false,
-    }
+    };
+    super::scratch::release();
+    done
 }
 
 /// The processes whose parent is this process, with their session ids: every process's
