@@ -561,10 +561,12 @@ fn plan_with(spec: &Spec, netns: Result<(), String>) -> Effective {
         out
     };
     // System directories a distribution does not have are simply not granted (not "dropped").
+    // Asked as a canonical path (one `lstat` per component, remembered), which `roots` below
+    // asks again: a separate `stat` for existence would cost one more call per directory.
     let system: Vec<PathBuf> = SYSTEM_READ
         .iter()
         .map(PathBuf::from)
-        .filter(|p| exists(p))
+        .filter(|p| canonical(p).is_some())
         .collect();
     let mut readable = roots(&[system, spec.readable.clone()].concat());
     readable.retain(|p| exists(p));
@@ -761,17 +763,14 @@ fn prepare_with(
             };
             allow_if_present(&rs, p, access, &forbidden)?;
         }
+        // A device this system lacks simply gets no rule (the open itself finds out).
         for d in DEVICES_READ {
-            if Path::new(d).exists() {
-                sys::landlock_allow(&rs, Path::new(d), landlock::READ_FILE, &forbidden)?;
-            }
+            allow_if_present(&rs, Path::new(d), landlock::READ_FILE, &forbidden)?;
         }
         for d in DEVICES_RW {
-            if Path::new(d).exists() {
-                let rw = (landlock::READ_FILE | landlock::WRITE_FILE)
-                    | if abi >= 3 { landlock::TRUNCATE } else { 0 };
-                sys::landlock_allow(&rs, Path::new(d), rw, &forbidden)?;
-            }
+            let rw = (landlock::READ_FILE | landlock::WRITE_FILE)
+                | if abi >= 3 { landlock::TRUNCATE } else { 0 };
+            allow_if_present(&rs, Path::new(d), rw, &forbidden)?;
         }
         prepared.ruleset = Some(rs);
     }

@@ -61,15 +61,11 @@ const MAX_HOST_SHOWN: usize = 253;
 /// proxy variable set, on every client it makes (measured: about 20 ms each, see the egress
 /// benchmark).
 pub fn proxy_env() -> Vec<(&'static str, &'static str)> {
-    let mut env: Vec<(&'static str, &'static str)> = [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "http_proxy",
-        "https_proxy",
-    ]
-    .into_iter()
-    .map(|k| (k, PROXY_URL))
-    .collect();
+    let mut env: Vec<(&'static str, &'static str)> =
+        ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
+            .into_iter()
+            .map(|k| (k, PROXY_URL))
+            .collect();
     env.push(("NODE_USE_ENV_PROXY", "1"));
     env
 }

@@ -168,36 +168,60 @@ struct Ring {
 type SpawnReply = std::sync::mpsc::Sender<Result<std::process::Child, SpawnError>>;
 /// A spawn order: the command, its name for errors, and where to send the child.
 type SpawnOrder = (Command, String, SpawnReply);
-type SpawnQueue = Mutex<mpsc::Sender<SpawnOrder>>;
+/// Which thread forks a child: the one for unconfined children, or one of the two for
+/// confined children (one per seccomp filter: with and without internet sockets).
+#[derive(Clone, Copy)]
+enum Forker {
+    Plain,
+    Confined { inet: bool },
+}
 
-/// Two long-lived threads do every fork — one for confined children, one for the others — so
-/// `PR_SET_PDEATHSIG` never fires because a short-lived worker thread exited. The process
-/// becomes a child subreaper first (see the module documentation); if it cannot, nothing is
-/// spawned.
+/// A forking thread: where its orders go, and the seccomp filter it is under (which each of
+/// its children inherits), if it could install it.
+struct Spawner {
+    queue: Mutex<mpsc::Sender<SpawnOrder>>,
+    filter: Option<Vec<nix::libc::sock_filter>>,
+}
+
+/// Three long-lived threads do every fork — [`Forker`] says which — so `PR_SET_PDEATHSIG`
+/// never fires because a short-lived worker thread exited. The process becomes a child
+/// subreaper first (see the module documentation); if it cannot, nothing is spawned.
 ///
-/// A child inherits the bounding set of the thread that forked it: the confined children's
-/// thread empties its own once, so that each child only checks its set instead of dropping
-/// capability after capability (see `sys::drop_bounding_set`); a child started without
-/// confinement keeps the broker's.
-fn spawner(confined: bool) -> Option<&'static SpawnQueue> {
-    static SPAWNERS: [OnceLock<Option<SpawnQueue>>; 2] = [OnceLock::new(), OnceLock::new()];
-    SPAWNERS[usize::from(confined)]
+/// A child inherits the bounding set and the seccomp filter of the thread that forked it: a
+/// confined children's thread empties its own bounding set once, so that each child only
+/// checks its set instead of dropping capability after capability (see
+/// `sys::drop_bounding_set`), and puts itself under its children's filter
+/// ([`crate::sys::filter_spawner_thread`]), so that no child installs one; a child started
+/// without confinement keeps the broker's bounding set and has no filter.
+fn spawner(kind: Forker) -> Option<&'static Spawner> {
+    static SPAWNERS: [OnceLock<Option<Spawner>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let (slot, name, inet) = match kind {
+        Forker::Plain => (0, "iteron-spawner", None),
+        Forker::Confined { inet: false } => (1, "iteron-spawner-c", Some(false)),
+        Forker::Confined { inet: true } => (2, "iteron-spawner-n", Some(true)),
+    };
+    SPAWNERS[slot]
         .get_or_init(|| {
             crate::sys::become_subreaper().ok()?;
-            let (tx, rx) = mpsc::channel::<SpawnOrder>();
-            std::thread::Builder::new()
-                .name(
-                    if confined {
-                        "iteron-spawner-c"
-                    } else {
-                        "iteron-spawner"
-                    }
-                    .into(),
+            // The filter `confine::prepare` builds for such a child.
+            let filter = inet.map(|inet| {
+                crate::sys::seccomp_socket_filter(
+                    inet,
+                    crate::sys::landlock_abi().is_none_or(|a| a < 3),
                 )
+            });
+            let (tx, rx) = mpsc::channel::<SpawnOrder>();
+            let (ready_tx, ready_rx) = mpsc::channel::<bool>();
+            let own = filter.clone();
+            std::thread::Builder::new()
+                .name(name.into())
                 .spawn(move || {
-                    if confined {
+                    let filtered = own.as_deref().is_some_and(|f| {
                         crate::sys::empty_spawner_bounding_set();
-                    }
+                        crate::sys::filter_spawner_thread(f)
+                    });
+                    let _ = ready_tx.send(filtered);
                     while let Ok((mut cmd, shown, reply)) = rx.recv() {
                         let result = {
                             let mut owners = lock_owners();
@@ -214,8 +238,12 @@ fn spawner(confined: bool) -> Option<&'static SpawnQueue> {
                         let _ = reply.send(result);
                     }
                 })
-                .ok()
-                .map(|_| Mutex::new(tx))
+                .ok()?;
+            let filtered = ready_rx.recv().ok()?;
+            Some(Spawner {
+                queue: Mutex::new(tx),
+                filter: filter.filter(|_| filtered),
+            })
         })
         .as_ref()
 }
@@ -304,12 +332,23 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
             Some(prepared)
         }
     };
-    let confined = prepared.is_some();
+    let forker = match &spec.confine {
+        Some(c) => Forker::Confined { inet: c.network },
+        None => Forker::Plain,
+    };
+    let sender = spawner(forker).ok_or(SpawnError::Spawner)?;
+    let mut prepared = prepared;
+    if let Some(p) = prepared.as_mut()
+        && let (Some(own), Some(theirs)) = (&p.seccomp, &sender.filter)
+        && crate::sys::same_filter(own, theirs)
+    {
+        // Inherited at fork: installing it again would only stack a second copy.
+        p.seccomp = None;
+    }
     crate::sys::harden_pre_exec(&mut cmd, std::process::id() as i32, prepared);
     let (reply_tx, reply_rx) = mpsc::channel();
     {
-        let sender = spawner(confined).ok_or(SpawnError::Spawner)?;
-        let guard = sender.lock().map_err(|_| SpawnError::Spawner)?;
+        let guard = sender.queue.lock().map_err(|_| SpawnError::Spawner)?;
         guard
             .send((cmd, shown.clone(), reply_tx))
             .map_err(|_| SpawnError::Spawner)?;

@@ -639,3 +639,34 @@ fn no_setsid_grandchild_outlives_its_stdio_server() {
     }
     iteron_test_support::record!("P9", serde_json::json!({"grandchildren": pids.len()}),);
 }
+
+/// The `Seccomp` and `Seccomp_filters` lines of a child's `/proc/self/status`.
+fn seccomp_of(confine: Option<Spec>) -> (String, String) {
+    let out = output_of("cat", vec!["/proc/self/status".into()], confine);
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    (field("Seccomp:"), field("Seccomp_filters:"))
+}
+
+/// Each confined child is under exactly one seccomp filter — inherited from the thread that
+/// forks it, not installed again over it — whether or not it may open internet sockets, and a
+/// child started without confinement is under none (the forking threads' filters stay theirs).
+#[test]
+fn a_confined_child_has_exactly_one_seccomp_filter_and_an_unconfined_one_none() {
+    let fx = Fixture::new("seccomp-count");
+    let mut s = spec(&fx);
+    s.net_mode = iteron_broker::confine::SandboxNetwork::Host;
+    for network in [false, true, false] {
+        s.network = network;
+        assert_eq!(
+            seccomp_of(Some(s.clone())),
+            ("2".to_owned(), "1".to_owned()),
+            "network {network}"
+        );
+    }
+    assert_eq!(seccomp_of(None), ("0".to_owned(), "0".to_owned()));
+}

@@ -350,7 +350,14 @@ fn the_memoized_canonical_path_is_what_realpath_answers() {
 #[test]
 fn a_path_beneath_a_directory_granted_as_much_gets_no_rule_of_its_own() {
     let p = |s: &str| PathBuf::from(s);
-    let readable = vec![p("/opt/tool"), p("/usr"), p("/usr/bin"), p("/usr/lib"), p("/usrx"), p("/w/r")];
+    let readable = vec![
+        p("/opt/tool"),
+        p("/usr"),
+        p("/usr/bin"),
+        p("/usr/lib"),
+        p("/usrx"),
+        p("/w/r"),
+    ];
     let writable = vec![p("/usr/tmp"), p("/w"), p("/w/scratch"), p("/x")];
     let (r, w) = rule_paths(&readable, &writable);
     // `/usr/bin` and `/usr/lib` lie under `/usr` (read), `/w/r` under `/w` (write covers read);
