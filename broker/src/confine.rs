@@ -672,6 +672,7 @@ fn prepare_with(
     let id = effective
         .identity
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
+    let mut give_back = None;
     let (netns, proxy) = match &effective.net {
         NetState::Refused(_) => {
             return Err(std::io::Error::new(
@@ -682,7 +683,10 @@ fn prepare_with(
         // A namespace made ahead of time when one is ready (a root broker), else the child
         // makes its own before exec.
         NetState::Isolated => match sys::take_ready(false) {
-            Some(r) => (Some(sys::NetNs::joining(r.ns)), None),
+            Some(r) => {
+                give_back = r.ns.try_clone().ok();
+                (Some(sys::NetNs::joining(r.ns)), None)
+            }
             None => (Some(sys::NetNs::for_this_process(None)), None),
         },
         NetState::Egress => match sys::take_ready(true) {
@@ -728,6 +732,7 @@ fn prepare_with(
         })
         .collect(),
         netns,
+        give_back,
     };
     if let Some(abi) = abi {
         let rs = sys::landlock_ruleset(abi, !spec.network)?;

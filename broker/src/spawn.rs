@@ -338,6 +338,8 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
     };
     let sender = spawner(forker).ok_or(SpawnError::Spawner)?;
     let mut prepared = prepared;
+    // The pool's namespace this child joins, to give back once it and its descendants ended.
+    let give_back = prepared.as_mut().and_then(|p| p.give_back.take());
     if let Some(p) = prepared.as_mut()
         && let (Some(own), Some(theirs)) = (&p.seccomp, &sender.filter)
         && crate::sys::same_filter(own, theirs)
@@ -471,7 +473,12 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
                 owners.remove(&pid);
             }
             // Its descendants that left its group were re-parented here when it ended.
-            sweep();
+            let (_, none_left) = sweep();
+            // Its namespace, if it had one from the pool, is handed back only when nothing of
+            // the child is left (the pool checks it again before any reuse).
+            if let Some(ns) = give_back.filter(|_| none_left) {
+                crate::sys::give_back_isolated(ns);
+            }
             if let Some(d) = scratch {
                 let _ = std::fs::remove_dir_all(d);
                 // The next confined start's directory, made here rather than on its way.
