@@ -1419,6 +1419,7 @@ mod tests {
         })
         .join()
         .unwrap();
+        iteron_test_support::record!("P9", serde_json::json!({"checked_before_reuse": true}));
     }
 
     use super::*;

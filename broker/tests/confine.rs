@@ -669,4 +669,5 @@ fn a_confined_child_has_exactly_one_seccomp_filter_and_an_unconfined_one_none() 
         );
     }
     assert_eq!(seccomp_of(None), ("0".to_owned(), "0".to_owned()));
+    iteron_test_support::record!("P9", serde_json::json!({"seccomp_filters": 1}));
 }

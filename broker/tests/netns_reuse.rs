@@ -104,5 +104,6 @@ fn a_namespace_given_back_is_handed_to_the_next_child_and_the_hosts_is_never_use
         assert_eq!(a, b, "the namespace given back was not handed out again");
         assert_ne!(b, host);
     });
+    iteron_test_support::record!("P9", serde_json::json!({"reused": true}));
     let _ = std::fs::remove_dir_all(&home);
 }

@@ -212,6 +212,7 @@ fn a_rule_never_lands_on_a_forbidden_inode_whatever_the_path() {
             .iter()
             .any(|(_, why)| *why == "inside a denied directory")
     );
+    iteron_test_support::record!("P9", serde_json::json!({"links_swapped_in": "refused"}));
     let _ = std::fs::remove_dir_all(&t);
 }
 
