@@ -779,6 +779,12 @@ fn prepare_with(
         }
         prepared.ruleset = Some(rs);
     }
+    // A namespace is given back for reuse only after a child that could change nothing in it:
+    // one under Landlock (no write to `/proc/sys`) as a uid other than 0 (uid 0 writes a
+    // network namespace's sysctls without any capability where Landlock does not stop it).
+    if prepared.ruleset.is_none() || !id.switched || id.uid == 0 {
+        prepared.give_back = None;
+    }
     Ok((prepared, effective, proxy))
 }
 

@@ -323,9 +323,16 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
                 }
             }
             proxy_channel = channel;
-            // The scratch directory belongs to the uid the child runs as.
+            // The scratch directory belongs to the uid the child runs as: handed over through
+            // a descriptor of the directory itself, never through a link put in its place.
             if let Some((uid, gid)) = prepared.identity {
-                std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(fail)?;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+                    .open(&dir)
+                    .and_then(|d| std::os::unix::fs::fchown(&d, Some(uid), Some(gid)))
+                    .map_err(fail)?;
             }
             scratch = Some(dir);
             confinement = Some(Box::new(effective));
@@ -336,7 +343,12 @@ pub async fn spawn(spec: ChildSpec) -> Result<ChildProcess, SpawnError> {
         Some(c) => Forker::Confined { inet: c.network },
         None => Forker::Plain,
     };
-    let sender = spawner(forker).ok_or(SpawnError::Spawner)?;
+    let Some(sender) = spawner(forker) else {
+        if let Some(d) = &scratch {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        return Err(SpawnError::Spawner);
+    };
     let mut prepared = prepared;
     // The pool's namespace this child joins, to give back once it and its descendants ended.
     let give_back = prepared.as_mut().and_then(|p| p.give_back.take());

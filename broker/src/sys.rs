@@ -93,7 +93,9 @@ pub(crate) fn harden_pre_exec(cmd: &mut Command, parent_pid: i32, confine: Optio
                 arm_parent_death(parent_pid)?;
             }
             drop_capabilities()?;
-            join_new_session_keyring();
+            // Best effort; refused (and not needed) under a filter inherited from the forking
+            // thread, which joined one for all its children.
+            let _ = join_new_session_keyring();
             if let Some(fd) = &c.ruleset {
                 // SAFETY: landlock_restrict_self(2) takes a descriptor number and a flags word
                 // and touches no memory of ours; no_new_privs is already set, as it requires.
@@ -155,12 +157,14 @@ fn install_seccomp(prog: &[nix::libc::sock_filter]) -> std::io::Result<()> {
 /// translates and compiles the program and runs it once for every system call number to
 /// build its cache; measured in the child), inheriting one nothing. First the thread joins a
 /// new anonymous session keyring, since the filter refuses every keyring call, the children's
-/// own attempt included: they inherit that keyring (empty, and out of their reach) instead of
+/// own attempt included: they share that keyring (empty, and out of their reach) instead of
 /// the broker's. Then `no_new_privs` (on this thread; each child sets it too) and the filter.
-/// `false` if the filter is not in place: each child then installs its own.
+/// `false` if either is not in place (the filter is then not installed here): each child then
+/// joins its own keyring and installs its own filter, as it would without this.
 pub(crate) fn filter_spawner_thread(prog: &[nix::libc::sock_filter]) -> bool {
-    join_new_session_keyring();
-    nix::sys::prctl::set_no_new_privs().is_ok() && install_seccomp(prog).is_ok()
+    join_new_session_keyring()
+        && nix::sys::prctl::set_no_new_privs().is_ok()
+        && install_seccomp(prog).is_ok()
 }
 
 /// Whether two filter programs are the same, instruction for instruction.
@@ -246,16 +250,16 @@ fn switch_identity(uid: u32, gid: u32) -> std::io::Result<()> {
 /// Best effort: a kernel without keys, a container profile that refuses `keyctl`, or a full
 /// key quota leaves the inherited keyring — which the child still cannot use, because its
 /// seccomp filter refuses `add_key`, `request_key` and `keyctl`.
-fn join_new_session_keyring() {
+fn join_new_session_keyring() -> bool {
     const KEYCTL_JOIN_SESSION_KEYRING: nix::libc::c_long = 1;
     // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) reads no memory (a null name asks for
-    // an anonymous keyring); its result is deliberately ignored (see above).
+    // an anonymous keyring).
     unsafe {
         nix::libc::syscall(
             nix::libc::SYS_keyctl,
             KEYCTL_JOIN_SESSION_KEYRING,
             std::ptr::null::<nix::libc::c_char>(),
-        );
+        ) >= 0
     }
 }
 
@@ -341,9 +345,9 @@ pub(crate) struct Prepared {
     /// A network namespace of its own to enter (`None`: the broker's, `sandbox.network:
     /// "host"`, or a system without network namespaces).
     pub(crate) netns: Option<NetNs>,
-    /// The namespace joined, when it came from the pool without `web_egress`: for the spawner
-    /// to take out before the fork and give back once the child ended
-    /// ([`give_back_isolated`]). Never used by the child.
+    /// The namespace joined, when it came from the pool without `web_egress` and the child
+    /// runs under Landlock as a uid other than 0: for the spawner to take out before the fork
+    /// and give back once the child ended ([`give_back_isolated`]). Never used by the child.
     pub(crate) give_back: Option<OwnedFd>,
 }
 
@@ -533,7 +537,15 @@ fn pool() -> Option<&'static Pool> {
                             }
                         }
                     };
-                    let Ok(r) = make_ready(egress) else { return };
+                    let Ok(r) = make_ready(egress) else {
+                        // No more namespaces from here: nothing is taken back either.
+                        POOL_STOPPED.store(true, std::sync::atomic::Ordering::Relaxed);
+                        p.returned
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .clear();
+                        return;
+                    };
                     p.ready
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -572,10 +584,14 @@ pub(crate) fn take_ready(egress: bool) -> Option<Ready> {
 /// has ended, once it and every descendant were reaped: the pool checks it
 /// ([`still_isolated`]) and, if it is as it was made, hands it to a later child instead of
 /// making a new one (about 1.5 ms of kernel time, and as much again to tear the old one
-/// down). Such a child could change nothing in it: no socket at all (seccomp), no capability.
-/// Without a pool it is simply closed.
+/// down). Only a namespace whose child ran under Landlock as a uid other than 0 is given back
+/// ([`Prepared::give_back`]): such a child had no socket but Unix-domain pairs (seccomp), no
+/// capability, and no write to `/proc/sys`. Without a pool it is simply closed.
 pub(crate) fn give_back_isolated(ns: OwnedFd) {
     let Some(p) = pool() else { return };
+    if POOL_STOPPED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     // Under the pool's own lock (then this list's, as its thread takes them), so that the
     // thread cannot miss the notice between looking at the list and waiting.
     let g = p
@@ -595,6 +611,10 @@ pub(crate) fn give_back_isolated(ns: OwnedFd) {
     p.low.notify_one();
 }
 
+/// Set when the pool's thread stopped (it could not make a namespace): nothing is given back
+/// any more.
+static POOL_STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Namespaces given back and made ready again, since this process started.
 static REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -605,8 +625,8 @@ pub fn namespaces_reused() -> u64 {
 }
 
 /// Whether `ns` is still a namespace as the pool makes one without `web_egress`: its only
-/// interface loopback, down, and no socket of any kind open in it (so no process is left in
-/// it holding one). Enters `ns` (on the pool's own thread, which makes its namespaces by
+/// interface loopback, down, and no socket open in it in any table the kernel lists (Unix,
+/// TCP, UDP, UDP-Lite, raw, ICMP, packet), so no process is left in it holding one. Enters `ns` (on the pool's own thread, which makes its namespaces by
 /// entering them anyway).
 fn still_isolated(ns: &OwnedFd) -> bool {
     // SAFETY: setns(2) takes a descriptor number and a flags word; this thread (the pool's,
@@ -627,9 +647,12 @@ fn still_isolated(ns: &OwnedFd) -> bool {
         return false;
     }
     // Each table: one header line, then a line per socket.
-    ["unix", "tcp", "tcp6", "udp", "udp6", "raw", "raw6"]
-        .iter()
-        .all(|t| read(t).is_some_and(|text| text.lines().count() <= 1))
+    [
+        "unix", "tcp", "tcp6", "udp", "udp6", "udplite", "udplite6", "raw", "raw6", "icmp",
+        "icmp6", "packet",
+    ]
+    .iter()
+    .all(|t| read(t).is_some_and(|text| text.lines().count() <= 1))
 }
 
 /// The flags of the loopback interface of this thread's network namespace.
@@ -1072,6 +1095,10 @@ pub(crate) fn landlock_allow(
                 "{} holds a symbolic link that was not there when it was planned: not granted",
                 iteron_policy::text::single_line_capped(&path.to_string_lossy(), 200)
             )),
+            nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM => std::io::Error::other(
+                "openat2 is refused here (a kernel older than 5.6, or a seccomp profile around \
+                 the broker): confinement needs it to open each grant without following a link",
+            ),
             other => std::io::Error::from(other),
         })?,
     );
@@ -1240,7 +1267,7 @@ fn denied_syscalls(truncate: bool) -> Vec<u32> {
 /// fails with `EPERM` unless `allow_inet` and the family is `AF_INET`, `AF_INET6` or
 /// `AF_NETLINK` with `NETLINK_ROUTE` (name resolution). Unix-domain sockets are never allowed,
 /// so a child cannot connect to the broker's own sockets; `socketpair` stays available for
-/// stream and seqpacket pairs (a datagram pair could `sendto` a socket path).
+/// Unix-domain stream and seqpacket pairs (a datagram pair could `sendto` a socket path).
 ///
 /// The system call number is looked up by a balanced binary search over the numbers that are
 /// not simply allowed, not a chain of comparisons: when a filter is installed the kernel runs
@@ -1338,8 +1365,12 @@ pub(crate) fn seccomp_socket_filter(
     special.sort_by_key(|&(nr, _)| nr);
     special.dedup_by_key(|&mut (nr, _)| nr);
     g.search(&special);
-    // socketpair: stream and seqpacket pairs only (a datagram pair could sendto a path).
+    // socketpair: Unix-domain stream and seqpacket pairs only (a datagram pair could sendto a
+    // path; another family, such as TIPC, would be a socket the namespace checks do not see).
     let pair = g.p.len();
+    g.op(LD_W_ABS, 16); // args[0], low 32 bits: the family
+    let i = g.op(JEQ, nix::libc::AF_UNIX as u32);
+    g.jumps.push((i, false, L::Deny));
     g.op(LD_W_ABS, 24); // args[1], low 32 bits: type | flags
     g.op(ALU_AND, 0xf); // the type
     for t in [nix::libc::SOCK_STREAM, nix::libc::SOCK_SEQPACKET] {
@@ -1541,6 +1572,13 @@ mod tests {
             assert_eq!(run_args(&p, NATIVE, pair, [unix, seqpacket, 0]), ALLOW);
             let dgram = c::SOCK_DGRAM as u32;
             assert_eq!(run_args(&p, NATIVE, pair, [unix, dgram, 0]), EPERM);
+            // Any other family: refused, whatever the type.
+            for family in [c::AF_TIPC, c::AF_INET, c::AF_NETLINK] {
+                assert_eq!(
+                    run_args(&p, NATIVE, pair, [family as u32, stream, 0]),
+                    EPERM
+                );
+            }
             for nr in denied_syscalls(true) {
                 assert_eq!(run(&p, NATIVE, nr, 0), EPERM, "{nr}");
             }
