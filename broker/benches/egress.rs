@@ -123,6 +123,20 @@ fn fetch_server() -> Option<String> {
     })
 }
 
+/// A request head from `c`: the bytes up to the blank line (and whatever came with them), or
+/// what arrived before the connection ended.
+fn read_head(c: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    head
+}
+
 /// A plain HTTP server on loopback answering every request with one small page.
 fn page_server() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -131,14 +145,7 @@ fn page_server() -> String {
         let body = "<!doctype html><html><head><title>bench</title></head><body><h1>Bench page</h1>\
                     <p>egress-bench-marker</p></body></html>";
         for mut c in l.incoming().flatten() {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 2048];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match c.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
+            read_head(&mut c);
             // One write: a response in pieces would meet Nagle's algorithm and delayed ACKs.
             let _ = c.write_all(
                 format!(
@@ -240,15 +247,9 @@ fn floor_proxy() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
         for mut c in l.incoming().flatten() {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match c.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
+            let head = read_head(&mut c);
             let text = String::from_utf8_lossy(&head);
             let Some(target) = text.split(' ').nth(1) else {
                 continue;

@@ -18,7 +18,10 @@ use iteron_broker::confine::{RunAs, Spec};
 use iteron_broker::spawn::{ChildSpec, child_env, spawn};
 use iteron_test_support::{give_to_children, is_root};
 use serde_json::Value;
-use tokio::io::AsyncReadExt;
+
+#[path = "support/child.rs"]
+mod child;
+use child::stdout_of;
 
 const PROBE: &str = r#"
 import json, os, socket, subprocess, sys, tempfile
@@ -146,25 +149,14 @@ fn run(
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         ];
-        let mut child = spawn(ChildSpec {
+        let (out, child) = stdout_of(ChildSpec {
             command: "/usr/bin/python3".into(),
             args,
             env,
             confine,
             egress: None,
         })
-        .await
-        .unwrap();
-        drop(child.stdin.take());
-        let mut out = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        child.shutdown(Duration::from_secs(1)).await;
+        .await;
         serde_json::from_str(out.trim()).unwrap_or_else(|_| {
             panic!("probe output: {out:?}; stderr: {:?}", child.stderr_tail(10))
         })
@@ -386,25 +378,14 @@ fn output_of(command: &str, args: Vec<String>, confine: Option<Spec>) -> String 
         .unwrap();
     rt.block_on(async {
         let (env, _) = child_env(&[], None, |_: &str| None);
-        let mut child = spawn(ChildSpec {
+        let (out, child) = stdout_of(ChildSpec {
             command: command.into(),
             args,
             env,
             confine,
             egress: None,
         })
-        .await
-        .unwrap();
-        drop(child.stdin.take());
-        let mut out = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        child.shutdown(Duration::from_secs(1)).await;
+        .await;
         if out.trim().is_empty() {
             panic!("no output; stderr: {:?}", child.stderr_tail(10));
         }

@@ -30,10 +30,13 @@ use iteron_broker::confine::{
     DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, EgressRule, RunAs, SandboxNetwork, Spec,
 };
 use iteron_broker::egress::{AuditSink, Observer, Route};
-use iteron_broker::spawn::{ChildSpec, child_env, spawn};
+use iteron_broker::spawn::{ChildSpec, child_env};
 use serde_json::Value;
 use support::DnsServer;
-use tokio::io::AsyncReadExt;
+
+#[path = "support/child.rs"]
+mod child;
+use child::stdout_of;
 
 const PRIVATE: &str = "10.231.77.2";
 const HOST_SIDE: &str = "10.231.77.1";
@@ -250,25 +253,14 @@ async fn probe(dir: &Path, confine: Spec, route: Route, targets: &[String]) -> V
     let (env, _) = child_env(&[], None, |_: &str| None);
     let mut args = vec![dir.join("probe.py").to_string_lossy().into_owned()];
     args.extend(targets.iter().cloned());
-    let mut child = spawn(ChildSpec {
+    let (out, child) = stdout_of(ChildSpec {
         command: "/usr/bin/python3".into(),
         args,
         env,
         confine: Some(confine),
         egress: Some(route),
     })
-    .await
-    .unwrap();
-    drop(child.stdin.take());
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
-    child.shutdown(Duration::from_secs(1)).await;
+    .await;
     serde_json::from_str(out.trim())
         .unwrap_or_else(|_| panic!("probe output: {out:?}; stderr: {:?}", child.stderr_tail(10)))
 }

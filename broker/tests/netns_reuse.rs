@@ -11,14 +11,17 @@
 use std::time::{Duration, Instant};
 
 use iteron_broker::confine::{DEFAULT_DATA_BYTES, DEFAULT_OPEN_FILES, Spec};
-use iteron_broker::spawn::{ChildSpec, child_env, spawn};
+use iteron_broker::spawn::{ChildSpec, child_env};
 use iteron_broker::sys;
-use tokio::io::AsyncReadExt;
+
+#[path = "support/child.rs"]
+mod child;
+use child::stdout_of;
 
 /// The network namespace (`net:[inode]`) a confined child without `web_egress` ran in.
 async fn namespace_of_a_child(home: &std::path::Path) -> String {
     let (env, _) = child_env(&[], None, |_: &str| None);
-    let mut child = spawn(ChildSpec {
+    let (out, child) = stdout_of(ChildSpec {
         command: "readlink".into(),
         args: vec!["/proc/self/ns/net".into()],
         env,
@@ -30,18 +33,7 @@ async fn namespace_of_a_child(home: &std::path::Path) -> String {
         }),
         egress: None,
     })
-    .await
-    .unwrap();
-    drop(child.stdin.take());
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
-    child.shutdown(Duration::from_secs(2)).await;
+    .await;
     assert!(
         out.starts_with("net:["),
         "readlink printed {out:?}; stderr: {:?}",
