@@ -30,7 +30,9 @@ mod docs;
 const SPAWNS: usize = 60;
 /// The pause before each measured start, once the namespace pool is full.
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(15);
-const CALLS: usize = 2000;
+const CALLS: usize = 4000;
+/// Rounds of fresh fixtures the calls are spread over.
+const CALL_ROUNDS: usize = 20;
 const START: &str = "<!-- bench:confine:start -->";
 const END: &str = "<!-- bench:confine:end -->";
 
@@ -72,41 +74,50 @@ async fn start_once(me: &str, confine: Option<Spec>) -> f64 {
     took
 }
 
-async fn calls(me: &str, confine: Option<Spec>) -> f64 {
-    let c = Client::connect_stdio(spec(me, confine), Options::default())
-        .await
-        .unwrap();
-    c.list_tools().await.unwrap();
+/// `tools/call` round trips on an unconfined and a confined fixture, both running, the calls
+/// alternating between them (one at a time), in [`CALL_ROUNDS`] rounds of fresh fixtures. The
+/// medians over the rounds of each round's median, unconfined and confined. Run pinned to one
+/// CPU (`--calls`).
+async fn calls(me: &str, confined: Spec) -> (f64, f64) {
     let args = json!({"text": "hello"}).as_object().unwrap().clone();
-    for _ in 0..200 {
-        c.call_tool("echo", args.clone()).await.unwrap();
+    let mut rounds = [Vec::new(), Vec::new()];
+    for _ in 0..CALL_ROUNDS {
+        let mut clients = Vec::new();
+        for confine in [None, Some(confined.clone())] {
+            let c = Client::connect_stdio(spec(me, confine), Options::default())
+                .await
+                .unwrap();
+            c.list_tools().await.unwrap();
+            clients.push(c);
+        }
+        for _ in 0..50 {
+            for c in &clients {
+                c.call_tool("echo", args.clone()).await.unwrap();
+            }
+        }
+        let mut t = [Vec::new(), Vec::new()];
+        for _ in 0..CALLS / CALL_ROUNDS {
+            for (c, times) in clients.iter().zip(t.iter_mut()) {
+                let s = Instant::now();
+                c.call_tool("echo", args.clone()).await.unwrap();
+                times.push(s.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        for c in clients {
+            c.close().await;
+        }
+        for (round, times) in rounds.iter_mut().zip(t) {
+            round.push(median(times));
+        }
     }
-    let mut t = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
-        let s = Instant::now();
-        c.call_tool("echo", args.clone()).await.unwrap();
-        t.push(s.elapsed().as_secs_f64() * 1e6);
-    }
-    c.close().await;
-    median(t)
+    let [plain, boxed] = rounds;
+    (median(plain), median(boxed))
 }
 
-fn main() {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("--serve") {
-        serve();
-        return;
-    }
-    let write_docs = argv.iter().any(|a| a == "--write-docs");
-    let me = std::env::current_exe()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let home =
-        std::env::temp_dir().join(format!("iteron-bench-confine-home-{}", std::process::id()));
-    std::fs::create_dir_all(&home).unwrap();
-    let confined = Spec {
-        deny: vec![home.clone()],
+/// The confinement measured: what the broker applies to a stdio server, with `home` denied.
+fn confined_spec(home: &std::path::Path) -> Spec {
+    Spec {
+        deny: vec![home.to_path_buf()],
         readable: Vec::new(),
         writable: Vec::new(),
         network: false,
@@ -116,12 +127,39 @@ fn main() {
         run_as: RunAs::default(),
         net_mode: Default::default(),
         egress: Vec::new(),
-    };
-    // One thread, as the broker runs (`iteron broker serve`).
-    let rt = tokio::runtime::Builder::new_current_thread()
+    }
+}
+
+/// One thread, as the broker runs (`iteron broker serve`).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let me = std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    match argv.get(1).map(String::as_str) {
+        Some("--serve") => return serve(),
+        // The call half, in a process pinned to one CPU (see `calls`): prints both medians.
+        Some("--calls") => {
+            let (p, b) = runtime().block_on(calls(&me, confined_spec(argv[2].as_ref())));
+            println!("{p} {b}");
+            return;
+        }
+        _ => {}
+    }
+    let write_docs = argv.iter().any(|a| a == "--write-docs");
+    let home =
+        std::env::temp_dir().join(format!("iteron-bench-confine-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let confined = confined_spec(&home);
+    let rt = runtime();
     let (mut plain, mut boxed) = (Vec::new(), Vec::new());
     rt.block_on(async {
         for _ in 0..5 {
@@ -137,18 +175,25 @@ fn main() {
         }
     });
     let (sp, sb) = (median(plain), median(boxed));
-    let (cp, cb) = rt.block_on(async {
-        let p = calls(&me, None).await;
-        let b = calls(&me, Some(confined.clone())).await;
-        (p, b)
-    });
+    // Pinned to one CPU (the benchmark, its threads and both fixtures): across the two, where
+    // the scheduler puts each process moves one round trip between about 20 and 90 µs here,
+    // far more than confinement could.
+    let pinned = std::process::Command::new("taskset")
+        .args(["-c", "0", &me, "--calls"])
+        .arg(&home)
+        .output()
+        .expect("taskset (util-linux) runs the call half on one CPU");
+    assert!(pinned.status.success(), "{pinned:?}");
+    let text = String::from_utf8_lossy(&pinned.stdout);
+    let mut medians = text.split_whitespace().map(|v| v.parse::<f64>().unwrap());
+    let (cp, cb) = (medians.next().unwrap(), medians.next().unwrap());
     let _ = std::fs::remove_dir_all(&home);
     let abi = {
         let e = iteron_broker::confine::plan(&confined);
         e.landlock_abi.map_or("none".to_owned(), |a| a.to_string())
     };
     let table = format!(
-        "{SPAWNS} starts per side (each {} ms after the namespace pool is full) and {CALLS} calls per side, medians, Landlock ABI {abi}.\n\n\
+        "{SPAWNS} starts per side (each {} ms after the namespace pool is full), medians; {CALLS} calls per side alternating, in {CALL_ROUNDS} rounds of fresh fixtures, on one CPU, median of the rounds' medians; Landlock ABI {abi}.\n\n\
          | what | unconfined | confined | ratio |\n|---|---|---|---|\n\
          | start (spawn + initialize + tools/list) | {sp:.2} ms | {sb:.2} ms | {:.2}× |\n\
          | `tools/call` round trip | {cp:.1} µs | {cb:.1} µs | {:.2}× |\n\n\
