@@ -626,8 +626,8 @@ pub fn namespaces_reused() -> u64 {
 
 /// Whether `ns` is still a namespace as the pool makes one without `web_egress`: its only
 /// interface loopback, down, and no socket open in it in any table the kernel lists (Unix,
-/// TCP, UDP, UDP-Lite, raw, ICMP, packet), so no process is left in it holding one. Enters `ns` (on the pool's own thread, which makes its namespaces by
-/// entering them anyway).
+/// TCP, UDP, UDP-Lite, raw, ICMP, packet), so no process is left in it holding one. Enters
+/// `ns` (on the pool's own thread, which makes its namespaces by entering them anyway).
 fn still_isolated(ns: &OwnedFd) -> bool {
     // SAFETY: setns(2) takes a descriptor number and a flags word; this thread (the pool's,
     // which does nothing else) has CAP_SYS_ADMIN under a root broker.
@@ -675,6 +675,17 @@ fn loopback_flags() -> Option<i32> {
     // SAFETY: close(2) on the socket just made.
     unsafe { c::close(s) };
     flags
+}
+
+/// How many namespaces the pool holds ready, without and with `web_egress` (for tests and
+/// benchmarks; `(0, 0)` without a pool).
+pub fn ready_namespaces() -> (usize, usize) {
+    let Some(p) = pool() else { return (0, 0) };
+    let g = p
+        .ready
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    (g.0[0].len(), g.0[1].len())
 }
 
 /// Whether a root broker's pool holds all the namespaces it keeps (of the kinds asked for so

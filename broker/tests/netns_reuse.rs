@@ -20,10 +20,21 @@ use child::stdout_of;
 
 /// The network namespace (`net:[inode]`) a confined child without `web_egress` ran in.
 async fn namespace_of_a_child(home: &std::path::Path) -> String {
+    namespace_of_a_child_after(home, 0).await
+}
+
+/// The same, the child waiting `ms` milliseconds before it answers and ends.
+async fn namespace_of_a_child_after(home: &std::path::Path, ms: u32) -> String {
     let (env, _) = child_env(&[], None, |_: &str| None);
     let (out, child) = stdout_of(ChildSpec {
-        command: "readlink".into(),
-        args: vec!["/proc/self/ns/net".into()],
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            format!(
+                "sleep {}; readlink /proc/self/ns/net",
+                f64::from(ms) / 1000.0
+            ),
+        ],
         env,
         confine: Some(Spec {
             deny: vec![home.to_path_buf()],
@@ -95,6 +106,23 @@ fn a_namespace_given_back_is_handed_to_the_next_child_and_the_hosts_is_never_use
         let b = namespace_of_a_child(&home).await;
         assert_eq!(a, b, "the namespace given back was not handed out again");
         assert_ne!(b, host);
+        // The bound, at the limit and one over: a namespace given back while the pool already
+        // holds all it keeps (it refilled while the child ran) is closed, not kept.
+        assert!(until(sys::ready_namespaces_full, Duration::from_secs(2)).await);
+        let (full, _) = sys::ready_namespaces();
+        assert_eq!(full, sys::READY_NAMESPACES);
+        let before = sys::namespaces_reused();
+        let c = namespace_of_a_child_after(&home, 200).await;
+        assert_ne!(c, host);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            sys::namespaces_reused(),
+            before,
+            "kept beyond the pool's bound"
+        );
+        assert_eq!(sys::ready_namespaces().0, sys::READY_NAMESPACES);
+        // And the next child joins one of those, not the one closed.
+        assert_ne!(namespace_of_a_child(&home).await, c);
     });
     iteron_test_support::record!("P9", serde_json::json!({"reused": true}));
     let _ = std::fs::remove_dir_all(&home);
